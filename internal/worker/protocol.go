@@ -10,11 +10,19 @@
 // Messages are single-line JSON objects terminated by '\n' in both
 // directions. The worker speaks first with a "ready" message. The Go side
 // then sends requests; each request gets exactly one reply carrying the same
-// id. A one-shot worker exits after its first "run"; the pooled and session
-// modes (later) keep reading requests.
+// id (an OpError reply for a request it cannot handle). A one-shot worker
+// (started with --oneshot) exits after its first "run" with the run's exit
+// code; otherwise it keeps reading requests until the socket is closed.
+//
+// User code runs inside the worker process, so it can reach the control
+// socket too: the sandbox, not the worker, is the security boundary, and
+// everything the worker sends is untrusted input to the Go side.
 package worker
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"fmt"
+)
 
 // Ops sent by the Go side.
 const (
@@ -29,6 +37,7 @@ const (
 	OpResult    = "result"
 	OpValidated = "validated"
 	OpProbed    = "probed"
+	OpError     = "error" // the request could not be handled; see ErrorReply
 )
 
 // Request is a message from the Go side to the worker.
@@ -49,7 +58,7 @@ type Request struct {
 // Ready is the worker's first message.
 type Ready struct {
 	Op      string `json:"op"`
-	Python  string `json:"python"`  // platform.python_version()
+	Python  string `json:"python"`  // e.g. "3.12.1", as platform.python_version()
 	Version [2]int `json:"version"` // major, minor
 	PID     int    `json:"pid"`
 }
@@ -62,7 +71,7 @@ type Result struct {
 	// including SystemExit with a non-zero code).
 	Status string `json:"status"`
 	// ExitCode is what the one-shot worker will exit with: 0, 1 for an
-	// exception, or the SystemExit code.
+	// exception, or the SystemExit code (as the OS reports it, 0-255).
 	ExitCode int `json:"exit_code"`
 	// ReturnValue is the JSON value of the last expression statement, or
 	// null. When the value is not JSON-able it is its repr() as a JSON
@@ -76,7 +85,10 @@ type Result struct {
 
 // Exception describes an exception raised by user code.
 type Exception struct {
-	Type      string `json:"type"` // e.g. "ZeroDivisionError"
+	// Type is spelled as on the last line of a Python traceback: bare for
+	// builtins and classes defined by the user code ("ZeroDivisionError",
+	// "MyError"), module-qualified otherwise ("json.decoder.JSONDecodeError").
+	Type      string `json:"type"`
 	Message   string `json:"message"`
 	Traceback string `json:"traceback"` // user frames only
 }
@@ -107,10 +119,27 @@ type Probe struct {
 	Status        map[string]string   `json:"status"`     // selected /proc/self/status fields: CapEff, CapPrm, CapBnd, CapInh, CapAmb, NoNewPrivs, Seccomp
 	Namespaces    map[string]string   `json:"namespaces"` // readlink /proc/self/ns/* (e.g. "net:[4026531840]")
 	Interfaces    []string            `json:"interfaces"` // names from /proc/net/dev
-	Rlimits       map[string][2]int64 `json:"rlimits"`    // soft, hard (-1 = unlimited)
+	Rlimits       map[string][2]int64 `json:"rlimits"`    // "NOFILE", "NPROC", "FSIZE", "CORE", "AS", "CPU", "STACK": soft, hard (-1 = unlimited)
 	Hostname      string              `json:"hostname"`
 	Cwd           string              `json:"cwd"`
 	ProcessesSeen int                 `json:"processes_seen"` // numeric entries in /proc
 	RootWritable  bool                `json:"root_writable"`
 	TmpWritable   bool                `json:"tmp_writable"`
+}
+
+// ErrorReply is the worker's answer to a request it could not handle (an
+// unknown op, a malformed request). It is returned as an error by Conn.
+type ErrorReply struct {
+	Op      string `json:"op"`
+	ID      string `json:"id"`
+	Message string `json:"message"`
+}
+
+func (e *ErrorReply) Error() string {
+	// The message comes from inside the sandbox: keep it short and quoted.
+	m := e.Message
+	if len(m) > 200 {
+		m = m[:200] + "..."
+	}
+	return fmt.Sprintf("worker: request failed: %q", m)
 }

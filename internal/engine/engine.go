@@ -1,0 +1,364 @@
+// Package engine runs Python code: it takes a request, starts a sandbox
+// with the worker inside, drives the worker over its control socket,
+// enforces the timeout, output cap and concurrency cap, and turns whatever
+// happened into one Result.
+//
+// It is the single place that knows how a run is put together; the MCP
+// tools and the command line are thin layers on top.
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/pysandbox/pysandbox/internal/interp"
+	"github.com/pysandbox/pysandbox/internal/sandbox"
+	"github.com/pysandbox/pysandbox/internal/worker"
+)
+
+// Status is the outcome of a run.
+type Status string
+
+const (
+	StatusSuccess     Status = "success"
+	StatusError       Status = "error"
+	StatusTimeout     Status = "timeout"
+	StatusMemoryLimit Status = "memory_limit"
+	StatusOutputLimit Status = "output_limit"
+	StatusKilled      Status = "killed"
+	StatusCancelled   Status = "cancelled"
+)
+
+// workerPath is where the worker program sits inside every sandbox.
+const workerPath = "/.pysandbox/worker.py"
+
+// Config configures an Engine.
+type Config struct {
+	Backend sandbox.Backend
+	Python  *interp.Interpreter
+	Limits  sandbox.Limits
+	// DefaultTimeout applies when a request names none; MaxTimeout caps
+	// what a request may ask for.
+	DefaultTimeout time.Duration
+	MaxTimeout     time.Duration
+	// MaxOutput is the number of bytes kept per stream (head and tail).
+	MaxOutput int
+	// MaxConcurrent runs execute at once; up to MaxQueue more wait.
+	MaxConcurrent int
+	MaxQueue      int
+	Logger        *slog.Logger
+}
+
+// Engine runs code. It is safe for concurrent use.
+type Engine struct {
+	cfg     Config
+	slots   chan struct{}
+	waiting atomic.Int64
+	log     *slog.Logger
+}
+
+// New checks cfg and returns an Engine.
+func New(cfg Config) (*Engine, error) {
+	if cfg.Backend == nil || cfg.Python == nil {
+		return nil, errors.New("engine: a backend and an interpreter are required")
+	}
+	if cfg.DefaultTimeout <= 0 {
+		cfg.DefaultTimeout = 30 * time.Second
+	}
+	if cfg.MaxTimeout < cfg.DefaultTimeout {
+		cfg.MaxTimeout = cfg.DefaultTimeout
+	}
+	if cfg.MaxOutput <= 0 {
+		cfg.MaxOutput = 1 << 20
+	}
+	if cfg.MaxConcurrent <= 0 {
+		cfg.MaxConcurrent = 16
+	}
+	if cfg.MaxQueue < 0 {
+		cfg.MaxQueue = 0
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.Limits.CPUSeconds == 0 {
+		// A backstop far behind the wall clock: CPU time cannot exceed
+		// wall time times the cores, and the wall clock kills first.
+		cfg.Limits.CPUSeconds = uint64(cfg.MaxTimeout/time.Second)*4 + 10
+	}
+	return &Engine{cfg: cfg, slots: make(chan struct{}, cfg.MaxConcurrent), log: cfg.Logger}, nil
+}
+
+// Config returns the effective configuration.
+func (e *Engine) Config() Config { return e.cfg }
+
+// ErrBusy means the concurrency cap and the queue are both full.
+var ErrBusy = errors.New("engine: too many runs in progress")
+
+// acquire takes a run slot, waiting in line (FIFO, as Go wakes channel
+// receivers in order) while the queue has room.
+func (e *Engine) acquire(ctx context.Context) error {
+	select {
+	case e.slots <- struct{}{}:
+		return nil
+	default:
+	}
+	if e.waiting.Add(1) > int64(e.cfg.MaxQueue) {
+		e.waiting.Add(-1)
+		return fmt.Errorf("%w: %d running and %d queued; retry in a few seconds", ErrBusy, e.cfg.MaxConcurrent, e.cfg.MaxQueue)
+	}
+	defer e.waiting.Add(-1)
+	select {
+	case e.slots <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (e *Engine) release() { <-e.slots }
+
+// RunRequest is one piece of code to run.
+type RunRequest struct {
+	Code string
+	// Inputs become global variables; keys must be Python identifiers.
+	Inputs   map[string]json.RawMessage
+	Timeout  time.Duration // 0: the default
+	Filename string        // shown in tracebacks; "<code>" when empty
+	// Stdout and Stderr, when set, also receive the output live, uncapped.
+	Stdout, Stderr io.Writer
+}
+
+// Result is the outcome of a run; its JSON form is the tool's output.
+type Result struct {
+	Status          Status          `json:"status"`
+	ExitCode        int             `json:"exit_code"`
+	Stdout          string          `json:"stdout"`
+	Stderr          string          `json:"stderr"`
+	ReturnValue     json.RawMessage `json:"return_value"`
+	StdoutTruncated bool            `json:"stdout_truncated"`
+	StderrTruncated bool            `json:"stderr_truncated"`
+	DurationMS      int64           `json:"duration_ms"`
+	// Error names the exception that ended the run, when there was one.
+	Error *worker.Exception `json:"error,omitempty"`
+	// Message explains a non-success status in words an agent can act on.
+	Message string `json:"message,omitempty"`
+	// Sandbox is the backend that ran the code; "none" means unsandboxed.
+	Sandbox string `json:"sandbox"`
+	// Resource use, for the audit trail.
+	PeakMemoryBytes int64 `json:"peak_memory_bytes,omitempty"`
+	CPUTimeMS       int64 `json:"cpu_time_ms,omitempty"`
+}
+
+// timeout picks the effective timeout of a request.
+func (e *Engine) timeout(d time.Duration) time.Duration {
+	if d <= 0 {
+		return e.cfg.DefaultTimeout
+	}
+	return min(d, e.cfg.MaxTimeout)
+}
+
+// spec is the sandbox spec for one worker.
+func (e *Engine) spec(oneshot bool, stdout, stderr io.Writer) *sandbox.Spec {
+	return &sandbox.Spec{
+		Python: e.cfg.Python.Path,
+		Prefix: e.cfg.Python.Prefix,
+		Args:   worker.Command(e.cfg.Python.Path, workerPath, oneshot)[1:],
+		Env:    workerEnv(),
+		Files:  []sandbox.File{{Path: workerPath, Content: worker.Source}},
+		Limits: e.cfg.Limits,
+		Stdout: stdout,
+		Stderr: stderr,
+	}
+}
+
+// workerEnv is the whole environment of the worker: nothing of the
+// server's leaks in.
+func workerEnv() []string {
+	return []string{
+		"PATH=/usr/local/bin:/usr/bin:/bin",
+		"HOME=/work",
+		"TMPDIR=/tmp",
+		"LANG=C.UTF-8",
+		"LC_ALL=C.UTF-8",
+		"USER=sandbox",
+		// Plots must never try to open a window.
+		"MPLBACKEND=Agg",
+		// Numeric libraries would otherwise start a thread per host core,
+		// against the sandbox's pids limit.
+		"OMP_NUM_THREADS=1",
+		"OPENBLAS_NUM_THREADS=1",
+	}
+}
+
+// Run runs req in a fresh sandbox and reports what happened. Failures of
+// the user's code are a Result; an error means the run could not be made
+// at all (busy, invalid request, sandbox failure).
+func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
+	for k := range req.Inputs {
+		if !isIdentifier(k) {
+			return nil, fmt.Errorf("engine: input name %q is not a Python identifier", k)
+		}
+	}
+	if err := e.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer e.release()
+
+	start := time.Now()
+	timeout := e.timeout(req.Timeout)
+	// The deadline covers everything from here: sandbox start included.
+	runCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	stdout := newCapture(e.cfg.MaxOutput, req.Stdout)
+	stderr := newCapture(e.cfg.MaxOutput, req.Stderr)
+	sb, err := e.cfg.Backend.Start(runCtx, e.spec(true, stdout, stderr))
+	if err != nil {
+		if ctx.Err() != nil || runCtx.Err() != nil {
+			return e.finish(ctx, runCtx, start, stdout, stderr, nil, nil, sandbox.Exit{}, timeout), nil
+		}
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	defer sb.Close()
+
+	// A flood far beyond the cap is stopped rather than left to burn CPU
+	// until the timeout; the head and tail are already kept.
+	flood := int64(e.cfg.MaxOutput) * 16
+	var flooded atomic.Bool
+	for _, c := range []*capture{stdout, stderr} {
+		c.mu.Lock()
+		c.limit, c.onOverflow = flood, func() { flooded.Store(true); sb.Kill() }
+		c.mu.Unlock()
+	}
+
+	conn := worker.NewConn(sb.Control())
+	defer conn.Close()
+	var res *worker.Result
+	_, err = conn.Ready(runCtx)
+	if err == nil {
+		res, err = conn.Run(runCtx, worker.Request{
+			Code:           req.Code,
+			Inputs:         req.Inputs,
+			Filename:       req.Filename,
+			MaxReturnBytes: 64 << 10,
+		})
+	}
+	if err != nil {
+		// The worker died or the deadline passed: make sure everything in
+		// the sandbox is dead before looking at how it ended.
+		sb.Kill()
+	} else {
+		// The one-shot worker exits after replying. Anything it left
+		// running dies with it (pid 1 of its namespace); wait for that, but
+		// never past the deadline.
+		waitOrKill(runCtx, sb)
+	}
+	exit := sb.Wait()
+	r := e.finish(ctx, runCtx, start, stdout, stderr, res, err, exit, timeout)
+	if flooded.Load() && r.Status != StatusTimeout && r.Status != StatusCancelled {
+		r.Status = StatusOutputLimit
+		r.Message = fmt.Sprintf("the run printed more than %d bytes and was stopped; print less, or write large results to a file", flood)
+	}
+	return r, nil
+}
+
+func waitOrKill(ctx context.Context, sb sandbox.Sandbox) {
+	done := make(chan struct{})
+	go func() { sb.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		sb.Kill()
+		<-done
+	}
+}
+
+// finish classifies the run. The order matters: a cancelled or timed-out
+// run is reported as such even though its worker then died of SIGKILL.
+func (e *Engine) finish(ctx, runCtx context.Context, start time.Time, stdout, stderr *capture, res *worker.Result, runErr error, exit sandbox.Exit, timeout time.Duration) *Result {
+	r := &Result{
+		Sandbox:         string(e.cfg.Backend.Kind()),
+		DurationMS:      time.Since(start).Milliseconds(),
+		ReturnValue:     json.RawMessage("null"),
+		PeakMemoryBytes: exit.PeakMemoryBytes,
+		CPUTimeMS:       exit.CPUTime.Milliseconds(),
+	}
+	r.Stdout, r.StdoutTruncated = stdout.String()
+	r.Stderr, r.StderrTruncated = stderr.String()
+	switch {
+	case ctx.Err() != nil:
+		r.Status, r.ExitCode = StatusCancelled, -1
+		r.Message = "the run was cancelled and every process it started was killed"
+	case res == nil && runCtx.Err() != nil:
+		r.Status, r.ExitCode = StatusTimeout, -1
+		r.Message = fmt.Sprintf("the run exceeded its %s timeout and every process it started was killed; make the code faster or pass a larger timeout_seconds (max %s)", timeout, e.cfg.MaxTimeout)
+	case exit.OOMKilled || (res != nil && res.Error != nil && res.Error.Type == "MemoryError"):
+		r.Status, r.ExitCode = StatusMemoryLimit, exitCode(res, exit)
+		r.Message = fmt.Sprintf("the run exceeded the %d MiB memory limit; use less memory (process data in chunks)", e.cfg.Limits.MemoryBytes>>20)
+		if res != nil {
+			r.Error = res.Error
+		}
+	case res == nil:
+		r.Status, r.ExitCode = StatusKilled, exitCode(nil, exit)
+		r.Message = "the Python process died before finishing"
+		if exit.Signal != 0 {
+			r.Message += " (killed by signal " + exit.Signal.String() + ")"
+		}
+		if runErr != nil {
+			e.log.Debug("worker ended without a result", "err", runErr)
+		}
+	default:
+		r.ExitCode = res.ExitCode
+		r.Error = res.Error
+		if len(res.ReturnValue) > 0 {
+			r.ReturnValue = res.ReturnValue
+		}
+		if res.Status == "success" && res.ExitCode == 0 {
+			r.Status = StatusSuccess
+		} else {
+			r.Status = StatusError
+		}
+	}
+	if r.Status == StatusSuccess && (r.StdoutTruncated || r.StderrTruncated) {
+		r.Status = StatusOutputLimit
+		r.Message = fmt.Sprintf("the output exceeded %d bytes per stream; its head and tail are kept", e.cfg.MaxOutput)
+	}
+	return r
+}
+
+func exitCode(res *worker.Result, exit sandbox.Exit) int {
+	if res != nil {
+		return res.ExitCode
+	}
+	if exit.Signal != 0 {
+		return 128 + int(exit.Signal)
+	}
+	return exit.Code
+}
+
+func isIdentifier(s string) bool {
+	if s == "" || len(s) > 255 {
+		return false
+	}
+	for i, r := range s {
+		ok := r == '_' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (i > 0 && r >= '0' && r <= '9')
+		if !ok {
+			return false
+		}
+	}
+	return !pythonKeywords[s]
+}
+
+var pythonKeywords = map[string]bool{
+	"False": true, "None": true, "True": true, "and": true, "as": true, "assert": true, "async": true,
+	"await": true, "break": true, "class": true, "continue": true, "def": true, "del": true, "elif": true,
+	"else": true, "except": true, "finally": true, "for": true, "from": true, "global": true, "if": true,
+	"import": true, "in": true, "is": true, "lambda": true, "nonlocal": true, "not": true, "or": true,
+	"pass": true, "raise": true, "return": true, "try": true, "while": true, "with": true, "yield": true,
+}

@@ -1,0 +1,106 @@
+package engine
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+)
+
+// capture keeps the head and the tail of a stream within a fixed budget,
+// however much is written, so an output flood never grows the server's
+// memory. It may also pass everything through to a live writer (the
+// terminal, for `pysandbox run`).
+type capture struct {
+	mu    sync.Mutex
+	head  []byte // the first headMax bytes
+	tail  []byte // ring buffer of the last tailMax bytes
+	start int    // index of the oldest byte in tail once it is full
+	total int64
+	max   int
+	live  io.Writer
+	// onOverflow is called once, outside the lock, when total first exceeds
+	// limit (0: never).
+	limit      int64
+	onOverflow func()
+	overflowed bool
+}
+
+func newCapture(max int, live io.Writer) *capture {
+	if max < 2 {
+		max = 2
+	}
+	return &capture{max: max, live: live}
+}
+
+func (c *capture) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	n, orig := len(p), p
+	c.total += int64(n)
+	headMax := c.max / 2
+	if room := headMax - len(c.head); room > 0 {
+		k := min(room, len(p))
+		c.head = append(c.head, p[:k]...)
+		p = p[k:]
+	}
+	if len(p) > 0 {
+		c.appendTail(p, c.max-headMax)
+	}
+	fire := c.limit > 0 && c.total > c.limit && !c.overflowed
+	if fire {
+		c.overflowed = true
+	}
+	live := c.live
+	c.mu.Unlock()
+	if live != nil {
+		// A slow or failing terminal must not fail the run.
+		live.Write(orig)
+	}
+	if fire && c.onOverflow != nil {
+		c.onOverflow()
+	}
+	return n, nil
+}
+
+func (c *capture) appendTail(p []byte, tailMax int) {
+	if len(p) >= tailMax {
+		c.tail = append(c.tail[:0], p[len(p)-tailMax:]...)
+		c.start = 0
+		return
+	}
+	if len(c.tail) < tailMax {
+		k := min(tailMax-len(c.tail), len(p))
+		c.tail = append(c.tail, p[:k]...)
+		p = p[k:]
+	}
+	for len(p) > 0 {
+		k := copy(c.tail[c.start:], p)
+		p = p[k:]
+		c.start = (c.start + k) % tailMax
+	}
+}
+
+// String returns what was kept and whether anything was dropped. A dropped
+// middle is marked in the text, so a reader cannot mistake it for the
+// whole output.
+func (c *capture) String() (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	tail := append(append([]byte(nil), c.tail[c.start:]...), c.tail[:c.start]...)
+	kept := int64(len(c.head) + len(tail))
+	if kept == c.total {
+		return strings.ToValidUTF8(string(c.head)+string(tail), "\uFFFD"), false
+	}
+	// Cutting at byte offsets can split a UTF-8 sequence; the replacement
+	// character marks the cut instead of producing invalid JSON strings.
+	return strings.ToValidUTF8(string(c.head), "\uFFFD") +
+		fmt.Sprintf("\n[... %d bytes of output truncated ...]\n", c.total-kept) +
+		strings.ToValidUTF8(string(tail), "\uFFFD"), true
+}
+
+// Total is the number of bytes written so far.
+func (c *capture) Total() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.total
+}

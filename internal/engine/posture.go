@@ -1,0 +1,225 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pysandbox/pysandbox/internal/interp"
+	"github.com/pysandbox/pysandbox/internal/sandbox"
+)
+
+// Layer is one isolation layer and whether it is really in force, as
+// measured from inside a sandbox.
+type Layer struct {
+	Active bool   `json:"active"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// Layers lists every isolation layer.
+type Layers struct {
+	UserNamespace       Layer `json:"user_namespace"`
+	MountNamespace      Layer `json:"mount_namespace"`
+	PIDNamespace        Layer `json:"pid_namespace"`
+	NetNamespace        Layer `json:"net_namespace"`
+	IPCNamespace        Layer `json:"ipc_namespace"`
+	UTSNamespace        Layer `json:"uts_namespace"`
+	CgroupNamespace     Layer `json:"cgroup_namespace"`
+	Seccomp             Layer `json:"seccomp"`
+	NoNewPrivs          Layer `json:"no_new_privs"`
+	CapabilitiesDropped Layer `json:"capabilities_dropped"`
+	CgroupMemory        Layer `json:"cgroup_memory"`
+	CgroupPids          Layer `json:"cgroup_pids"`
+	Rlimits             Layer `json:"rlimits"`
+	ReadOnlyRoot        Layer `json:"read_only_root"`
+	UnprivilegedUser    Layer `json:"unprivileged_user"`
+}
+
+// Limits are the effective limits of every run.
+type Limits struct {
+	MemoryBytes           int64  `json:"memory_bytes"`
+	MemoryEnforcedBy      string `json:"memory_enforced_by"` // "cgroup v1", "cgroup v2", "RLIMIT_AS", "none"
+	MaxProcs              int64  `json:"max_procs"`
+	TmpBytes              int64  `json:"tmp_bytes"`
+	MaxOutputBytes        int    `json:"max_output_bytes"`
+	DefaultTimeoutSeconds int    `json:"default_timeout_seconds"`
+	MaxTimeoutSeconds     int    `json:"max_timeout_seconds"`
+	MaxConcurrent         int    `json:"max_concurrent"`
+	MaxQueue              int    `json:"max_queue"`
+}
+
+// Posture is the output of check_environment and `pysandbox check`.
+type Posture struct {
+	Backend string `json:"backend"`
+	// Posture is "sandboxed" only when every namespace, seccomp,
+	// no_new_privs and the capability drop were seen in force.
+	Posture      string                `json:"posture"`
+	Layers       Layers                `json:"layers"`
+	Network      string                `json:"network"`
+	Limits       Limits                `json:"limits"`
+	Python       *interp.Interpreter   `json:"python"`
+	Interpreters []*interp.Interpreter `json:"interpreters"`
+	// Problems lists every layer that is missing and why, with advice.
+	Problems   []string  `json:"problems"`
+	MeasuredAt time.Time `json:"measured_at"`
+}
+
+// Usable reports whether the requested backend works here as promised.
+func (p *Posture) Usable() bool {
+	if p.Backend == string(sandbox.KindNone) {
+		return p.Python != nil
+	}
+	return p.Posture == "sandboxed"
+}
+
+var (
+	postureMu   sync.Mutex
+	hostNSCache map[string]string
+)
+
+// hostNamespaces are the server's own namespaces; a sandbox's differ.
+func hostNamespaces() map[string]string {
+	postureMu.Lock()
+	defer postureMu.Unlock()
+	if hostNSCache == nil {
+		hostNSCache = map[string]string{}
+		entries, _ := os.ReadDir("/proc/self/ns")
+		for _, e := range entries {
+			if l, err := os.Readlink(filepath.Join("/proc/self/ns", e.Name())); err == nil {
+				hostNSCache[e.Name()] = l
+			}
+		}
+	}
+	return hostNSCache
+}
+
+// Measure starts a sandbox, asks the worker inside what it sees, and
+// compares that with the host. It reports what is true, not what was
+// configured.
+func (e *Engine) Measure(ctx context.Context, interpreters []*interp.Interpreter) *Posture {
+	p := &Posture{
+		Backend:      string(e.cfg.Backend.Kind()),
+		Posture:      "unsandboxed",
+		Python:       e.cfg.Python,
+		Interpreters: interpreters,
+		MeasuredAt:   time.Now().UTC(),
+		Network:      "unknown",
+		Problems:     []string{},
+	}
+	p.Limits = Limits{
+		MemoryBytes:           e.cfg.Limits.MemoryBytes,
+		MaxProcs:              e.cfg.Limits.MaxProcs,
+		TmpBytes:              e.cfg.Limits.TmpBytes,
+		MaxOutputBytes:        e.cfg.MaxOutput,
+		DefaultTimeoutSeconds: int(e.cfg.DefaultTimeout / time.Second),
+		MaxTimeoutSeconds:     int(e.cfg.MaxTimeout / time.Second),
+		MaxConcurrent:         e.cfg.MaxConcurrent,
+		MaxQueue:              e.cfg.MaxQueue,
+		MemoryEnforcedBy:      "none",
+	}
+	pr, err := e.probe(ctx)
+	if err != nil {
+		p.Problems = append(p.Problems, fmt.Sprintf("the %s sandbox could not start here: %v", p.Backend, err))
+		return p
+	}
+	host := hostNamespaces()
+	ns := func(name string) Layer {
+		in, ok := pr.Namespaces[name]
+		if !ok {
+			return Layer{Detail: "not reported"}
+		}
+		if in != host[name] {
+			return Layer{Active: true, Detail: in}
+		}
+		return Layer{Detail: "shared with the host"}
+	}
+	L := &p.Layers
+	L.UserNamespace, L.MountNamespace, L.PIDNamespace = ns("user"), ns("mnt"), ns("pid")
+	L.NetNamespace, L.IPCNamespace, L.UTSNamespace = ns("net"), ns("ipc"), ns("uts")
+	L.CgroupNamespace = ns("cgroup")
+	L.Seccomp = Layer{Active: pr.Status["Seccomp"] == "2", Detail: "Seccomp: " + pr.Status["Seccomp"]}
+	L.NoNewPrivs = Layer{Active: pr.Status["NoNewPrivs"] == "1"}
+	capsZero := true
+	var capDetail []string
+	for _, k := range []string{"CapEff", "CapPrm", "CapInh", "CapAmb", "CapBnd"} {
+		v := pr.Status[k]
+		capDetail = append(capDetail, k+"="+v)
+		if strings.Trim(v, "0") != "" || v == "" {
+			capsZero = false
+		}
+	}
+	L.CapabilitiesDropped = Layer{Active: capsZero, Detail: strings.Join(capDetail, " ")}
+	L.ReadOnlyRoot = Layer{Active: !pr.RootWritable}
+	L.UnprivilegedUser = Layer{Active: pr.UID != 0, Detail: fmt.Sprintf("uid %d gid %d inside", pr.UID, pr.GID)}
+	var rl []string
+	for _, k := range []string{"AS", "NOFILE", "NPROC", "FSIZE", "CORE", "CPU"} {
+		if v, ok := pr.Rlimits[k]; ok && v[0] >= 0 {
+			rl = append(rl, fmt.Sprintf("%s=%d", k, v[0]))
+		}
+	}
+	L.Rlimits = Layer{Active: len(rl) > 0 && pr.Rlimits["CORE"][0] == 0, Detail: strings.Join(rl, " ")}
+	if nb, ok := e.cfg.Backend.(interface {
+		CgroupSupport() (mem, pids bool, mode, reason string)
+	}); ok {
+		mem, pids, mode, reason := nb.CgroupSupport()
+		L.CgroupMemory = Layer{Active: mem, Detail: cgDetail(mem, mode, reason)}
+		L.CgroupPids = Layer{Active: pids, Detail: cgDetail(pids, mode, reason)}
+		if mem {
+			p.Limits.MemoryEnforcedBy = "cgroup " + mode
+		}
+	}
+	if !L.CgroupMemory.Active && pr.Rlimits["AS"][0] > 0 {
+		p.Limits.MemoryEnforcedBy = "RLIMIT_AS"
+	}
+	switch {
+	case len(pr.Interfaces) == 1 && pr.Interfaces[0] == "lo" && L.NetNamespace.Active:
+		p.Network = "none (loopback only, in its own network namespace)"
+	case L.NetNamespace.Active:
+		p.Network = "isolated namespace with interfaces " + strings.Join(pr.Interfaces, ", ")
+	default:
+		p.Network = "host network"
+	}
+	if p.Backend == string(sandbox.KindNone) {
+		p.Problems = append(p.Problems, "--sandbox none: code runs directly on this machine with the server's privileges; nothing is isolated")
+		return p
+	}
+	essential := map[string]Layer{
+		"user namespace": L.UserNamespace, "mount namespace": L.MountNamespace, "pid namespace": L.PIDNamespace,
+		"network namespace": L.NetNamespace, "ipc namespace": L.IPCNamespace, "uts namespace": L.UTSNamespace,
+		"seccomp": L.Seccomp, "no_new_privs": L.NoNewPrivs, "capability drop": L.CapabilitiesDropped,
+		"read-only root": L.ReadOnlyRoot, "unprivileged uid": L.UnprivilegedUser,
+	}
+	ok := true
+	for _, name := range slices.Sorted(maps.Keys(essential)) {
+		if !essential[name].Active {
+			ok = false
+			p.Problems = append(p.Problems, name+" is not in force")
+		}
+	}
+	if !L.CgroupMemory.Active {
+		p.Problems = append(p.Problems, "no memory cgroup: "+L.CgroupMemory.Detail+"; memory is limited by RLIMIT_AS instead (address space, less precise)")
+	}
+	if !L.CgroupPids.Active {
+		p.Problems = append(p.Problems, "no pids cgroup: the process count is limited by RLIMIT_NPROC instead")
+	}
+	if ok {
+		p.Posture = "sandboxed"
+	}
+	return p
+}
+
+func cgDetail(active bool, mode, reason string) string {
+	if active {
+		return "cgroup " + mode
+	}
+	if reason == "" {
+		return "unavailable"
+	}
+	return reason
+}

@@ -1,0 +1,401 @@
+package cgroup
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	cgroups "github.com/containerd/cgroups/v3"
+	"golang.org/x/sys/unix"
+)
+
+// Mode describes what this machine offers.
+type Mode string
+
+const (
+	ModeV1   Mode = "v1"   // legacy or hybrid layout; limits use the v1 hierarchies
+	ModeV2   Mode = "v2"   // unified layout
+	ModeNone Mode = "none" // no cgroup filesystem at /sys/fs/cgroup
+)
+
+// Info is the result of Detect.
+type Info struct {
+	Mode Mode
+	// Memory reports that a memory limit which includes swap can be applied
+	// to a child group (or that it excludes swap only because the host has
+	// no active swap).
+	Memory bool
+	// Pids reports that a limit on the number of tasks can be applied.
+	Pids bool
+	// Parent is where child groups are created: one directory on v2; on v1
+	// one "controller=directory" pair per hierarchy, separated by spaces.
+	Parent string
+	// Reason says why something is unavailable, in words a user can act on.
+	// Empty when Memory and Pids are both true.
+	Reason string
+}
+
+// Limits for a new group. A zero field means "no limit".
+type Limits struct {
+	MemoryBytes int64 // RAM + swap, in bytes
+	Pids        int64 // tasks (processes and threads)
+}
+
+// Stats is a snapshot of a group's usage.
+type Stats struct {
+	// MemoryPeakBytes is the high-water mark: memory.memsw.max_usage_in_bytes
+	// (or memory.max_usage_in_bytes without swap accounting) on v1,
+	// memory.peak on v2 (kernel 5.19+; older kernels report at least the
+	// current usage).
+	MemoryPeakBytes    int64
+	MemoryCurrentBytes int64
+	// OOMKills counts processes the kernel OOM killer killed in the group.
+	OOMKills int64
+	// PidsCurrent counts tasks in the group; PidsMax is its limit, 0 when
+	// unlimited.
+	PidsCurrent, PidsMax int64
+	// CPUUsage is user+system time used by the group, from cpuacct (v1) or
+	// cpu.stat usage_usec (v2); 0 when that controller is not available.
+	CPUUsage time.Duration
+}
+
+// Group is one run's control group. Its methods are safe for concurrent use.
+type Group struct {
+	name string
+	v1   *v1Group
+	v2   *v2Group
+
+	mu      sync.Mutex
+	deleted bool
+}
+
+const (
+	baseName   = "pysandbox"        // parent of all our groups, below our own group
+	serverLeaf = "pysandbox-server" // v2 leaf our own processes move into
+	probePfx   = "pysandbox-probe-" // Detect's probe groups
+
+	killTimeout   = time.Second
+	deleteTimeout = time.Second
+)
+
+var (
+	errDeleted = errors.New("group was deleted")
+	probeSeq   atomic.Uint64
+)
+
+// hostMode reports the cgroup layout of this machine.
+func hostMode() Mode {
+	switch cgroups.Mode() {
+	case cgroups.Unified:
+		return ModeV2
+	case cgroups.Legacy, cgroups.Hybrid:
+		// In the hybrid layout the unified hierarchy (/sys/fs/cgroup/unified)
+		// carries no controllers, so limits must go through v1.
+		return ModeV1
+	default:
+		return ModeNone
+	}
+}
+
+// Detect reports what this machine offers, measured by creating (and
+// removing) a probe group with each limit. On a v2 host this may move this
+// process into the <own>/pysandbox-server leaf (see the package comment).
+func Detect() Info {
+	switch hostMode() {
+	case ModeV1:
+		return detectV1()
+	case ModeV2:
+		return defaultV2.detect()
+	default:
+		return Info{Mode: ModeNone, Reason: "no cgroup filesystem is mounted at /sys/fs/cgroup; limits fall back to rlimits"}
+	}
+}
+
+// New creates the group <parent>/pysandbox/<name> with the given limits.
+// name must be a single path element (no '/', no "..") chosen by the caller,
+// unique among live groups. It fails when a requested limit cannot be
+// applied; Detect tells in advance whether it can.
+func New(name string, lim Limits) (*Group, error) {
+	if err := validName(name); err != nil {
+		return nil, err
+	}
+	if lim.MemoryBytes < 0 || lim.Pids < 0 {
+		return nil, fmt.Errorf("cgroup: invalid limits %+v: negative value", lim)
+	}
+	g := &Group{name: name}
+	var err error
+	switch hostMode() {
+	case ModeV1:
+		g.v1, err = newV1(name, lim, nil)
+	case ModeV2:
+		g.v2, err = defaultV2.newGroup(name, lim)
+	default:
+		err = errors.New("cgroup: no cgroup filesystem is mounted at /sys/fs/cgroup")
+	}
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+func validName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("cgroup: invalid group name: empty")
+	case len(name) > 200:
+		return fmt.Errorf("cgroup: invalid group name %.20q...: longer than 200 bytes", name)
+	case strings.Contains(name, "/"):
+		return fmt.Errorf("cgroup: invalid group name %q: contains '/'", name)
+	case strings.Contains(name, ".."), name == ".":
+		return fmt.Errorf("cgroup: invalid group name %q: contains '..' or is '.'", name)
+	case name == serverLeaf, strings.HasPrefix(name, probePfx):
+		return fmt.Errorf("cgroup: invalid group name %q: reserved", name)
+	}
+	for _, r := range name {
+		// Control characters (a newline above all) would corrupt
+		// /proc/<pid>/cgroup for anyone parsing it line by line.
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("cgroup: invalid group name %q: contains a control character", name)
+		}
+	}
+	return nil
+}
+
+// Path is the group's directory: on v2 the only one, on v1 the one in the
+// memory hierarchy (or the first hierarchy the group lives in).
+func (g *Group) Path() string {
+	if g.v2 != nil {
+		return g.v2.dir
+	}
+	return g.v1.path()
+}
+
+func (g *Group) live() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.deleted {
+		return fmt.Errorf("cgroup: %s: %w", g.Path(), errDeleted)
+	}
+	return nil
+}
+
+// AddProc moves the process pid (all its threads) into the group.
+func (g *Group) AddProc(pid int) error {
+	if pid <= 0 {
+		return fmt.Errorf("cgroup: add pid %d to %s: invalid pid", pid, g.Path())
+	}
+	if err := g.live(); err != nil {
+		return err
+	}
+	var err error
+	if g.v2 != nil {
+		err = g.v2.m.AddProc(uint64(pid))
+	} else {
+		err = g.v1.cg.AddProc(uint64(pid))
+	}
+	if err != nil {
+		return fmt.Errorf("cgroup: add pid %d to %s: %w", pid, g.Path(), err)
+	}
+	return nil
+}
+
+// Stats reads the group's current usage.
+func (g *Group) Stats() (Stats, error) {
+	if err := g.live(); err != nil {
+		return Stats{}, err
+	}
+	var (
+		st  Stats
+		err error
+	)
+	if g.v2 != nil {
+		st, err = g.v2.stats()
+	} else {
+		st, err = g.v1.stats()
+	}
+	if err != nil {
+		return Stats{}, fmt.Errorf("cgroup: stats %s: %w", g.Path(), err)
+	}
+	return st, nil
+}
+
+// OOMKilled reports whether the kernel OOM killer killed a process in this
+// group (v1: memory.oom_control oom_kill > 0; v2: memory.events oom_kill >
+// 0). On old v1 kernels without that counter it reports false; the caller
+// may then treat memory.failcnt > 0 together with a SIGKILL as an OOM kill.
+func (g *Group) OOMKilled() bool {
+	if g.live() != nil {
+		return false
+	}
+	if g.v2 != nil {
+		return g.v2.oomKills() > 0
+	}
+	return g.v1.oomKills() > 0
+}
+
+// Kill SIGKILLs every process in the group and waits, about a second at
+// most, until the group is empty. On v2 it uses cgroup.kill when the kernel
+// has it (5.14+); otherwise it freezes the group (v1 freezer or v2
+// cgroup.freeze, when available) so nothing can fork, SIGKILLs every pid,
+// thaws, and repeats until the group is empty.
+func (g *Group) Kill() error {
+	if err := g.live(); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(killTimeout)
+	var err error
+	if g.v2 != nil {
+		err = g.v2.kill(deadline)
+	} else {
+		err = g.v1.kill(deadline)
+	}
+	if err != nil {
+		return fmt.Errorf("cgroup: kill %s: %w", g.Path(), err)
+	}
+	return nil
+}
+
+// Delete removes the group's directory in every hierarchy. The group must
+// be empty (see Kill); Delete retries for about a second while the kernel
+// finishes tearing processes down. Calling it again is a no-op.
+func (g *Group) Delete() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.deleted {
+		return nil
+	}
+	deadline := time.Now().Add(deleteTimeout)
+	var err error
+	if g.v2 != nil {
+		err = g.v2.delete(deadline)
+	} else {
+		err = g.v1.delete(deadline)
+	}
+	if err != nil {
+		return fmt.Errorf("cgroup: delete %s: %w", g.Path(), err)
+	}
+	g.deleted = true
+	return nil
+}
+
+// FD opens the group's directory (O_RDONLY|O_DIRECTORY|O_CLOEXEC) for
+// clone3's CLONE_INTO_CGROUP, e.g. syscall.SysProcAttr{UseCgroupFD: true,
+// CgroupFD: fd}, which starts a child directly inside the group with no
+// window in which it runs unlimited. The caller closes the fd. v2 only.
+func (g *Group) FD() (int, error) {
+	if err := g.live(); err != nil {
+		return -1, err
+	}
+	if g.v2 == nil {
+		return -1, fmt.Errorf("cgroup: fd %s: CLONE_INTO_CGROUP needs cgroup v2, this group is v1; use AddProc", g.Path())
+	}
+	fd, err := unix.Open(g.v2.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("cgroup: fd %s: %w", g.v2.dir, err)
+	}
+	return fd, nil
+}
+
+// probeName is a fresh name for a Detect probe group.
+func probeName() string {
+	return fmt.Sprintf("%s%d-%d", probePfx, os.Getpid(), probeSeq.Add(1))
+}
+
+// swapActive reports whether any swap area is in use (/proc/swaps has more
+// than its header line). Without swap, a limit that excludes swap is still
+// a limit on total memory.
+func swapActive() bool {
+	f, err := os.Open("/proc/swaps")
+	if err != nil {
+		return true // be pessimistic
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	n := 0
+	for s.Scan() {
+		n++
+	}
+	return n > 1
+}
+
+// readInt reads a file holding one integer ("max" reads as 0).
+func readInt(path string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "max" {
+		return 0, nil
+	}
+	return strconv.ParseInt(s, 10, 64)
+}
+
+// readKey returns the value of key in a "key value" per line file such as
+// memory.oom_control or memory.events.
+func readKey(path, key string) (int64, bool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false, err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		k, v, ok := strings.Cut(line, " ")
+		if ok && k == key {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n, err == nil, err
+		}
+	}
+	return 0, false, nil
+}
+
+// readPids reads a cgroup.procs file.
+func readPids(path string) ([]int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if p, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, p)
+		}
+	}
+	return pids, nil
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
+}
+
+// killPids sends SIGKILL to each pid; pids that already left are fine.
+func killPids(pids []int) {
+	for _, p := range pids {
+		_ = unix.Kill(p, unix.SIGKILL)
+	}
+}
+
+// sleepStep sleeps a little longer each round, up to 20ms.
+func sleepStep(round int) {
+	d := time.Duration(round+1) * 2 * time.Millisecond
+	if d > 20*time.Millisecond {
+		d = 20 * time.Millisecond
+	}
+	time.Sleep(d)
+}
+
+func joinReasons(rs []string) string {
+	var out []string
+	for _, r := range rs {
+		if r != "" {
+			out = append(out, r)
+		}
+	}
+	return strings.Join(out, "; ")
+}

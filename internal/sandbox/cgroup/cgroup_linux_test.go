@@ -1,0 +1,684 @@
+package cgroup
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/cgroups/v3/cgroup1"
+	"golang.org/x/sys/unix"
+)
+
+const unifiedMount = "/sys/fs/cgroup/unified"
+
+var nameSeq atomic.Int64
+
+// testPrefix starts every group name this test binary creates, so the
+// leftover check can tell our groups from those of other processes.
+func testPrefix() string { return fmt.Sprintf("pst%d-", os.Getpid()) }
+
+func testName(t *testing.T) string {
+	n := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
+	return fmt.Sprintf("%s%s-%d", testPrefix(), n, nameSeq.Add(1))
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if left := leftovers(); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: cgroups left behind by this test run:\n  %s\n", strings.Join(left, "\n  "))
+		code = 1
+	}
+	os.Exit(code)
+}
+
+// leftovers lists groups created by this test binary (or by its Detect
+// probes) that still exist, after trying to remove the shared parents if
+// they are now empty (ignoring failure: other processes may use them).
+func leftovers() []string {
+	var parents []string
+	if hostMode() == ModeV1 {
+		if subs, err := v1Subsystems(); err == nil {
+			if dirs, err := v1Dirs(subs, baseName); err == nil {
+				for _, d := range dirs {
+					parents = append(parents, d)
+				}
+			}
+		}
+	}
+	if isCgroup2(unifiedMount) {
+		parents = append(parents, filepath.Join(unifiedMount, baseName), unifiedMount)
+	}
+	prefixes := []string{testPrefix(), fmt.Sprintf("%s%d-", probePfx, os.Getpid())}
+	var left []string
+	for _, p := range parents {
+		ents, err := os.ReadDir(p)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			for _, pfx := range prefixes {
+				if e.IsDir() && strings.HasPrefix(e.Name(), pfx) {
+					left = append(left, filepath.Join(p, e.Name()))
+				}
+			}
+		}
+		if filepath.Base(p) == baseName {
+			_ = os.Remove(p) // only succeeds when empty
+		}
+	}
+	return left
+}
+
+func isCgroup2(dir string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(dir, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
+}
+
+// requireV1 skips unless this machine has v1 cgroups we may write to.
+func requireV1(t *testing.T) Info {
+	t.Helper()
+	if hostMode() != ModeV1 {
+		t.Skipf("needs a cgroup v1 (legacy or hybrid) host; this one is %q", hostMode())
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create cgroup v1 groups")
+	}
+	info := Detect()
+	if !info.Memory || !info.Pids {
+		t.Skipf("cgroup v1 memory/pids limits unavailable: %s", info.Reason)
+	}
+	return info
+}
+
+// newGroup creates a group and registers its cleanup.
+func newGroup(t *testing.T, lim Limits) *Group {
+	t.Helper()
+	g, err := New(testName(t), lim)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = g.Kill()
+		if err := g.Delete(); err != nil {
+			t.Errorf("cleanup Delete: %v", err)
+		}
+	})
+	return g
+}
+
+// startIn starts args under /bin/sh, moves the shell into g with AddProc
+// and only then lets it exec args, so nothing runs outside the group.
+func startIn(t *testing.T, g *Group, stdout, stderr io.Writer, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("/bin/sh", append([]string{"-c", `read _ && exec "$@"`, "sh"}, args...)...)
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if err := g.AddProc(cmd.Process.Pid); err != nil {
+		t.Fatalf("AddProc: %v", err)
+	}
+	if _, err := in.Write([]byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = in.Close()
+	return cmd
+}
+
+// waitTimeout waits for cmd, failing the test after d.
+func waitTimeout(t *testing.T, cmd *exec.Cmd, d time.Duration) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(d):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("%v did not exit within %v", cmd.Args, d)
+		return nil
+	}
+}
+
+func killedBy(err error) syscall.Signal {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return ws.Signal()
+		}
+	}
+	return 0
+}
+
+// gone reports whether pid has exited (no such process, or a zombie
+// waiting for a parent that is not us to reap it).
+func gone(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] == 'Z' || s[i+2] == 'X'
+	}
+	return false
+}
+
+func readTrim(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// cgroupOf returns pid's group in the hierarchy whose /proc/pid/cgroup
+// controller field is ctrl ("" for the unified one).
+func cgroupOf(t *testing.T, pid int, ctrl string) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		parts := strings.SplitN(l, ":", 3)
+		if len(parts) == 3 && slices.Contains(strings.Split(parts[1], ","), ctrl) {
+			return parts[2]
+		}
+	}
+	t.Fatalf("pid %d has no %q line in /proc/%d/cgroup:\n%s", pid, ctrl, pid, b)
+	return ""
+}
+
+func TestDetectV1(t *testing.T) {
+	if hostMode() != ModeV1 {
+		t.Skipf("needs a cgroup v1 (legacy or hybrid) host; this one is %q", hostMode())
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create cgroup v1 groups")
+	}
+	info := Detect()
+	t.Logf("Detect: %+v", info)
+	if info.Mode != ModeV1 || !info.Memory || !info.Pids || info.Reason != "" {
+		t.Fatalf("Detect = %+v, want v1 with memory and pids and no reason", info)
+	}
+	if !strings.Contains(info.Parent, "memory=/sys/fs/cgroup/memory/") || !strings.Contains(info.Parent, "pids=/sys/fs/cgroup/pids/") {
+		t.Errorf("Parent = %q, want memory= and pids= directories", info.Parent)
+	}
+}
+
+func TestGroupLifecycleV1(t *testing.T) {
+	requireV1(t)
+	const mem, pids = 128 << 20, 32
+	g := newGroup(t, Limits{MemoryBytes: mem, Pids: pids})
+
+	dirs := g.v1.dirs
+	for _, n := range []cgroup1.Name{cgroup1.Memory, cgroup1.Pids} {
+		if dirs[n] == "" || !exists(dirs[n]) {
+			t.Fatalf("no %s directory: %v", n, dirs)
+		}
+	}
+	if g.Path() != dirs[cgroup1.Memory] || filepath.Base(g.Path()) != g.name || filepath.Base(filepath.Dir(g.Path())) != baseName {
+		t.Errorf("Path = %q, want <own memory group>/%s/%s", g.Path(), baseName, g.name)
+	}
+	md := dirs[cgroup1.Memory]
+	if got := readTrim(t, filepath.Join(md, "memory.limit_in_bytes")); got != strconv.Itoa(mem) {
+		t.Errorf("memory.limit_in_bytes = %s, want %d", got, mem)
+	}
+	if g.v1.memsw {
+		if got := readTrim(t, filepath.Join(md, "memory.memsw.limit_in_bytes")); got != strconv.Itoa(mem) {
+			t.Errorf("memory.memsw.limit_in_bytes = %s, want %d", got, mem)
+		}
+	}
+	if got := readTrim(t, filepath.Join(dirs[cgroup1.Pids], "pids.max")); got != strconv.Itoa(pids) {
+		t.Errorf("pids.max = %s, want %d", got, pids)
+	}
+	if _, err := g.FD(); err == nil || !strings.Contains(err.Error(), "v2") {
+		t.Errorf("FD on v1 = %v, want an error saying it is v2 only", err)
+	}
+
+	// A shell that forks a grandchild and reports its pid.
+	pr, pw := io.Pipe()
+	cmd := startIn(t, g, pw, os.Stderr, "/bin/sh", "-c", `sleep 300 & echo $!; wait`)
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	grandchild, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatalf("grandchild pid %q: %v", line, err)
+	}
+	for _, pid := range []int{cmd.Process.Pid, grandchild} {
+		for ctrl, dir := range map[string]string{"memory": md, "pids": dirs[cgroup1.Pids]} {
+			if got := cgroupOf(t, pid, ctrl); !strings.HasSuffix(dir, got) || !strings.HasSuffix(got, "/"+baseName+"/"+g.name) {
+				t.Errorf("pid %d is in %s group %q, want the one of %s", pid, ctrl, got, dir)
+			}
+		}
+	}
+
+	// Burn a little CPU inside the group so cpuacct has something to show.
+	burn := exec.Command("/bin/sh", "-c", `read _; i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done`)
+	burn.Stdin = strings.NewReader("go\n")
+	if err := burn.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.AddProc(burn.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := burn.Wait(); err != nil {
+		t.Fatal(err)
+	}
+
+	st, err := g.Stats()
+	if err != nil {
+		t.Fatalf("Stats: %v", err)
+	}
+	t.Logf("Stats: %+v", st)
+	if st.PidsCurrent != 2 || st.PidsMax != pids {
+		t.Errorf("pids current/max = %d/%d, want 2/%d", st.PidsCurrent, st.PidsMax, pids)
+	}
+	if st.MemoryCurrentBytes <= 0 || st.MemoryPeakBytes < st.MemoryCurrentBytes || st.MemoryPeakBytes > mem {
+		t.Errorf("memory current/peak = %d/%d, want 0 < current <= peak <= %d", st.MemoryCurrentBytes, st.MemoryPeakBytes, mem)
+	}
+	if _, ok := dirs[cgroup1.Cpuacct]; ok && st.CPUUsage <= 0 {
+		t.Errorf("CPUUsage = %v, want > 0 (cpuacct is mounted)", st.CPUUsage)
+	}
+	if st.OOMKills != 0 || g.OOMKilled() {
+		t.Errorf("OOM kills = %d / OOMKilled = %v, want none", st.OOMKills, g.OOMKilled())
+	}
+
+	start := time.Now()
+	if err := g.Kill(); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	t.Logf("Kill took %v", time.Since(start))
+	if sig := killedBy(waitTimeout(t, cmd, 5*time.Second)); sig != syscall.SIGKILL {
+		t.Errorf("child ended by signal %v, want SIGKILL", sig)
+	}
+	for i := 0; !gone(grandchild); i++ {
+		if i == 100 {
+			t.Fatalf("grandchild %d survived Kill", grandchild)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, d := range dirs {
+		if got := readTrim(t, filepath.Join(d, "cgroup.procs")); got != "" {
+			t.Errorf("%s/cgroup.procs after Kill = %q, want empty", d, got)
+		}
+	}
+	if err := g.Kill(); err != nil {
+		t.Errorf("Kill on an empty group: %v", err)
+	}
+
+	if err := g.Delete(); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	for n, d := range dirs {
+		if exists(d) {
+			t.Errorf("%s directory %s still exists after Delete", n, d)
+		}
+	}
+	if err := g.Delete(); err != nil {
+		t.Errorf("second Delete: %v", err)
+	}
+	if _, err := g.Stats(); err == nil {
+		t.Error("Stats after Delete succeeded, want an error")
+	}
+	if err := g.AddProc(os.Getpid()); err == nil {
+		t.Error("AddProc after Delete succeeded, want an error")
+	}
+}
+
+func TestMemoryBombV1(t *testing.T) {
+	requireV1(t)
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		t.Skip("needs /usr/bin/python3 for the memory bomb")
+	}
+	const mem = 64 << 20
+	g := newGroup(t, Limits{MemoryBytes: mem, Pids: 64})
+	var out bytes.Buffer
+	cmd := startIn(t, g, &out, &out, "/usr/bin/python3", "-c", `
+b = bytearray(200 * 1024 * 1024)
+for i in range(0, len(b), 4096):
+    b[i] = 1   # touch every page so it is really allocated
+print("survived", len(b))
+`)
+	err := waitTimeout(t, cmd, 60*time.Second)
+	if sig := killedBy(err); sig != syscall.SIGKILL {
+		t.Fatalf("python3 ended with %v (output %q), want SIGKILL by the OOM killer", err, out.String())
+	}
+	if strings.Contains(out.String(), "survived") {
+		t.Fatalf("python3 printed %q, the limit did not hold", out.String())
+	}
+	if !g.OOMKilled() {
+		t.Error("OOMKilled = false after an OOM kill")
+	}
+	st, err := g.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Stats after the bomb: %+v", st)
+	if st.OOMKills < 1 {
+		t.Errorf("OOMKills = %d, want >= 1", st.OOMKills)
+	}
+	if st.MemoryPeakBytes > mem || st.MemoryPeakBytes < mem/2 {
+		t.Errorf("MemoryPeakBytes = %d, want close to the %d limit", st.MemoryPeakBytes, mem)
+	}
+}
+
+func TestPidsLimitV1(t *testing.T) {
+	requireV1(t)
+	const max = 8
+	g := newGroup(t, Limits{Pids: max})
+	var stderr syncBuffer
+	cmd := startIn(t, g, io.Discard, &stderr, "/bin/sh", "-c",
+		`i=0; while [ $i -lt 20 ]; do sleep 30 & i=$((i+1)); done; echo done >&2; wait`)
+
+	var peak int64
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		st, err := g.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.PidsMax != max {
+			t.Fatalf("PidsMax = %d, want %d", st.PidsMax, max)
+		}
+		peak = max64(peak, st.PidsCurrent)
+		if strings.Contains(strings.ToLower(stderr.String()), "fork") && st.PidsCurrent == max {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("peak pids %d; shell stderr: %q", peak, stderr.String())
+	if peak > max {
+		t.Errorf("pids.current reached %d, above the limit %d", peak, max)
+	}
+	if !strings.Contains(strings.ToLower(stderr.String()), "fork") {
+		t.Errorf("no fork failure reported by the shell; stderr %q", stderr.String())
+	}
+	events, _, err := readKey(filepath.Join(g.v1.dirs[cgroup1.Pids], "pids.events"), "max")
+	if err == nil && events < 1 {
+		t.Errorf("pids.events max = %d, want >= 1 refused fork", events)
+	}
+	if err := g.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = waitTimeout(t, cmd, 5*time.Second)
+	if st, err := g.Stats(); err != nil || st.PidsCurrent != 0 {
+		t.Errorf("after Kill: %+v, %v; want no pids", st, err)
+	}
+}
+
+// TestKillWithoutFreezerV1 runs Kill's loop without the freezer, against a
+// shell that keeps forking.
+func TestKillWithoutFreezerV1(t *testing.T) {
+	requireV1(t)
+	g := newGroup(t, Limits{Pids: 64})
+	cmd := startIn(t, g, io.Discard, io.Discard, "/bin/sh", "-c", `while :; do sleep 30 & sleep 0.01; done`)
+	time.Sleep(200 * time.Millisecond)
+	if err := g.v1.killLoop("", time.Now().Add(killTimeout)); err != nil {
+		t.Fatalf("kill without freezer: %v", err)
+	}
+	_ = waitTimeout(t, cmd, 5*time.Second)
+	if pids := g.v1.pids(); len(pids) != 0 {
+		t.Errorf("pids left: %v", pids)
+	}
+}
+
+func TestNewRejectsBadNames(t *testing.T) {
+	for _, name := range []string{"", ".", "..", "a/b", "/abs", "../escape", "a..b", "x\ny", serverLeaf, probePfx + "1-1", strings.Repeat("x", 201)} {
+		if g, err := New(name, Limits{}); err == nil {
+			_ = g.Delete()
+			t.Errorf("New(%q) succeeded, want an error", name)
+		} else if !strings.HasPrefix(err.Error(), "cgroup: invalid group name") {
+			t.Errorf("New(%q) = %v, want an invalid-name error", name, err)
+		}
+	}
+	if _, err := New("ok", Limits{MemoryBytes: -1}); err == nil {
+		t.Error("New with a negative limit succeeded")
+	}
+}
+
+func TestNewRefusesExistingV1(t *testing.T) {
+	requireV1(t)
+	g := newGroup(t, Limits{Pids: 4})
+	if g2, err := New(g.name, Limits{Pids: 4}); err == nil {
+		_ = g2.Delete()
+		t.Fatal("second New with the same name succeeded")
+	} else if !errors.Is(err, os.ErrExist) {
+		t.Errorf("second New = %v, want ErrExist", err)
+	}
+	if !exists(g.Path()) {
+		t.Error("the failed New removed the existing group")
+	}
+}
+
+// unifiedHost returns a v2Host on this hybrid machine's controller-less
+// cgroup2 mount: enough to test the v2 code for creation, clone3 into the
+// group, cgroup.kill, cpu.stat and deletion, but not memory or pids limits.
+func unifiedHost(t *testing.T) *v2Host {
+	t.Helper()
+	if !isCgroup2(unifiedMount) {
+		t.Skipf("needs a cgroup2 mount at %s", unifiedMount)
+	}
+	if unix.Access(unifiedMount, unix.W_OK) != nil {
+		t.Skipf("needs write access to %s", unifiedMount)
+	}
+	return &v2Host{mount: unifiedMount}
+}
+
+func TestV2OnUnifiedHierarchy(t *testing.T) {
+	h := unifiedHost(t)
+	v2, err := h.newGroup(testName(t), Limits{})
+	if err != nil {
+		t.Fatalf("newGroup: %v", err)
+	}
+	g := &Group{name: filepath.Base(v2.dir), v2: v2}
+	t.Cleanup(func() { _ = g.Kill(); _ = g.Delete() })
+	if !exists(filepath.Join(g.Path(), "cgroup.kill")) {
+		t.Skip("kernel has no cgroup.kill")
+	}
+
+	fd, err := g.FD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// clone3(CLONE_INTO_CGROUP): the child starts inside the group.
+	cmd := exec.Command("/bin/sh", "-c", `sleep 300 & echo $!; i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; wait`)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		unix.Close(fd)
+		t.Fatalf("start with CLONE_INTO_CGROUP: %v", err)
+	}
+	unix.Close(fd)
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	grandchild, _ := strconv.Atoi(strings.TrimSpace(line))
+	want := strings.TrimPrefix(g.Path(), unifiedMount)
+	for _, pid := range []int{cmd.Process.Pid, grandchild} {
+		if got := cgroupOf(t, pid, ""); got != want {
+			t.Errorf("pid %d in unified group %q, want %q", pid, got, want)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	st, err := g.Stats()
+	if err != nil {
+		t.Fatalf("Stats: %v", err)
+	}
+	t.Logf("Stats: %+v", st)
+	if st.CPUUsage <= 0 {
+		t.Errorf("CPUUsage = %v, want > 0 from cpu.stat", st.CPUUsage)
+	}
+	if g.OOMKilled() {
+		t.Error("OOMKilled without a memory controller")
+	}
+	if err := g.Kill(); err != nil {
+		t.Fatalf("Kill (cgroup.kill): %v", err)
+	}
+	if sig := killedBy(waitTimeout(t, cmd, 5*time.Second)); sig != syscall.SIGKILL {
+		t.Errorf("child ended by %v, want SIGKILL", sig)
+	}
+	for i := 0; !gone(grandchild); i++ {
+		if i == 100 {
+			t.Fatalf("grandchild %d survived Kill", grandchild)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := g.Delete(); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	if exists(g.Path()) {
+		t.Errorf("%s still exists after Delete", g.Path())
+	}
+	if err := g.Delete(); err != nil {
+		t.Errorf("second Delete: %v", err)
+	}
+}
+
+// TestV2KillLoop exercises the pre-5.14 Kill (freeze + SIGKILL) on v2.
+func TestV2KillLoop(t *testing.T) {
+	h := unifiedHost(t)
+	v2, err := h.newGroup(testName(t), Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &Group{name: filepath.Base(v2.dir), v2: v2}
+	t.Cleanup(func() { _ = g.Kill(); _ = g.Delete() })
+	cmd := startIn(t, g, io.Discard, io.Discard, "/bin/sh", "-c", `while :; do sleep 30 & sleep 0.01; done`)
+	time.Sleep(200 * time.Millisecond)
+	if err := v2.killLoop(time.Now().Add(killTimeout)); err != nil {
+		t.Fatalf("killLoop: %v", err)
+	}
+	_ = waitTimeout(t, cmd, 5*time.Second)
+	if !v2.empty() {
+		t.Error("group still populated")
+	}
+	if got := readTrim(t, filepath.Join(v2.dir, "cgroup.freeze")); got != "0" {
+		t.Errorf("cgroup.freeze = %s after kill, want 0 (thawed)", got)
+	}
+	if err := g.Delete(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestV2NotDelegated: the unified mount here has no controllers, which is
+// what an undelegated v2 group looks like.
+func TestV2NotDelegated(t *testing.T) {
+	h := unifiedHost(t)
+	if _, err := h.newGroup(testName(t), Limits{MemoryBytes: 64 << 20, Pids: 8}); err == nil || !errors.Is(err, errNotDelegated) {
+		t.Errorf("newGroup with limits and no controllers = %v, want a not-delegated error", err)
+	}
+	info := h.detect()
+	t.Logf("detect: %+v", info)
+	if info.Mode != ModeV2 || info.Memory || info.Pids || !strings.Contains(info.Reason, "Delegate=yes") {
+		t.Errorf("detect = %+v, want v2 without memory/pids and advice about Delegate=yes", info)
+	}
+}
+
+// TestV2MoveToLeaf checks the "no internal processes" step: every process
+// of our (here: a stand-in) own group moves into <own>/pysandbox-server.
+func TestV2MoveToLeaf(t *testing.T) {
+	h := unifiedHost(t)
+	own := "/" + testName(t)
+	ownDir := filepath.Join(unifiedMount, own)
+	if err := os.Mkdir(ownDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	leaf := filepath.Join(ownDir, serverLeaf)
+	cmd := exec.Command("/bin/sleep", "300")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		_ = os.Remove(leaf)
+		_ = os.Remove(ownDir)
+		if exists(ownDir) {
+			t.Errorf("could not remove %s", ownDir)
+		}
+	})
+	if err := os.WriteFile(filepath.Join(ownDir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+
+	h.selfGroup = func() (string, error) { return own + "/" + serverLeaf, nil }
+	h.mu.Lock()
+	got, err := h.ownGroup()
+	h.mu.Unlock()
+	if err != nil || got != own {
+		t.Fatalf("ownGroup from inside the leaf = %q, %v; want %q", got, err, own)
+	}
+	if err := h.moveToLeaf(ownDir); err != nil {
+		t.Fatalf("moveToLeaf: %v", err)
+	}
+	if p := readTrim(t, filepath.Join(ownDir, "cgroup.procs")); p != "" {
+		t.Errorf("own group still holds %q", p)
+	}
+	if p := cgroupOf(t, cmd.Process.Pid, ""); p != own+"/"+serverLeaf {
+		t.Errorf("process in %q, want %q", p, own+"/"+serverLeaf)
+	}
+	// Put it back so the directories can go.
+	if err := os.WriteFile(filepath.Join(unifiedMount, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type syncBuffer struct {
+	mu  chan struct{}
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) lock() {
+	if b.mu == nil {
+		b.mu = make(chan struct{}, 1)
+	}
+	b.mu <- struct{}{}
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.lock()
+	defer func() { <-b.mu }()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.lock()
+	defer func() { <-b.mu }()
+	return b.buf.String()
+}
+
+func max64(a, b int64) int64 {
+	if a > b {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,367 @@
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/containerd/cgroups/v3/cgroup1"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// v1Group is a group in the v1 hierarchies: memory and pids carry the
+// limits, cpuacct (when mounted) gives CPU usage, freezer (when mounted)
+// makes Kill race-free against fork.
+type v1Group struct {
+	cg    cgroup1.Cgroup
+	dirs  map[cgroup1.Name]string // absolute directory per hierarchy
+	memsw bool                    // memory.memsw.* exists (swap accounting)
+}
+
+// v1Wanted are the hierarchies a group is created in, when mounted.
+var v1Wanted = []cgroup1.Name{cgroup1.Memory, cgroup1.Pids, cgroup1.Cpuacct, cgroup1.Freezer}
+
+type pather interface{ Path(string) string }
+
+// v1Subsystems returns the mounted hierarchies among v1Wanted. The memory
+// controller is rebuilt with options so that its Stat does not fail when
+// swap accounting is off (OptionalSwap) or on kernels that dropped the kmem
+// files (IgnoreModules).
+func v1Subsystems() ([]cgroup1.Subsystem, error) {
+	all, err := cgroup1.Default()
+	if err != nil {
+		return nil, err
+	}
+	var out []cgroup1.Subsystem
+	for _, s := range all {
+		if !slices.Contains(v1Wanted, s.Name()) {
+			continue
+		}
+		if s.Name() == cgroup1.Memory {
+			p, ok := s.(pather)
+			if !ok {
+				continue
+			}
+			root := filepath.Dir(p.Path("/")) // /sys/fs/cgroup/memory -> /sys/fs/cgroup
+			s = cgroup1.NewMemory(root, cgroup1.OptionalSwap(), cgroup1.IgnoreModules("kmem", "kmem.tcp"))
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// v1Dirs maps each subsystem to its absolute directory for the nested path
+// rel (below our own group in that hierarchy). Subsystems our process is not
+// attached to are left out.
+func v1Dirs(subs []cgroup1.Subsystem, rel string) (map[cgroup1.Name]string, error) {
+	path := cgroup1.NestedPath(rel)
+	dirs := make(map[cgroup1.Name]string)
+	for _, s := range subs {
+		p, err := path(s.Name())
+		if errors.Is(err, cgroup1.ErrControllerNotActive) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if ps, ok := s.(pather); ok {
+			dirs[s.Name()] = ps.Path(p)
+		}
+	}
+	return dirs, nil
+}
+
+// newV1 creates <own>/pysandbox/<name> in the mounted hierarchies among
+// only (all of v1Wanted when nil) and applies lim.
+func newV1(name string, lim Limits, only []cgroup1.Name) (*v1Group, error) {
+	subs, err := v1Subsystems()
+	if err != nil {
+		return nil, fmt.Errorf("cgroup: find v1 hierarchies: %w", err)
+	}
+	if only != nil {
+		subs = slices.DeleteFunc(subs, func(s cgroup1.Subsystem) bool { return !slices.Contains(only, s.Name()) })
+	}
+	dirs, err := v1Dirs(subs, baseName+"/"+name)
+	if err != nil {
+		return nil, fmt.Errorf("cgroup: find v1 group paths: %w", err)
+	}
+	subs = slices.DeleteFunc(subs, func(s cgroup1.Subsystem) bool { _, ok := dirs[s.Name()]; return !ok })
+	g := &v1Group{dirs: dirs}
+	if lim.MemoryBytes > 0 && dirs[cgroup1.Memory] == "" {
+		return nil, errors.New("cgroup: v1 memory controller is not mounted; cannot limit memory")
+	}
+	if lim.Pids > 0 && dirs[cgroup1.Pids] == "" {
+		return nil, errors.New("cgroup: v1 pids controller is not mounted; cannot limit pids")
+	}
+	if len(dirs) == 0 {
+		return nil, errors.New("cgroup: none of the v1 memory, pids, cpuacct, freezer controllers is mounted")
+	}
+	for _, d := range dirs {
+		// The library would silently reuse an existing directory, and with
+		// it whatever processes and limits a stale group still has.
+		if exists(d) {
+			return nil, fmt.Errorf("cgroup: create %s: %w", d, os.ErrExist)
+		}
+	}
+	if md := dirs[cgroup1.Memory]; md != "" {
+		g.memsw = exists(filepath.Join(filepath.Dir(filepath.Dir(md)), "memory.memsw.limit_in_bytes"))
+	}
+
+	res := &specs.LinuxResources{}
+	if lim.MemoryBytes > 0 {
+		mem := lim.MemoryBytes
+		res.Memory = &specs.LinuxMemory{Limit: &mem}
+		if g.memsw {
+			// memsw is RAM+swap; equal to the RAM limit it leaves no room
+			// for swap, so MemoryBytes bounds the total.
+			sw := mem
+			res.Memory.Swap = &sw
+		}
+	}
+	if lim.Pids > 0 {
+		n := lim.Pids
+		res.Pids = &specs.LinuxPids{Limit: &n}
+	}
+	cg, err := cgroup1.New(cgroup1.NestedPath(baseName+"/"+name), res,
+		cgroup1.WithHierarchy(func() ([]cgroup1.Subsystem, error) { return subs, nil }))
+	if err != nil {
+		// cgroup1.New leaves behind whatever it created before failing.
+		for _, d := range dirs {
+			_ = os.Remove(d)
+		}
+		return nil, fmt.Errorf("cgroup: create %s: %w", g.path(), err)
+	}
+	g.cg = cg
+	return g, nil
+}
+
+func (g *v1Group) path() string {
+	if d, ok := g.dirs[cgroup1.Memory]; ok {
+		return d
+	}
+	for _, n := range v1Wanted {
+		if d, ok := g.dirs[n]; ok {
+			return d
+		}
+	}
+	return ""
+}
+
+func (g *v1Group) stats() (Stats, error) {
+	m, err := g.cg.Stat()
+	if err != nil {
+		return Stats{}, err
+	}
+	var st Stats
+	if mem := m.GetMemory(); mem != nil {
+		u := mem.GetUsage()
+		st.MemoryCurrentBytes, st.MemoryPeakBytes = int64(u.GetUsage()), int64(u.GetMax())
+		if g.memsw {
+			// memsw counts RAM+swap, which is what the limit bounds.
+			sw := mem.GetSwap()
+			st.MemoryCurrentBytes, st.MemoryPeakBytes = int64(sw.GetUsage()), int64(sw.GetMax())
+		}
+	}
+	if oc := m.GetMemoryOomControl(); oc != nil {
+		st.OOMKills = int64(oc.GetOomKill())
+	}
+	if p := m.GetPids(); p != nil {
+		st.PidsCurrent, st.PidsMax = int64(p.GetCurrent()), int64(p.GetLimit())
+	}
+	if _, ok := g.dirs[cgroup1.Cpuacct]; ok {
+		st.CPUUsage = time.Duration(m.GetCPU().GetUsage().GetTotal())
+	}
+	return st, nil
+}
+
+// oomKills reads the oom_kill counter of memory.oom_control directly: the
+// library only exposes it through Stat, which reads every file of every
+// hierarchy and fails as a whole if one of them does.
+func (g *v1Group) oomKills() int64 {
+	d, ok := g.dirs[cgroup1.Memory]
+	if !ok {
+		return 0
+	}
+	n, _, err := readKey(filepath.Join(d, "memory.oom_control"), "oom_kill")
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+// pids lists the processes in the group across all its hierarchies.
+func (g *v1Group) pids() []int {
+	var out []int
+	for n := range g.dirs {
+		procs, err := g.cg.Processes(n, true)
+		if err != nil {
+			continue
+		}
+		for _, p := range procs {
+			if !slices.Contains(out, p.Pid) {
+				out = append(out, p.Pid)
+			}
+		}
+	}
+	return out
+}
+
+// setFreezer writes freezer.state and waits until it reads back, until
+// deadline. Plain file writes rather than the library's Freeze/Thaw: those
+// loop with no time limit, and a task stuck in uninterruptible sleep can
+// keep a v1 group in FREEZING for ever, while Kill must stay bounded.
+func setFreezer(dir, state string, deadline time.Time) bool {
+	f := filepath.Join(dir, "freezer.state")
+	for i := 0; ; i++ {
+		if err := os.WriteFile(f, []byte(state), 0); err != nil {
+			return false
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return false
+		}
+		if strings.TrimSpace(string(b)) == state {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		sleepStep(i)
+	}
+}
+
+func (g *v1Group) kill(deadline time.Time) error {
+	return g.killLoop(g.dirs[cgroup1.Freezer], deadline)
+}
+
+// killLoop SIGKILLs every process in the group until it is empty, each
+// round under the freezer when freezerDir is not "".
+func (g *v1Group) killLoop(freezerDir string, deadline time.Time) error {
+	fd, hasFreezer := freezerDir, freezerDir != ""
+	for i := 0; ; i++ {
+		pids := g.pids()
+		if len(pids) == 0 {
+			return nil
+		}
+		if hasFreezer {
+			// Frozen tasks cannot fork; a v1-frozen task only acts on its
+			// SIGKILL once thawed, hence freeze, signal, thaw.
+			setFreezer(fd, "FROZEN", time.Now().Add(100*time.Millisecond))
+			killPids(g.pids())
+			setFreezer(fd, "THAWED", time.Now().Add(100*time.Millisecond))
+		} else {
+			killPids(pids)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d processes still present after %v: %w", len(g.pids()), killTimeout, unix.EBUSY)
+		}
+		sleepStep(i)
+	}
+}
+
+func (g *v1Group) delete(deadline time.Time) error {
+	var err error
+	for i := 0; ; i++ {
+		err = g.cg.Delete()
+		if errors.Is(err, cgroup1.ErrCgroupDeleted) {
+			err = nil
+		}
+		if err == nil {
+			// Belt and braces: make sure every directory really is gone.
+			for _, d := range g.dirs {
+				if rerr := os.Remove(d); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+					err = rerr
+				}
+			}
+			if err == nil {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		sleepStep(i)
+	}
+}
+
+// v1Parent describes where v1 groups go, e.g.
+// "memory=/sys/fs/cgroup/memory/x/pysandbox pids=/sys/fs/cgroup/pids/pysandbox".
+func v1Parent(subs []cgroup1.Subsystem) string {
+	dirs, err := v1Dirs(subs, baseName)
+	if err != nil {
+		return ""
+	}
+	var parts []string
+	for _, n := range v1Wanted {
+		if d, ok := dirs[n]; ok {
+			parts = append(parts, string(n)+"="+d)
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
+func detectV1() Info {
+	info := Info{Mode: ModeV1}
+	subs, err := v1Subsystems()
+	if err != nil {
+		info.Reason = fmt.Sprintf("cgroup v1: cannot find the mounted hierarchies (%v); limits fall back to rlimits", err)
+		return info
+	}
+	info.Parent = v1Parent(subs)
+	var reasons []string
+
+	const probeMem = 256 << 20
+	if g, err := newV1(probeName(), Limits{MemoryBytes: probeMem}, []cgroup1.Name{cgroup1.Memory}); err != nil {
+		reasons = append(reasons, v1Advice("memory", err))
+	} else {
+		d := g.dirs[cgroup1.Memory]
+		lim, err1 := readInt(filepath.Join(d, "memory.limit_in_bytes"))
+		var sw int64 = probeMem
+		var err2 error
+		if g.memsw {
+			sw, err2 = readInt(filepath.Join(d, "memory.memsw.limit_in_bytes"))
+		}
+		switch {
+		case err1 != nil || err2 != nil || lim != probeMem || sw != probeMem:
+			reasons = append(reasons, fmt.Sprintf("cgroup v1: memory limit did not take effect in %s (read back %d/%d, %v %v); limits fall back to rlimits", d, lim, sw, err1, err2))
+		case !g.memsw && swapActive():
+			reasons = append(reasons, "cgroup v1: swap is on but the kernel has no swap accounting (memory.memsw.* missing), so a memory limit would not cover swap; boot with swapaccount=1 or turn swap off, or memory limits fall back to rlimits")
+		default:
+			info.Memory = true
+		}
+		if err := g.delete(time.Now().Add(deleteTimeout)); err != nil {
+			reasons = append(reasons, fmt.Sprintf("cgroup v1: cannot remove probe group %s: %v", d, err))
+		}
+	}
+
+	const probePids = 64
+	if g, err := newV1(probeName(), Limits{Pids: probePids}, []cgroup1.Name{cgroup1.Pids}); err != nil {
+		reasons = append(reasons, v1Advice("pids", err))
+	} else {
+		d := g.dirs[cgroup1.Pids]
+		if n, err := readInt(filepath.Join(d, "pids.max")); err != nil || n != probePids {
+			reasons = append(reasons, fmt.Sprintf("cgroup v1: pids limit did not take effect in %s; limits fall back to rlimits", d))
+		} else {
+			info.Pids = true
+		}
+		if err := g.delete(time.Now().Add(deleteTimeout)); err != nil {
+			reasons = append(reasons, fmt.Sprintf("cgroup v1: cannot remove probe group %s: %v", d, err))
+		}
+	}
+	info.Reason = joinReasons(reasons)
+	return info
+}
+
+func v1Advice(ctrl string, err error) string {
+	switch {
+	case errors.Is(err, os.ErrPermission), errors.Is(err, unix.EROFS):
+		return fmt.Sprintf("cgroup v1: no permission to create a %s group (%v): run as root or give this service a writable cgroup (systemd Delegate=yes), or limits fall back to rlimits", ctrl, err)
+	default:
+		return fmt.Sprintf("cgroup v1: cannot use the %s controller (%v); limits fall back to rlimits", ctrl, err)
+	}
+}

@@ -1,0 +1,63 @@
+package sandbox
+
+// initArg0 is argv[0] of a re-executed sandbox init. The binary notices it
+// in InitMain before doing anything else.
+const initArg0 = "pysandbox-sandbox-init"
+
+// Inside the sandbox the worker runs as this uid and gid. Neither is 0, so
+// the kernel gives the worker no capabilities on execve.
+const (
+	sandboxUID = 1000
+	sandboxGID = 1000
+)
+
+// File descriptors of the init process, in the order of exec.Cmd.ExtraFiles.
+const (
+	fdControl   = 3 // the worker's control socket; stays open across exec
+	fdSetup     = 4 // config in, error out; close-on-exec so EOF means "exec'd"
+	fdFirstBind = 5
+)
+
+// initConfig is what the server tells the init over the setup socket. It is
+// written by the trusted parent, before any untrusted code runs.
+type initConfig struct {
+	Binds    []bindMount `json:"binds"`
+	Symlinks [][2]string `json:"symlinks"` // [target, linkpath] inside the new root
+	Files    []File      `json:"files"`
+	Etc      []File      `json:"etc"` // generated /etc files
+	TmpBytes int64       `json:"tmp_bytes"`
+	Rlimits  []rlimit    `json:"rlimits"`
+	Argv     []string    `json:"argv"`
+	Env      []string    `json:"env"`
+	Cwd      string      `json:"cwd"`
+	Hostname string      `json:"hostname"`
+	// NewCgroupNS asks the init to unshare a cgroup namespace once the
+	// parent has moved it into its cgroups, so the worker sees "/" only.
+	NewCgroupNS bool `json:"new_cgroupns"`
+	// DropToUID, when set, is done last: the init starts as root of its user
+	// namespace (mapped to host root, so it can reach every bind source)
+	// and becomes the sandbox user, a different host uid, before exec. An
+	// unprivileged server maps only its own uid and starts the init as the
+	// sandbox user directly, with ambient capabilities for the setup.
+	DropToUID bool `json:"drop_to_uid"`
+	// Seccomp installs the syscall filter; false only in tests of the
+	// layers below it.
+	Seccomp bool `json:"seccomp"`
+}
+
+// bindMount makes a host file or directory visible read-only inside. The
+// init opens every source before it mounts anything, so no mount of ours
+// can shadow a source path.
+type bindMount struct {
+	Source string `json:"source"`
+	Target string `json:"target"`
+	Dir    bool   `json:"dir"`
+	// Writable keeps the bind writable (device nodes such as /dev/null).
+	Writable bool `json:"writable,omitempty"`
+}
+
+type rlimit struct {
+	Resource int    `json:"resource"`
+	Cur      uint64 `json:"cur"`
+	Max      uint64 `json:"max"`
+}

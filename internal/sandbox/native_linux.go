@@ -1,0 +1,423 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/pysandbox/pysandbox/internal/sandbox/cgroup"
+)
+
+// Native is the default backend: our own init, re-executed from this binary
+// in fresh namespaces.
+type Native struct {
+	cgroups cgroup.Info
+	root    bool
+	// seccomp is off only in tests that look at the layers beneath it.
+	seccomp bool
+}
+
+// NewNative returns the native backend. It measures which cgroup features
+// work here; call Posture to learn whether the whole sandbox does.
+func NewNative() *Native {
+	return &Native{cgroups: cgroup.Detect(), root: os.Geteuid() == 0, seccomp: true}
+}
+
+func (n *Native) Kind() Kind { return KindNative }
+
+// Cgroups reports the cgroup support measured at construction.
+func (n *Native) Cgroups() cgroup.Info { return n.cgroups }
+
+// When the server runs as root, each sandbox gets its own host uid from this
+// range, so concurrent sandboxes are different users to the kernel too:
+// they cannot signal or ptrace each other even if they could see each other.
+// An unprivileged server can only map its own uid.
+const (
+	hostUIDBase  = 3_000_000_000
+	hostUIDRange = 1_000_000
+)
+
+var (
+	uidCounter atomic.Uint32
+	sandboxSeq atomic.Uint64
+)
+
+func (n *Native) nextHostID() int {
+	return hostUIDBase + int(uidCounter.Add(1)%hostUIDRange)
+}
+
+// Start starts spec's interpreter inside a new sandbox.
+func (n *Native) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s := &nativeSandbox{done: make(chan struct{})}
+	ok := false
+	defer func() {
+		if !ok {
+			s.Close()
+		}
+	}()
+
+	ctrlParent, ctrlChild, err := socketpair()
+	if err != nil {
+		return nil, err
+	}
+	defer ctrlChild.Close()
+	s.ctrl, err = net.FileConn(ctrlParent)
+	ctrlParent.Close()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: control socket: %w", err)
+	}
+	setupParent, setupChild, err := socketpair()
+	if err != nil {
+		return nil, err
+	}
+	defer setupParent.Close()
+	defer setupChild.Close()
+
+	cfg, err := n.config(spec)
+	if err != nil {
+		return nil, err
+	}
+
+	if spec.Limits.MemoryBytes > 0 || spec.Limits.MaxProcs > 0 {
+		if n.cgroups.Memory || n.cgroups.Pids {
+			name := fmt.Sprintf("sb-%d-%d", os.Getpid(), sandboxSeq.Add(1))
+			s.cg, err = cgroup.New(name, cgroup.Limits{MemoryBytes: spec.Limits.MemoryBytes, Pids: spec.Limits.MaxProcs})
+			if err != nil {
+				return nil, fmt.Errorf("sandbox: %w", err)
+			}
+		}
+	}
+
+	attr := &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID |
+			syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
+		Pdeathsig: syscall.SIGKILL,
+	}
+	if n.root {
+		// Root inside maps to root outside only for the init, which needs to
+		// reach bind sources such as a pyenv prefix under /root (mode 0700).
+		// The worker runs as the second mapping, a host uid of its own.
+		id := n.nextHostID()
+		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}, {ContainerID: sandboxUID, HostID: id, Size: 1}}
+		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}, {ContainerID: sandboxGID, HostID: id, Size: 1}}
+		// Clear root's supplementary groups; an unprivileged server cannot,
+		// since it must deny setgroups to map its gid.
+		attr.GidMappingsEnableSetgroups = true
+		attr.Credential = &syscall.Credential{Uid: 0, Gid: 0, Groups: []uint32{}}
+	} else {
+		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: sandboxUID, HostID: os.Getuid(), Size: 1}}
+		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: sandboxGID, HostID: os.Getgid(), Size: 1}}
+		// The init runs as uid 1000 inside, which would lose every capability
+		// on execve; ambient capabilities carry just the ones it needs to
+		// build the root across that exec. It drops them all before the worker.
+		attr.AmbientCaps = []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_NET_ADMIN, unix.CAP_SETPCAP, unix.CAP_DAC_OVERRIDE}
+	}
+	cmd := &exec.Cmd{
+		Path:        "/proc/self/exe",
+		Args:        []string{initArg0},
+		Env:         []string{},
+		Stdout:      spec.Stdout,
+		Stderr:      spec.Stderr,
+		ExtraFiles:  []*os.File{ctrlChild, setupChild},
+		SysProcAttr: attr,
+		// Every process of the sandbox dies with its pid 1, so the pipes
+		// close promptly; this only bounds a pathological wait.
+		WaitDelay: 2 * time.Second,
+	}
+	if cmd.Stdout == nil {
+		cmd.Stdout = io.Discard
+	}
+	if cmd.Stderr == nil {
+		cmd.Stderr = io.Discard
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("sandbox: start init: %w", explainStartError(err))
+	}
+	s.cmd = cmd
+	go s.reap()
+	setupChild.Close()
+	if s.cg != nil {
+		if err := s.cg.AddProc(cmd.Process.Pid); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+		cfg.NewCgroupNS = true
+	}
+	if err := sendConfig(setupParent, cfg); err != nil {
+		return nil, err
+	}
+	// The init closes its end on exec (close-on-exec); anything it wrote
+	// before that is its error.
+	msg, err := io.ReadAll(io.LimitReader(setupParent, 64<<10))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: read init status: %w", err)
+	}
+	if len(msg) > 0 {
+		return nil, fmt.Errorf("sandbox: set up: %s", strings.TrimSpace(string(msg)))
+	}
+	select {
+	case <-s.done:
+		return nil, fmt.Errorf("sandbox: init exited during setup (exit code %d)", s.exit.Code)
+	default:
+	}
+	ok = true
+	return s, nil
+}
+
+func sendConfig(w *os.File, cfg *initConfig) error {
+	data, err := json.Marshal(cfg)
+	if err != nil {
+		return fmt.Errorf("sandbox: encode init config: %w", err)
+	}
+	if _, err := w.Write(data); err != nil {
+		return fmt.Errorf("sandbox: send init config: %w", err)
+	}
+	if err := unix.Shutdown(int(w.Fd()), unix.SHUT_WR); err != nil {
+		return fmt.Errorf("sandbox: send init config: %w", os.NewSyscallError("shutdown", err))
+	}
+	return nil
+}
+
+// explainStartError turns the kernel's terse refusals into advice.
+func explainStartError(err error) error {
+	if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.ENOSPC) {
+		return fmt.Errorf("%w: %w (%s)", ErrUnavailable, err, userNSHint())
+	}
+	return err
+}
+
+// config builds the init's configuration.
+func (n *Native) config(spec *Spec) (*initConfig, error) {
+	if !filepath.IsAbs(spec.Python) {
+		return nil, fmt.Errorf("sandbox: interpreter path %q is not absolute", spec.Python)
+	}
+	cfg := &initConfig{
+		TmpBytes:  spec.Limits.TmpBytes,
+		Argv:      append([]string{spec.Python}, spec.Args...),
+		Env:       spec.Env,
+		Cwd:       "/work",
+		Hostname:  "pysandbox",
+		Files:     spec.Files,
+		Etc:       etcFiles(),
+		Seccomp:   n.seccomp,
+		DropToUID: n.root,
+	}
+	if cfg.TmpBytes <= 0 {
+		cfg.TmpBytes = 256 << 20
+	}
+	cfg.Rlimits = rlimits(spec.Limits, n.cgroups)
+	add := func(hostPath, target string, writable bool) error {
+		fi, err := os.Stat(hostPath)
+		if err != nil {
+			return fmt.Errorf("sandbox: bind source: %w", err)
+		}
+		cfg.Binds = append(cfg.Binds, bindMount{Source: hostPath, Target: target, Dir: fi.IsDir(), Writable: writable})
+		return nil
+	}
+	for _, p := range systemDirs(spec.Prefix) {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			continue
+		}
+		if fi.Mode()&os.ModeSymlink != 0 {
+			dest, err := os.Readlink(p)
+			if err == nil {
+				cfg.Symlinks = append(cfg.Symlinks, [2]string{dest, p})
+			}
+			continue
+		}
+		if err := add(p, p, false); err != nil {
+			return nil, err
+		}
+	}
+	for _, p := range etcBinds() {
+		if _, err := os.Stat(p); err == nil {
+			if err := add(p, p, false); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, d := range []string{"null", "zero", "full", "random", "urandom"} {
+		if err := add("/dev/"+d, "/dev/"+d, true); err != nil {
+			return nil, err
+		}
+	}
+	return cfg, nil
+}
+
+// systemDirs lists what the interpreter needs from the host: /usr, the
+// library directories (or their merged-/usr symlinks), and the
+// interpreter's own prefix when it lives elsewhere (pyenv, /opt).
+func systemDirs(prefix string) []string {
+	dirs := []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}
+	if prefix != "" && prefix != "/" && !underAny(prefix, dirs) {
+		dirs = append(dirs, filepath.Clean(prefix))
+	}
+	return dirs
+}
+
+func underAny(p string, dirs []string) bool {
+	p = filepath.Clean(p)
+	for _, d := range dirs {
+		if p == d || strings.HasPrefix(p, d+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// etcBinds are the host files under /etc that Python and common libraries
+// read. Everything else in /etc (passwd, shadow, ssh keys, ...) stays out.
+func etcBinds() []string {
+	list := []string{
+		"/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
+		"/etc/mime.types", "/etc/matplotlibrc", "/etc/fonts", "/etc/ssl/certs", "/etc/alternatives",
+	}
+	// Debian's interpreters read /etc/python3.X (sitecustomize.py).
+	matches, _ := filepath.Glob("/etc/python3*")
+	return append(list, matches...)
+}
+
+// etcFiles are generated: just enough for getpwuid and "localhost" to work.
+func etcFiles() []File {
+	return []File{
+		{Path: "/etc/passwd", Content: []byte(fmt.Sprintf("root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:%d:%d:sandbox:/work:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n", sandboxUID, sandboxGID))},
+		{Path: "/etc/group", Content: []byte(fmt.Sprintf("root:x:0:\nsandbox:x:%d:\nnogroup:x:65534:\n", sandboxGID))},
+		{Path: "/etc/hosts", Content: []byte("127.0.0.1 localhost pysandbox\n::1 localhost ip6-localhost\n")},
+		{Path: "/etc/hostname", Content: []byte("pysandbox\n")},
+		{Path: "/etc/resolv.conf", Content: []byte("# no network in the sandbox\n")},
+		{Path: "/etc/nsswitch.conf", Content: []byte("passwd: files\ngroup: files\nhosts: files\n")},
+	}
+}
+
+// rlimits are applied inside every sandbox. Where no cgroup can enforce the
+// memory or pids limit, RLIMIT_AS and RLIMIT_NPROC take over (RLIMIT_NPROC
+// is counted per user namespace, so it is per sandbox).
+func rlimits(l Limits, cg cgroup.Info) []rlimit {
+	tmp := uint64(l.TmpBytes)
+	if tmp == 0 {
+		tmp = 256 << 20
+	}
+	nofile := l.MaxOpenFile
+	if nofile == 0 {
+		nofile = 1024
+	}
+	out := []rlimit{
+		{Resource: unix.RLIMIT_CORE, Cur: 0, Max: 0},
+		{Resource: unix.RLIMIT_NOFILE, Cur: nofile, Max: nofile},
+		{Resource: unix.RLIMIT_FSIZE, Cur: tmp, Max: tmp},
+	}
+	if l.MaxProcs > 0 {
+		out = append(out, rlimit{Resource: unix.RLIMIT_NPROC, Cur: uint64(l.MaxProcs), Max: uint64(l.MaxProcs)})
+	}
+	if l.CPUSeconds > 0 {
+		out = append(out, rlimit{Resource: unix.RLIMIT_CPU, Cur: l.CPUSeconds, Max: l.CPUSeconds + 1})
+	}
+	if l.MemoryBytes > 0 && !cg.Memory {
+		out = append(out, rlimit{Resource: unix.RLIMIT_AS, Cur: uint64(l.MemoryBytes), Max: uint64(l.MemoryBytes)})
+	}
+	return out
+}
+
+func socketpair() (*os.File, *os.File, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sandbox: %w", os.NewSyscallError("socketpair", err))
+	}
+	return os.NewFile(uintptr(fds[0]), "socket"), os.NewFile(uintptr(fds[1]), "socket"), nil
+}
+
+type nativeSandbox struct {
+	cmd  *exec.Cmd
+	cg   *cgroup.Group
+	ctrl net.Conn
+
+	done      chan struct{} // closed when the init and the output copies are done
+	exit      Exit
+	closeOnce sync.Once
+	closeErr  error
+}
+
+func (s *nativeSandbox) Control() net.Conn { return s.ctrl }
+
+func (s *nativeSandbox) reap() {
+	err := s.cmd.Wait()
+	e := Exit{Code: -1}
+	if ps := s.cmd.ProcessState; ps != nil {
+		e.Code = ps.ExitCode()
+		if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			e.Signal = ws.Signal()
+		}
+		if ru, ok := ps.SysUsage().(*syscall.Rusage); ok {
+			e.PeakMemoryBytes = ru.Maxrss * 1024
+			e.CPUTime = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		}
+	} else if err != nil {
+		e.Code = -1
+	}
+	if s.cg != nil {
+		// pid 1 is gone, so is everything else in its namespace; the cgroup
+		// kill only makes sure before we read the final figures.
+		s.cg.Kill()
+		if st, err := s.cg.Stats(); err == nil {
+			if st.MemoryPeakBytes > 0 {
+				e.PeakMemoryBytes = st.MemoryPeakBytes
+			}
+			if st.CPUUsage > 0 {
+				e.CPUTime = st.CPUUsage
+			}
+		}
+		e.OOMKilled = s.cg.OOMKilled()
+	}
+	s.exit = e
+	close(s.done)
+}
+
+func (s *nativeSandbox) Wait() Exit {
+	<-s.done
+	return s.exit
+}
+
+func (s *nativeSandbox) Kill() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		// SIGKILL to pid 1 of the namespace: the kernel then kills every
+		// other process in it, however deep or detached.
+		s.cmd.Process.Kill()
+	}
+}
+
+func (s *nativeSandbox) Close() error {
+	s.closeOnce.Do(func() {
+		s.Kill()
+		if s.cmd != nil {
+			<-s.done
+		}
+		if s.ctrl != nil {
+			s.ctrl.Close()
+		}
+		if s.cg != nil {
+			s.closeErr = s.cg.Delete()
+		}
+	})
+	return s.closeErr
+}
+
+// CgroupSupport reports which cgroup limits this backend applies.
+func (n *Native) CgroupSupport() (mem, pids bool, mode, reason string) {
+	return n.cgroups.Memory, n.cgroups.Pids, string(n.cgroups.Mode), n.cgroups.Reason
+}

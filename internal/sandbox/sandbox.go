@@ -1,0 +1,112 @@
+// Package sandbox starts a process (the Python worker) inside an isolated
+// environment and tears it down again without leaving anything behind.
+//
+// There are three backends:
+//   - native: the default. Our own re-executed init sets up user, mount, pid,
+//     net, ipc, uts and cgroup namespaces, pivot_root into a fresh read-only
+//     root, seccomp, no_new_privs, dropped capabilities, rlimits and cgroup
+//     limits, the way nsjail does.
+//   - bwrap: the same layout built by bubblewrap, with limits applied from
+//     outside, for hosts that only allow user namespaces to bwrap.
+//   - none: no isolation at all. It must be asked for explicitly, and every
+//     result says it is unsandboxed.
+//
+// A backend never falls back to a weaker one: when a layer cannot be set up,
+// Start fails and Posture says why.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+	"time"
+)
+
+// Kind names a backend on the command line.
+type Kind string
+
+const (
+	KindNative Kind = "native"
+	KindBwrap  Kind = "bwrap"
+	KindNone   Kind = "none"
+)
+
+// ParseKind checks a --sandbox value.
+func ParseKind(s string) (Kind, error) {
+	switch k := Kind(s); k {
+	case KindNative, KindBwrap, KindNone:
+		return k, nil
+	}
+	return "", fmt.Errorf("sandbox: unknown backend %q (want native, bwrap or none)", s)
+}
+
+// Limits are the resource limits of one sandbox.
+type Limits struct {
+	MemoryBytes int64 // cgroup memory+swap; RLIMIT_AS when no memory cgroup can be used
+	MaxProcs    int64 // cgroup pids.max and RLIMIT_NPROC (tasks, threads included)
+	TmpBytes    int64 // size of the writable tmpfs shared by /tmp, /work and /dev/shm
+	MaxOpenFile uint64
+	CPUSeconds  uint64 // RLIMIT_CPU, a backstop behind the wall-clock timeout
+}
+
+// File is a read-only file placed inside the sandbox (the worker program).
+type File struct {
+	Path    string // absolute path inside the sandbox, under /.pysandbox
+	Content []byte
+}
+
+// Spec describes what to start.
+type Spec struct {
+	// Python is the interpreter's absolute path on the host. Its prefix is
+	// made visible read-only at the same path inside.
+	Python string
+	// Prefix is the interpreter's installation prefix (sys.base_prefix).
+	Prefix string
+	// Args are the interpreter's arguments (argv[1:]).
+	Args []string
+	// Env is the complete environment; nothing of the server's is added.
+	Env   []string
+	Files []File
+	// Limits apply to the whole sandbox.
+	Limits Limits
+	// Stdout and Stderr receive the sandbox's output as it is written.
+	Stdout, Stderr io.Writer
+}
+
+// Sandbox is a started sandbox.
+type Sandbox interface {
+	// Control is the Go end of the worker's control socket (fd 3 inside).
+	Control() net.Conn
+	// Wait blocks until every process of the sandbox has exited and its
+	// output has been copied out, then reports how it ended.
+	Wait() Exit
+	// Kill kills every process of the sandbox. It is safe to call at any time
+	// and more than once.
+	Kill()
+	// Close kills what is left and releases everything held on the host
+	// (cgroups, file descriptors). It is idempotent.
+	Close() error
+}
+
+// Exit says how a sandbox ended.
+type Exit struct {
+	Code            int            // exit code, or -1 when killed by a signal
+	Signal          syscall.Signal // the signal that killed the worker, or 0
+	OOMKilled       bool           // the kernel killed something for exceeding the memory limit
+	PidsLimit       bool           // the pids limit refused a fork at least once
+	PeakMemoryBytes int64
+	CPUTime         time.Duration
+}
+
+// Backend starts sandboxes of one kind.
+type Backend interface {
+	Kind() Kind
+	Start(ctx context.Context, spec *Spec) (Sandbox, error)
+}
+
+// ErrUnavailable is wrapped by errors that mean the backend cannot work on
+// this machine at all (as opposed to one start failing).
+var ErrUnavailable = errors.New("sandbox backend unavailable")

@@ -1,0 +1,308 @@
+package worker
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	_ "embed"
+)
+
+// Source is worker.py, the program run by `python3 -I -B worker.py`. It must
+// not be modified.
+//
+//go:embed worker.py
+var Source []byte
+
+// Command returns the argv that starts the worker: python is the interpreter,
+// scriptPath where Source was placed. A one-shot worker exits after its first
+// run with that run's exit code.
+func Command(python, scriptPath string, oneshot bool) []string {
+	argv := []string{python, "-I", "-B", scriptPath}
+	if oneshot {
+		argv = append(argv, "--oneshot")
+	}
+	return argv
+}
+
+// maxLineBytes bounds a single message from the worker. The worker lives in
+// the sandbox with the user's code, so it must not be able to make the server
+// buffer without limit. Return values and error texts are capped far below
+// this by the worker itself.
+const maxLineBytes = 64 << 20
+
+// Conn is the Go end of a worker's control channel.
+//
+// Requests are sent one at a time; concurrent calls wait their turn. Any
+// failure that may leave the stream out of step (I/O errors, cancellation
+// during an exchange, a malformed reply) makes the Conn unusable: later calls
+// return the same error. The caller should then kill the worker.
+type Conn struct {
+	conn    net.Conn
+	maxLine int
+
+	// turn is a one-slot semaphore that can be waited on with a context, and
+	// guards the fields below.
+	turn   chan struct{}
+	r      *bufio.Reader
+	ready  *Ready
+	nextID uint64
+	err    error // sticky
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// NewConn returns a Conn speaking the worker protocol over c, typically the
+// parent's end of a socketpair obtained with net.FileConn.
+func NewConn(c net.Conn) *Conn {
+	return &Conn{
+		conn:    c,
+		maxLine: maxLineBytes,
+		turn:    make(chan struct{}, 1),
+		r:       bufio.NewReaderSize(c, 64<<10),
+	}
+}
+
+// Close closes the connection, which also unblocks a pending call. A worker
+// in the default mode exits when its control channel is closed.
+func (c *Conn) Close() error {
+	c.closeOnce.Do(func() { c.closeErr = c.conn.Close() })
+	return c.closeErr
+}
+
+// Ready waits for the worker's first message. Calling it is optional: the
+// other methods wait for it if needed. Later calls return the same value.
+func (c *Conn) Ready(ctx context.Context) (*Ready, error) {
+	if err := c.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer c.unlock()
+	if err := c.awaitReady(ctx); err != nil {
+		return nil, err
+	}
+	r := *c.ready
+	return &r, nil
+}
+
+// Run executes code in the worker. Op and ID of req are set by Run. A
+// non-nil error means the exchange itself failed; errors in the user's code
+// are reported in the Result.
+func (c *Conn) Run(ctx context.Context, req Request) (*Result, error) {
+	req.Op = OpRun
+	var res Result
+	if err := c.call(ctx, &req, OpResult, &res); err != nil {
+		return nil, err
+	}
+	switch res.Status {
+	case "success", "error":
+	default:
+		return nil, c.fail(fmt.Errorf("worker: bad result status %q", clip(res.Status)))
+	}
+	if res.ExitCode < 0 || res.ExitCode > 255 {
+		return nil, c.fail(fmt.Errorf("worker: bad exit code %d", res.ExitCode))
+	}
+	if len(res.ReturnValue) == 0 {
+		res.ReturnValue = json.RawMessage("null")
+	}
+	return &res, nil
+}
+
+// Validate compiles code without running it.
+func (c *Conn) Validate(ctx context.Context, code, filename string) (*Validation, error) {
+	var v Validation
+	req := Request{Op: OpValidate, Code: code, Filename: filename}
+	if err := c.call(ctx, &req, OpValidated, &v); err != nil {
+		return nil, err
+	}
+	return &v, nil
+}
+
+// Probe asks the worker to report its isolation as seen from inside.
+func (c *Conn) Probe(ctx context.Context) (*Probe, error) {
+	var p Probe
+	req := Request{Op: OpProbe}
+	if err := c.call(ctx, &req, OpProbed, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+func (c *Conn) lock(ctx context.Context) error {
+	select {
+	case c.turn <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("worker: %w", ctx.Err())
+	}
+}
+
+func (c *Conn) unlock() { <-c.turn }
+
+// fail records err as the Conn's sticky error. Called with the lock held.
+func (c *Conn) fail(err error) error {
+	if c.err == nil {
+		c.err = err
+	}
+	return err
+}
+
+// call sends req (assigning its ID) and decodes the matching reply of type
+// wantOp into reply.
+func (c *Conn) call(ctx context.Context, req *Request, wantOp string, reply any) error {
+	if err := c.lock(ctx); err != nil {
+		return err
+	}
+	defer c.unlock()
+	if err := c.awaitReady(ctx); err != nil {
+		return err
+	}
+	c.nextID++
+	req.ID = strconv.FormatUint(c.nextID, 10)
+	data, err := json.Marshal(req)
+	if err != nil {
+		// Nothing was sent; the Conn is still usable.
+		return fmt.Errorf("worker: encode request: %w", err)
+	}
+	data = append(data, '\n')
+
+	var line []byte
+	err = c.interruptible(ctx, func() error {
+		if _, err := c.conn.Write(data); err != nil {
+			return fmt.Errorf("worker: send request: %w", err)
+		}
+		var err error
+		line, err = c.readLine()
+		if err != nil {
+			return fmt.Errorf("worker: read reply: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return c.fail(err)
+	}
+
+	var env struct {
+		Op string `json:"op"`
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(line, &env); err != nil {
+		return c.fail(fmt.Errorf("worker: bad reply: %w", err))
+	}
+	if env.ID != req.ID {
+		return c.fail(fmt.Errorf("worker: reply id %q does not match request id %q", clip(env.ID), req.ID))
+	}
+	if env.Op == OpError {
+		var e ErrorReply
+		if err := json.Unmarshal(line, &e); err != nil {
+			return c.fail(fmt.Errorf("worker: bad reply: %w", err))
+		}
+		// A well-formed refusal: the stream is still in step.
+		return &e
+	}
+	if env.Op != wantOp {
+		return c.fail(fmt.Errorf("worker: got %q reply, want %q", clip(env.Op), wantOp))
+	}
+	if err := json.Unmarshal(line, reply); err != nil {
+		return c.fail(fmt.Errorf("worker: bad %s reply: %w", wantOp, err))
+	}
+	return nil
+}
+
+// awaitReady reads the worker's greeting if it has not been read yet. Called
+// with the lock held.
+func (c *Conn) awaitReady(ctx context.Context) error {
+	if c.err != nil {
+		return c.err
+	}
+	if c.ready != nil {
+		return nil
+	}
+	var line []byte
+	err := c.interruptible(ctx, func() error {
+		var err error
+		line, err = c.readLine()
+		if err != nil {
+			return fmt.Errorf("worker: read ready: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return c.fail(err)
+	}
+	var r Ready
+	if err := json.Unmarshal(line, &r); err != nil {
+		return c.fail(fmt.Errorf("worker: bad ready message: %w", err))
+	}
+	if r.Op != OpReady {
+		return c.fail(fmt.Errorf("worker: got %q message, want %q", clip(r.Op), OpReady))
+	}
+	c.ready = &r
+	return nil
+}
+
+// interruptible runs f, which does blocking I/O on the connection, such that
+// cancelling ctx makes that I/O fail (by moving the deadline into the past).
+func (c *Conn) interruptible(ctx context.Context, f func() error) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		c.conn.SetDeadline(time.Unix(1, 0))
+		close(fired)
+	})
+	err := f()
+	if stop() {
+		return err
+	}
+	<-fired
+	if err == nil {
+		// The exchange finished just as ctx was cancelled: keep its result
+		// and make the connection usable again.
+		c.conn.SetDeadline(time.Time{})
+		return nil
+	}
+	return fmt.Errorf("worker: %w", ctx.Err())
+}
+
+var errLineTooLong = errors.New("message too long")
+
+// readLine returns the next message without its trailing newline.
+func (c *Conn) readLine() ([]byte, error) {
+	var line []byte
+	for {
+		frag, err := c.r.ReadSlice('\n')
+		if len(line)+len(frag) > c.maxLine+1 { // +1 for the newline
+			return nil, errLineTooLong
+		}
+		line = append(line, frag...)
+		switch {
+		case err == nil:
+			return bytes.TrimSuffix(line, []byte("\n")), nil
+		case errors.Is(err, bufio.ErrBufferFull):
+			continue
+		case errors.Is(err, io.EOF):
+			// The worker exited or closed the channel, possibly mid-message.
+			return nil, io.ErrUnexpectedEOF
+		default:
+			return nil, err
+		}
+	}
+}
+
+// clip shortens a string from the worker for use in an error message.
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}

@@ -1,0 +1,175 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// A worker that dies in the middle of a run must produce an error, not a
+// hang, and the Conn must stay failed afterwards.
+func TestWorkerDiesMidRun(t *testing.T) {
+	for _, code := range []string{
+		"import os\nprint('bye')\nos._exit(7)",
+		"import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+	} {
+		w := startPython(t, systemPython, false)
+		start := time.Now()
+		_, err := w.conn.Run(testContext(t), Request{Code: code})
+		if !errors.Is(err, io.ErrUnexpectedEOF) || !strings.HasPrefix(err.Error(), "worker: read reply: ") {
+			t.Errorf("Run(%q) error = %v, want unexpected EOF", code, err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("took %v", d)
+		}
+		if _, err2 := w.conn.Run(testContext(t), Request{Code: "1"}); !errors.Is(err2, io.ErrUnexpectedEOF) {
+			t.Errorf("second Run error = %v, want the first error again", err2)
+		}
+	}
+}
+
+func TestContextCancelsRun(t *testing.T) {
+	w := startPython(t, systemPython, false)
+	if _, err := w.conn.Ready(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := w.conn.Run(ctx, Request{Code: "import time\ntime.sleep(30)"})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("error = %v, want deadline exceeded", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("cancellation took %v", d)
+	}
+	// The reply to the abandoned run would arrive later: the Conn must not
+	// be reused.
+	if _, err := w.conn.Probe(testContext(t)); err == nil {
+		t.Error("Conn usable after a cancelled exchange")
+	}
+}
+
+func TestCloseUnblocksRun(t *testing.T) {
+	w := startPython(t, systemPython, false)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := w.conn.Run(context.Background(), Request{Code: "import time\ntime.sleep(30)"})
+		errc <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	w.conn.Close()
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Error("Run succeeded after Close")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not unblock Run")
+	}
+}
+
+func TestCancelledBeforeStart(t *testing.T) {
+	w := startPython(t, systemPython, false)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := w.conn.Run(ctx, Request{Code: "1"}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("error = %v", err)
+	}
+	// Nothing was exchanged, so the Conn is still fine.
+	res, _, _ := w.run(t, Request{Code: "2"})
+	jsonEqual(t, res.ReturnValue, "2")
+}
+
+func TestUnknownOp(t *testing.T) {
+	w := startPython(t, systemPython, false)
+	err := w.conn.call(testContext(t), &Request{Op: "bogus"}, "bogus-reply", new(struct{}))
+	var er *ErrorReply
+	if !errors.As(err, &er) || !strings.Contains(er.Message, "bogus") || er.ID != "1" {
+		t.Fatalf("error = %v, want an ErrorReply", err)
+	}
+	// A refusal keeps the stream in step.
+	res, _, _ := w.run(t, Request{Code: "'ok'"})
+	jsonEqual(t, res.ReturnValue, `"ok"`)
+}
+
+func TestConcurrentCallsAreSerialized(t *testing.T) {
+	w := startPython(t, systemPython, false)
+	ctx := testContext(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := w.conn.Run(ctx, Request{Code: "n * 2", Inputs: map[string]json.RawMessage{"n": json.RawMessage(fmt.Sprint(i))}})
+			if err == nil && string(res.ReturnValue) != fmt.Sprint(i*2) {
+				err = fmt.Errorf("run %d returned %s", i, res.ReturnValue)
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// User code shares the worker's process and can write to the control socket,
+// so everything read from it is hostile input: the Conn must fail cleanly.
+func TestHostileReplies(t *testing.T) {
+	for _, c := range []struct {
+		name, payload, wantErr string
+	}{
+		{"not json", `b"\xff not json\n"`, "bad reply"},
+		{"wrong id", `b'{"op":"result","id":"999","status":"success"}\n'`, "does not match"},
+		{"wrong op", `b'{"op":"probed","id":"1"}\n'`, "want \"result\""},
+		{"bad status", `b'{"op":"result","id":"1","status":"pwned"}\n'`, "bad result status"},
+		{"bad exit code", `b'{"op":"result","id":"1","status":"error","exit_code":-5}\n'`, "bad exit code"},
+		{"bad field type", `b'{"op":"result","id":"1","status":1}\n'`, "bad result reply"},
+		{"deep nesting", `b'{"op":"result","id":"1","status":"success","return_value":' + b'[' * 100000 + b'\n'`, "bad reply"},
+		{"too long", `b'{"op":"result","id":"1","x":"' + b'x' * (2 << 20)`, "message too long"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			w := startPython(t, systemPython, false)
+			w.conn.maxLine = 1 << 20
+			code := "import os\ndata = " + c.payload + "\nwhile data:\n    data = data[os.write(3, data):]\nimport time\ntime.sleep(30)"
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err := w.conn.Run(ctx, Request{Code: code})
+			if err == nil || !strings.Contains(err.Error(), c.wantErr) || !strings.HasPrefix(err.Error(), "worker: ") {
+				t.Fatalf("error = %v, want %q", err, c.wantErr)
+			}
+			if _, err2 := w.conn.Probe(ctx); err2 == nil {
+				t.Error("Conn usable after a hostile reply")
+			}
+		})
+	}
+}
+
+func TestBadReadyMessage(t *testing.T) {
+	requirePython(t, systemPython)
+	for _, c := range []struct{ script, wantErr string }{
+		{`import os; os.write(3, b'{"op":"result"}\n')`, `want "ready"`},
+		{`import os; os.write(3, b'{"op":"ready"')`, "unexpected EOF"},
+		{`pass`, "unexpected EOF"},
+	} {
+		w := startWorker(t, []string{systemPython, "-I", "-c", c.script + "\nimport time; time.sleep(0.5)"})
+		_, err := w.conn.Ready(testContext(t))
+		if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+			t.Errorf("%s: error = %v, want %q", c.script, err, c.wantErr)
+		}
+		if _, err := w.conn.Run(testContext(t), Request{Code: "1"}); err == nil {
+			t.Errorf("%s: Run succeeded after a bad greeting", c.script)
+		}
+	}
+}
