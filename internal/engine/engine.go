@@ -8,6 +8,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -136,14 +137,16 @@ type RunRequest struct {
 
 // Result is the outcome of a run; its JSON form is the tool's output.
 type Result struct {
-	Status          Status          `json:"status"`
-	ExitCode        int             `json:"exit_code"`
-	Stdout          string          `json:"stdout"`
-	Stderr          string          `json:"stderr"`
-	ReturnValue     json.RawMessage `json:"return_value"`
-	StdoutTruncated bool            `json:"stdout_truncated"`
-	StderrTruncated bool            `json:"stderr_truncated"`
-	DurationMS      int64           `json:"duration_ms"`
+	Status   Status `json:"status"`
+	ExitCode int    `json:"exit_code"`
+	Stdout   string `json:"stdout"`
+	Stderr   string `json:"stderr"`
+	// ReturnValue is the last expression's value (null when none): decoded
+	// JSON, or its repr() string when it was not JSON-able.
+	ReturnValue     any   `json:"return_value"`
+	StdoutTruncated bool  `json:"stdout_truncated"`
+	StderrTruncated bool  `json:"stderr_truncated"`
+	DurationMS      int64 `json:"duration_ms"`
 	// Error names the exception that ended the run, when there was one.
 	Error *worker.Exception `json:"error,omitempty"`
 	// Message explains a non-success status in words an agent can act on.
@@ -201,7 +204,7 @@ func workerEnv() []string {
 // at all (busy, invalid request, sandbox failure).
 func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 	for k := range req.Inputs {
-		if !isIdentifier(k) {
+		if !IsIdentifier(k) {
 			return nil, fmt.Errorf("engine: input name %q is not a Python identifier", k)
 		}
 	}
@@ -285,7 +288,6 @@ func (e *Engine) finish(ctx, runCtx context.Context, start time.Time, stdout, st
 	r := &Result{
 		Sandbox:         string(e.cfg.Backend.Kind()),
 		DurationMS:      time.Since(start).Milliseconds(),
-		ReturnValue:     json.RawMessage("null"),
 		PeakMemoryBytes: exit.PeakMemoryBytes,
 		CPUTimeMS:       exit.CPUTime.Milliseconds(),
 	}
@@ -316,9 +318,7 @@ func (e *Engine) finish(ctx, runCtx context.Context, start time.Time, stdout, st
 	default:
 		r.ExitCode = res.ExitCode
 		r.Error = res.Error
-		if len(res.ReturnValue) > 0 {
-			r.ReturnValue = res.ReturnValue
-		}
+		r.ReturnValue = decodeReturn(res.ReturnValue)
 		if res.Status == "success" && res.ExitCode == 0 {
 			r.Status = StatusSuccess
 		} else {
@@ -342,7 +342,8 @@ func exitCode(res *worker.Result, exit sandbox.Exit) int {
 	return exit.Code
 }
 
-func isIdentifier(s string) bool {
+// IsIdentifier reports whether s can be a Python global variable name.
+func IsIdentifier(s string) bool {
 	if s == "" || len(s) > 255 {
 		return false
 	}
@@ -361,4 +362,20 @@ var pythonKeywords = map[string]bool{
 	"else": true, "except": true, "finally": true, "for": true, "from": true, "global": true, "if": true,
 	"import": true, "in": true, "is": true, "lambda": true, "nonlocal": true, "not": true, "or": true,
 	"pass": true, "raise": true, "return": true, "try": true, "while": true, "with": true, "yield": true,
+}
+
+// decodeReturn decodes the worker's JSON value, keeping numbers exact. The
+// worker is inside the sandbox, so a value that does not decode is passed
+// on as text rather than trusted.
+func decodeReturn(raw json.RawMessage) any {
+	if len(raw) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return string(raw)
+	}
+	return v
 }

@@ -94,13 +94,20 @@ func (n *Native) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 		return nil, err
 	}
 
-	if spec.Limits.MemoryBytes > 0 || spec.Limits.MaxProcs > 0 {
-		if n.cgroups.Memory || n.cgroups.Pids {
-			name := fmt.Sprintf("sb-%d-%d", os.Getpid(), sandboxSeq.Add(1))
-			s.cg, err = cgroup.New(name, cgroup.Limits{MemoryBytes: spec.Limits.MemoryBytes, Pids: spec.Limits.MaxProcs})
-			if err != nil {
-				return nil, fmt.Errorf("sandbox: %w", err)
-			}
+	// Only the limits this machine can enforce by cgroup are asked for; the
+	// rest fall to rlimits (see rlimits) and Posture says so.
+	var cgl cgroup.Limits
+	if n.cgroups.Memory {
+		cgl.MemoryBytes = spec.Limits.MemoryBytes
+	}
+	if n.cgroups.Pids {
+		cgl.Pids = spec.Limits.MaxProcs
+	}
+	if cgl.MemoryBytes > 0 || cgl.Pids > 0 {
+		name := fmt.Sprintf("sb-%d-%d", os.Getpid(), sandboxSeq.Add(1))
+		s.cg, err = cgroup.New(name, cgl)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
 		}
 	}
 

@@ -136,13 +136,20 @@ func (c *Conn) Probe(ctx context.Context) (*Probe, error) {
 	return &p, nil
 }
 
+// lock waits for the turn to use the connection. It fails without touching
+// the connection if ctx is done, so that an already-cancelled call does not
+// make the Conn unusable.
 func (c *Conn) lock(ctx context.Context) error {
 	select {
-	case c.turn <- struct{}{}:
-		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("worker: %w", ctx.Err())
+	case c.turn <- struct{}{}:
 	}
+	if err := ctx.Err(); err != nil {
+		c.unlock()
+		return fmt.Errorf("worker: %w", err)
+	}
+	return nil
 }
 
 func (c *Conn) unlock() { <-c.turn }
@@ -252,9 +259,6 @@ func (c *Conn) awaitReady(ctx context.Context) error {
 // interruptible runs f, which does blocking I/O on the connection, such that
 // cancelling ctx makes that I/O fail (by moving the deadline into the past).
 func (c *Conn) interruptible(ctx context.Context, f func() error) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("worker: %w", err)
-	}
 	fired := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		c.conn.SetDeadline(time.Unix(1, 0))

@@ -163,7 +163,7 @@ func TestBadReadyMessage(t *testing.T) {
 		{`import os; os.write(3, b'{"op":"ready"')`, "unexpected EOF"},
 		{`pass`, "unexpected EOF"},
 	} {
-		w := startWorker(t, []string{systemPython, "-I", "-c", c.script + "\nimport time; time.sleep(0.5)"})
+		w := startWorker(t, []string{systemPython, "-I", "-c", c.script + "\nimport time; time.sleep(0.1)"})
 		_, err := w.conn.Ready(testContext(t))
 		if err == nil || !strings.Contains(err.Error(), c.wantErr) {
 			t.Errorf("%s: error = %v, want %q", c.script, err, c.wantErr)

@@ -85,9 +85,10 @@ type Result struct {
 
 // Exception describes an exception raised by user code.
 type Exception struct {
-	// Type is spelled as on the last line of a Python traceback: bare for
-	// builtins and classes defined by the user code ("ZeroDivisionError",
-	// "MyError"), module-qualified otherwise ("json.decoder.JSONDecodeError").
+	// Type is the exception class name, bare for builtins
+	// ("ZeroDivisionError") and module-qualified otherwise, including classes
+	// defined by the user code ("__main__.MyError",
+	// "json.decoder.JSONDecodeError").
 	Type      string `json:"type"`
 	Message   string `json:"message"`
 	Traceback string `json:"traceback"` // user frames only

@@ -108,8 +108,11 @@ def _write_stderr(text):
 def _register_source(source, filename):
     # Tracebacks read source lines through linecache; mtime None keeps
     # checkcache() from evicting the entry. Universal newlines split lines the
-    # way the tokenizer numbers them.
+    # way the tokenizer numbers them; like linecache itself we end the last
+    # line with a newline, which traceback's caret placement relies on.
     lines = io.StringIO(source, newline=None).readlines()
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
     linecache.cache[filename] = (len(source), None, lines, filename)
 
 
@@ -179,11 +182,24 @@ def _user_traceback(tb, codes):
     return None
 
 
+def _format_exception(exc, tb):
+    """The text Python prints for an uncaught exception.
+
+    The traceback module reads source lines through linecache, where the
+    user's code is registered; before 3.13 the interpreter's own hook only
+    reads files from disk. Its output equals the hook's except that before
+    3.11 the hook spells classes from __main__ as "__main__.MyError".
+    """
+    try:
+        return "".join(traceback.format_exception(type(exc), exc, tb))
+    except Exception:  # MemoryError, or a pathological exception object
+        return _type_name(type(exc)) + "\n"
+
+
 def _type_name(cls):
-    # Same spelling as the last line of a Python traceback.
     name = getattr(cls, "__qualname__", None) or getattr(cls, "__name__", "?")
     mod = getattr(cls, "__module__", None)
-    if isinstance(mod, str) and mod not in ("builtins", "__main__"):
+    if isinstance(mod, str) and mod != "builtins":
         return mod + "." + name
     return name
 
@@ -219,10 +235,7 @@ def _describe_exception(exc, codes):
 
     tb = _user_traceback(exc.__traceback__, codes)
     exc.__traceback__ = tb
-    try:
-        text = "".join(traceback.format_exception(type(exc), exc, tb))
-    except Exception:  # MemoryError, or a pathological exception object
-        text = _type_name(type(exc)) + "\n"
+    text = _format_exception(exc, tb)
     del tb
     _write_stderr(text)
     return 1, {

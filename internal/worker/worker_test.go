@@ -374,7 +374,7 @@ func coreCases(t *testing.T, w *testWorker) {
 	})
 	t.Run("custom exception types", func(t *testing.T) {
 		res, _, stderr := w.run(t, Request{Code: "class MyError(Exception): pass\nraise MyError('boom')"})
-		wantError(t, res, "MyError", 1)
+		wantError(t, res, "__main__.MyError", 1)
 		if res.Error.Message != "boom" || !strings.HasSuffix(stderr, "MyError: boom\n") {
 			t.Errorf("message = %q, stderr:\n%s", res.Error.Message, stderr)
 		}
@@ -623,10 +623,10 @@ func TestOutputIsLineBuffered(t *testing.T) {
 	ctx := testContext(t)
 	done := make(chan error, 1)
 	go func() {
-		_, err := w.conn.Run(ctx, Request{Code: "import time\nprint('early')\ntime.sleep(2)"})
+		_, err := w.conn.Run(ctx, Request{Code: "import time\nprint('early')\ntime.sleep(1)"})
 		done <- err
 	}()
-	deadline := time.Now().Add(1500 * time.Millisecond)
+	deadline := time.Now().Add(900 * time.Millisecond)
 	for {
 		b, _ := os.ReadFile(w.stdout)
 		if string(b) == "early\n" {
@@ -713,4 +713,52 @@ func TestForkedChildStaysSilent(t *testing.T) {
 	}
 	res, _, _ = w.run(t, Request{Code: "'still in step'"})
 	jsonEqual(t, res.ReturnValue, `"still in step"`)
+}
+
+// The traceback on stderr must be what Python prints when the same code runs
+// as a script, in every version.
+func TestTracebackMatchesPython(t *testing.T) {
+	cases := []string{
+		"a = 1\nb = 0\nc = a / b\n",
+		"x = {}\nx['missing']",
+		"x = {}\nprint(x['missing'])",
+		"def f(n):\n    return 1 / n\n\nf(0) + 1",
+		"try:\n    1/0\nexcept Exception as e:\n    raise ValueError('v') from e\n",
+		"try:\n    1/0\nexcept Exception:\n    [][0]\n",
+		"class MyError(Exception): pass\nraise MyError('boom')",
+		"def f():\n  return 1\n    return 2\n",
+		"x = 1 +* 2\n",
+		"import json\njson.loads('{')",
+		"import sys\nsys.exit('bye')",
+		"raise KeyboardInterrupt",
+	}
+	for name, python := range interpreters(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			w := startPython(t, python, false)
+			ready, err := w.conn.Ready(testContext(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Before 3.11 the interpreter names classes from __main__ as
+			// "__main__.MyError"; the traceback module, which the worker
+			// needs for source lines, does not.
+			old := ready.Version[1] < 11
+			file := filepath.Join(w.dir, "cell.py")
+			for _, code := range cases {
+				if err := os.WriteFile(file, []byte(code), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				cmd := exec.Command(python, "-I", "-B", file)
+				cmd.Dir = w.dir
+				var want strings.Builder
+				cmd.Stderr = &want
+				cmd.Run()
+				_, _, got := w.run(t, Request{Code: code, Filename: file})
+				if got != want.String() && !(old && strings.Contains(want.String(), "__main__.MyError")) {
+					t.Errorf("%q:\n--- python:\n%s--- worker:\n%s", code, want.String(), got)
+				}
+			}
+		})
+	}
 }

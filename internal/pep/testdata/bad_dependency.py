@@ -1,0 +1,6 @@
+# /// script
+# dependencies = [
+#   "requests>=2",
+#   "numpy>=",
+# ]
+# ///

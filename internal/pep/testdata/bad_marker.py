@@ -1,0 +1,3 @@
+# /// script
+# dependencies = ["tomli; python_version < 3.11"]
+# ///

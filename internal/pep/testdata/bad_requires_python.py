@@ -1,0 +1,3 @@
+# /// script
+# requires-python = ">=3.9 <3.13"
+# ///

@@ -1,0 +1,9 @@
+# /// script
+# dependencies = ["a"]
+# ///
+
+print("between")
+
+# /// script
+# dependencies = ["b"]
+# ///

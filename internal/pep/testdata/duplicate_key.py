@@ -1,0 +1,4 @@
+# /// script
+# dependencies = ["a"]
+# dependencies = ["b"]
+# ///

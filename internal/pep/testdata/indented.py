@@ -1,0 +1,5 @@
+def main():
+    # /// script
+    # dependencies = ["requests"]
+    # ///
+    pass

@@ -1,0 +1,9 @@
+import os
+
+# /// script
+# requires-python = ">=3.9"
+# dependencies = [
+#   "requests"
+#   "rich",
+# ]
+# ///

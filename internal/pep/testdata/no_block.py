@@ -1,0 +1,5 @@
+# A script with comments but no metadata block.
+# dependencies = ["requests"]
+import sys
+
+print(sys.version)

@@ -1,0 +1,5 @@
+# /// script
+# dependencies = ["requests"]
+
+print("the comment run ended before any closing line")
+# ///

@@ -1,0 +1,9 @@
+# ///script
+# dependencies = ["a"]
+# ///
+# /// script 
+# dependencies = ["b"]
+# ///
+# /// my_type
+# dependencies = ["c"]
+# ///

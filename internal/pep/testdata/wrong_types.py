@@ -1,0 +1,3 @@
+# /// script
+# dependencies = ["a", 1]
+# ///

@@ -1,0 +1,84 @@
+package tools
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/engine"
+)
+
+// CheckEnvironmentInput is empty: the tool takes no arguments.
+type CheckEnvironmentInput struct{}
+
+const checkEnvironmentDescription = `Describe the sandbox that run_python uses: the backend, whether code is really sandboxed, each isolation layer (namespaces, seccomp, no_new_privs, capabilities, cgroup memory and pids limits, rlimits) and whether it is in force, the network, the effective limits (memory, processes, timeout, output size, scratch space), and the Python interpreters found. Every value was measured from inside a real sandbox when the server started. Call it before a heavy job to learn the limits, or when a run fails unexpectedly.`
+
+func (s *server) addCheckEnvironment(srv *mcp.Server) {
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:        "check_environment",
+		Title:       "Check sandbox environment",
+		Description: checkEnvironmentDescription,
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
+	}, s.checkEnvironment)
+}
+
+func (s *server) checkEnvironment(ctx context.Context, req *mcp.CallToolRequest, _ CheckEnvironmentInput) (*mcp.CallToolResult, *engine.Posture, error) {
+	p := s.posture(ctx)
+	return &mcp.CallToolResult{
+		IsError: !p.Usable(),
+		Content: []mcp.Content{&mcp.TextContent{Text: PostureText(p)}},
+	}, p, nil
+}
+
+// PostureText renders a posture for people (and for clients that ignore
+// structured output). `pysandbox check` prints the same text.
+func PostureText(p *engine.Posture) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "backend: %s\nposture: %s\nnetwork: %s\n", p.Backend, strings.ToUpper(p.Posture), p.Network)
+	if p.Python != nil {
+		fmt.Fprintf(&b, "python: %s (%s)\n", p.Python.Version, p.Python.Path)
+	}
+	b.WriteString("layers:\n")
+	for _, l := range []struct {
+		name string
+		l    engine.Layer
+	}{
+		{"user namespace", p.Layers.UserNamespace}, {"mount namespace", p.Layers.MountNamespace},
+		{"pid namespace", p.Layers.PIDNamespace}, {"net namespace", p.Layers.NetNamespace},
+		{"ipc namespace", p.Layers.IPCNamespace}, {"uts namespace", p.Layers.UTSNamespace},
+		{"cgroup namespace", p.Layers.CgroupNamespace}, {"seccomp", p.Layers.Seccomp},
+		{"no_new_privs", p.Layers.NoNewPrivs}, {"capabilities dropped", p.Layers.CapabilitiesDropped},
+		{"cgroup memory", p.Layers.CgroupMemory}, {"cgroup pids", p.Layers.CgroupPids},
+		{"rlimits", p.Layers.Rlimits}, {"read-only root", p.Layers.ReadOnlyRoot},
+		{"unprivileged user", p.Layers.UnprivilegedUser},
+	} {
+		mark := "no "
+		if l.l.Active {
+			mark = "yes"
+		}
+		fmt.Fprintf(&b, "  [%s] %-21s %s\n", mark, l.name, l.l.Detail)
+	}
+	lim := p.Limits
+	fmt.Fprintf(&b, "limits: memory %d MiB (%s), processes %d, scratch %d MiB, output %d KiB per stream, timeout %ds (max %ds), %d concurrent runs + %d queued\n",
+		lim.MemoryBytes>>20, lim.MemoryEnforcedBy, lim.MaxProcs, lim.TmpBytes>>20, lim.MaxOutputBytes>>10,
+		lim.DefaultTimeoutSeconds, lim.MaxTimeoutSeconds, lim.MaxConcurrent, lim.MaxQueue)
+	if len(p.Interpreters) > 0 {
+		b.WriteString("interpreters found:\n")
+		for _, it := range p.Interpreters {
+			note := ""
+			if !it.Supported {
+				note = " (too old for pysandbox)"
+			}
+			fmt.Fprintf(&b, "  %s  %s%s\n", it.Version, it.Path, note)
+		}
+	}
+	if len(p.Problems) > 0 {
+		b.WriteString("problems:\n")
+		for _, pr := range p.Problems {
+			fmt.Fprintf(&b, "  - %s\n", pr)
+		}
+	}
+	return b.String()
+}

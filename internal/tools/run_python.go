@@ -1,0 +1,159 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/engine"
+)
+
+// RunPythonInput is run_python's input. session_id, dependencies and
+// python_version are reserved for sessions and dependencies; until those
+// exist a call that sets them is refused rather than silently ignored.
+type RunPythonInput struct {
+	Code           string         `json:"code" jsonschema:"Python 3 source code to run. The value of the last expression statement is returned as return_value, like a notebook cell. Top-level await works. Print to show output."`
+	TimeoutSeconds float64        `json:"timeout_seconds,omitempty" jsonschema:"Wall-clock limit in seconds (default 30; the server's maximum applies). Every process the code started is killed when it passes."`
+	Inputs         map[string]any `json:"inputs,omitempty" jsonschema:"JSON values to pass in: each key becomes a global variable of that name before the code runs."`
+	SessionID      string         `json:"session_id,omitempty" jsonschema:"Reserved: not supported yet. Omit it."`
+	Dependencies   []string       `json:"dependencies,omitempty" jsonschema:"Reserved: not supported yet. Omit it; only the standard library and the interpreter's preinstalled packages are available."`
+	PythonVersion  string         `json:"python_version,omitempty" jsonschema:"Reserved: not supported yet. Omit it; check_environment names the interpreter."`
+}
+
+const runPythonDescription = `Run Python 3 code in a fresh, isolated sandbox and return its output.
+
+Each call starts from a clean interpreter: no variables, files or processes survive between calls. The sandbox has no network access, cannot see the host's files, and has limited memory, processes and time (see check_environment). /tmp and the working directory /work are writable scratch space that is discarded afterwards.
+
+The result has status (success, error, timeout, memory_limit, output_limit, killed or cancelled), exit_code, stdout, stderr (tracebacks use your code's own line numbers), return_value (the JSON value of the last expression, or its repr if it is not JSON-serialisable, or null), and duration_ms. Use inputs to pass data in as global variables instead of pasting it into the code.`
+
+func (s *server) addRunPython(srv *mcp.Server) {
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:        "run_python",
+		Title:       "Run Python",
+		Description: runPythonDescription,
+		Annotations: &mcp.ToolAnnotations{OpenWorldHint: ptr(false), DestructiveHint: ptr(false)},
+	}, s.runPython)
+}
+
+func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (*mcp.CallToolResult, *engine.Result, error) {
+	run, msg := s.checkRunInput(in)
+	if msg != "" {
+		return errorResult(msg), nil, nil
+	}
+	res, err := s.eng.Run(ctx, run)
+	switch {
+	case errors.Is(err, engine.ErrBusy):
+		return errorResult(fmt.Sprintf("The server is busy (%v). Nothing was run; try again shortly.", err)), nil, nil
+	case err != nil && ctx.Err() != nil:
+		return errorResult("The call was cancelled before the code ran."), nil, nil
+	case err != nil:
+		s.log.Error("run failed", "err", err)
+		return errorResult(fmt.Sprintf("The sandbox could not run the code: %v. Nothing was run; run check_environment to see whether the sandbox works on this server.", err)), nil, nil
+	}
+	return &mcp.CallToolResult{
+		IsError: res.Status != engine.StatusSuccess,
+		Content: []mcp.Content{&mcp.TextContent{Text: summary(res)}},
+	}, res, nil
+}
+
+// checkRunInput validates everything the client sent. The message, when
+// not empty, tells the agent what to change.
+func (s *server) checkRunInput(in RunPythonInput) (engine.RunRequest, string) {
+	var run engine.RunRequest
+	switch {
+	case in.SessionID != "":
+		return run, "session_id is not supported by this server yet: every run_python call runs in a fresh sandbox. Remove session_id and pass the state you need via inputs."
+	case len(in.Dependencies) > 0:
+		return run, "dependencies are not supported by this server yet: only the standard library and the interpreter's preinstalled packages can be imported (check_environment names the interpreter). Remove dependencies."
+	case in.PythonVersion != "":
+		return run, "python_version is not supported by this server yet: code runs on the interpreter named by check_environment. Remove python_version."
+	}
+	if msg := checkCode(in.Code); msg != "" {
+		return run, msg
+	}
+	maxT := s.eng.Config().MaxTimeout
+	if in.TimeoutSeconds != 0 {
+		if math.IsNaN(in.TimeoutSeconds) || in.TimeoutSeconds < 0 {
+			return run, "timeout_seconds must be a positive number of seconds."
+		}
+		if in.TimeoutSeconds > maxT.Seconds() {
+			return run, fmt.Sprintf("timeout_seconds %.0f is above this server's maximum of %.0f seconds; pass a smaller value.", in.TimeoutSeconds, maxT.Seconds())
+		}
+		run.Timeout = time.Duration(in.TimeoutSeconds * float64(time.Second))
+	}
+	if len(in.Inputs) > 0 {
+		run.Inputs = make(map[string]json.RawMessage, len(in.Inputs))
+		total := 0
+		for k, v := range in.Inputs {
+			if !engine.IsIdentifier(k) {
+				return run, fmt.Sprintf("inputs key %q is not a valid Python variable name; use letters, digits and underscores, not starting with a digit, and not a keyword.", k)
+			}
+			b, err := json.Marshal(v)
+			if err != nil {
+				return run, fmt.Sprintf("inputs[%q] is not JSON: %v", k, err)
+			}
+			total += len(b)
+			run.Inputs[k] = b
+		}
+		if total > MaxCodeBytes*8 {
+			return run, fmt.Sprintf("inputs are too large (%d bytes; the limit is %d). Pass less data.", total, MaxCodeBytes*8)
+		}
+	}
+	run.Code = in.Code
+	return run, ""
+}
+
+// checkCode refuses code that cannot be valid before any sandbox starts.
+func checkCode(code string) string {
+	switch {
+	case strings.TrimSpace(code) == "":
+		return "code is required: pass the Python source to run."
+	case len(code) > MaxCodeBytes:
+		return fmt.Sprintf("code is too large (%d bytes; the limit is %d). Send a smaller script, or pass data via inputs.", len(code), MaxCodeBytes)
+	case strings.ContainsRune(code, 0):
+		return "code contains a NUL byte, which Python source cannot contain. Remove it (use \"\\x00\" in a string literal if you need the character)."
+	}
+	return ""
+}
+
+// summary is the text form of a result, for clients that ignore
+// structured output.
+func summary(r *engine.Result) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "status: %s (exit code %d, %d ms", r.Status, r.ExitCode, r.DurationMS)
+	if r.Sandbox == "none" {
+		b.WriteString(", UNSANDBOXED")
+	}
+	b.WriteString(")\n")
+	if r.Message != "" {
+		b.WriteString(r.Message + "\n")
+	}
+	section := func(name, text string, truncated bool) {
+		if text == "" {
+			return
+		}
+		fmt.Fprintf(&b, "--- %s", name)
+		if truncated {
+			b.WriteString(" (truncated)")
+		}
+		b.WriteString(" ---\n" + text)
+		if !strings.HasSuffix(text, "\n") {
+			b.WriteString("\n")
+		}
+	}
+	section("stdout", r.Stdout, r.StdoutTruncated)
+	section("stderr", r.Stderr, r.StderrTruncated)
+	if r.ReturnValue != nil {
+		v, _ := json.Marshal(r.ReturnValue)
+		section("return_value", string(v), false)
+	}
+	return b.String()
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,73 @@
+// Package tools is the MCP face of pysandbox: it registers the tools on an
+// MCP server and turns each call into an engine request. Failures an agent
+// should see and act on are tool results with isError set and a message
+// saying what to do next, never protocol errors.
+package tools
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/interp"
+)
+
+// Version is reported to MCP clients.
+var Version = "0.1.0"
+
+// MaxCodeBytes caps the code of one call. Real scripts are far smaller; the
+// cap keeps a hostile client from making the server hold huge requests.
+const MaxCodeBytes = 1 << 20
+
+// Options configure the tools.
+type Options struct {
+	Engine *engine.Engine
+	// Posture, when set, is the posture measured at startup. When nil it is
+	// measured on first use.
+	Posture *engine.Posture
+	Logger  *slog.Logger
+}
+
+// server holds what the handlers share.
+type server struct {
+	eng     *engine.Engine
+	log     *slog.Logger
+	posture func(context.Context) *engine.Posture
+}
+
+// NewServer returns an MCP server with every pysandbox tool registered.
+func NewServer(opts Options) *mcp.Server {
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &server{eng: opts.Engine, log: log}
+	var once sync.Once
+	p := opts.Posture
+	s.posture = func(ctx context.Context) *engine.Posture {
+		once.Do(func() {
+			if p == nil {
+				p = opts.Engine.Measure(ctx, interp.Discover(ctx))
+			}
+		})
+		return p
+	}
+	srv := mcp.NewServer(&mcp.Implementation{Name: "pysandbox", Title: "pysandbox: sandboxed Python", Version: Version}, &mcp.ServerOptions{
+		Instructions: "pysandbox runs Python 3 code in a fresh, isolated Linux sandbox for every call: no network, no access to the host's files, " +
+			"limited memory, processes and time. Use run_python to compute, analyse data or test code; check_environment to see the sandbox's " +
+			"limits and Python version; validate_script to check code without running it.",
+		Logger: log,
+	})
+	s.addRunPython(srv)
+	s.addCheckEnvironment(srv)
+	s.addValidateScript(srv)
+	return srv
+}
+
+// errorResult is a failure the agent should read and act on.
+func errorResult(msg string) *mcp.CallToolResult {
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: msg}}}
+}

@@ -1,0 +1,116 @@
+package tools
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/pep"
+	"github.com/pysandbox/pysandbox/internal/worker"
+)
+
+// ValidateScriptInput is validate_script's input.
+type ValidateScriptInput struct {
+	Code         string   `json:"code" jsonschema:"Python 3 source code to check. It is compiled inside the sandbox, never run."`
+	Dependencies []string `json:"dependencies,omitempty" jsonschema:"PEP 508 requirement strings to check, merged with those of an inline '# /// script' block."`
+}
+
+// Dependency is one requirement and whether it is valid PEP 508.
+type Dependency struct {
+	Requirement string `json:"requirement"`
+	Valid       bool   `json:"valid"`
+	Name        string `json:"name,omitempty"` // normalised project name
+	Error       string `json:"error,omitempty"`
+}
+
+// ValidateScriptOutput is validate_script's result.
+type ValidateScriptOutput struct {
+	// Valid is true when the code compiles and every problem below is absent.
+	Valid       bool                `json:"valid"`
+	SyntaxError *worker.SyntaxError `json:"syntax_error"`
+	// ScriptBlock is true when the code has a PEP 723 "# /// script" block.
+	ScriptBlock    bool         `json:"script_block"`
+	RequiresPython string       `json:"requires_python"`
+	Dependencies   []Dependency `json:"dependencies"`
+	Problems       []string     `json:"problems"`
+}
+
+const validateScriptDescription = `Check Python code without running it: it is compiled inside the sandbox, and any syntax error is reported with its line, column and message. An inline PEP 723 metadata block ("# /// script" ... "# ///") is parsed: its requires-python is checked against the server's interpreter, and its dependencies, merged with the dependencies argument, are each checked against PEP 508 syntax. valid is true only when there are no problems.`
+
+func (s *server) addValidateScript(srv *mcp.Server) {
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:        "validate_script",
+		Title:       "Validate a Python script",
+		Description: validateScriptDescription,
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
+	}, s.validateScript)
+}
+
+func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, in ValidateScriptInput) (*mcp.CallToolResult, *ValidateScriptOutput, error) {
+	if msg := checkCode(in.Code); msg != "" {
+		return errorResult(msg), nil, nil
+	}
+	if len(in.Dependencies) > pep.MaxDependencies {
+		return errorResult(fmt.Sprintf("too many dependencies (%d; the limit is %d).", len(in.Dependencies), pep.MaxDependencies)), nil, nil
+	}
+	out := &ValidateScriptOutput{Dependencies: []Dependency{}, Problems: []string{}}
+
+	var fromBlock []string
+	meta, err := pep.ParseScriptMetadata(in.Code)
+	if err != nil {
+		out.Problems = append(out.Problems, "inline script metadata: "+err.Error())
+	}
+	if meta != nil {
+		out.ScriptBlock = true
+		out.RequiresPython = meta.RequiresPython
+		fromBlock = meta.Dependencies
+	}
+	merged, errs := pep.MergeRequirements(fromBlock, in.Dependencies)
+	for i, r := range merged {
+		d := Dependency{Requirement: r, Valid: errs[i] == nil}
+		if errs[i] != nil {
+			d.Error = errs[i].Error()
+			out.Problems = append(out.Problems, fmt.Sprintf("dependency %q: %v", r, errs[i]))
+		} else if req, err := pep.ParseRequirement(r); err == nil {
+			d.Name = req.Normalized
+		}
+		out.Dependencies = append(out.Dependencies, d)
+	}
+	if out.RequiresPython != "" {
+		set, err := pep.ParseSpecifierSet(out.RequiresPython)
+		py := s.eng.Config().Python
+		switch {
+		case err != nil:
+			out.Problems = append(out.Problems, fmt.Sprintf("requires-python %q: %v", out.RequiresPython, err))
+		case !set.Contains(py.Version):
+			out.Problems = append(out.Problems, fmt.Sprintf("requires-python %q is not satisfied by this server's Python %s", out.RequiresPython, py.Version))
+		}
+	}
+
+	v, err := s.eng.Validate(ctx, in.Code, "")
+	if err != nil {
+		if ctx.Err() != nil || errors.Is(err, context.Canceled) {
+			return errorResult("The call was cancelled."), nil, nil
+		}
+		return errorResult(fmt.Sprintf("The sandbox could not compile the code: %v. Run check_environment to see whether the sandbox works on this server.", err)), nil, nil
+	}
+	if !v.Valid {
+		out.SyntaxError = v.SyntaxError
+		if se := v.SyntaxError; se != nil {
+			out.Problems = append(out.Problems, fmt.Sprintf("syntax error at line %d, column %d: %s", se.Line, se.Column, se.Message))
+		} else {
+			out.Problems = append(out.Problems, "the code does not compile")
+		}
+	}
+	out.Valid = len(out.Problems) == 0
+	text := "valid"
+	if !out.Valid {
+		text = "invalid:"
+		for _, p := range out.Problems {
+			text += "\n- " + p
+		}
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, out, nil
+}
