@@ -182,6 +182,17 @@ def _user_traceback(tb, codes):
     return None
 
 
+def _clear_frames(tb):
+    # Frees the locals of the finished user frames (often what filled the
+    # memory) while keeping what a traceback needs: code and line numbers.
+    while tb is not None:
+        try:
+            tb.tb_frame.clear()
+        except RuntimeError:  # still executing: not a user frame
+            pass
+        tb = tb.tb_next
+
+
 def _format_exception(exc, tb):
     """The text Python prints for an uncaught exception.
 
@@ -235,6 +246,8 @@ def _describe_exception(exc, codes):
 
     tb = _user_traceback(exc.__traceback__, codes)
     exc.__traceback__ = tb
+    if isinstance(exc, MemoryError):
+        _clear_frames(tb)
     text = _format_exception(exc, tb)
     del tb
     _write_stderr(text)
@@ -290,7 +303,7 @@ def _encode_return(value, limit):
         if s is not None:
             return s, False
         truncate = True
-    except Exception:
+    except BaseException:  # dict/list subclasses can run arbitrary code
         truncate = False
     return _repr_json(value, limit, truncate), True
 
@@ -338,7 +351,6 @@ def _run(sock, req, rid):
 
     codes = []
     value, exc = _execute(source, filename, inputs, codes)
-    del inputs, req
 
     try:
         if isinstance(exc, MemoryError):
@@ -530,6 +542,9 @@ def main():
                 _flush_output()
                 sock.close()
                 return code
+            # Each run gets a fresh namespace; let the last one be freed now
+            # rather than at the next run, in case it is what filled memory.
+            sys.modules["__main__"] = types.ModuleType("__main__")
         elif op == "validate":
             valid, err = _validate(req)
             msg = {"op": "validated", "id": rid, "valid": valid}

@@ -687,6 +687,14 @@ func TestRealMemoryError(t *testing.T) {
 		t.Errorf("stderr:\n%s", stderr)
 	}
 
+	// The same inside a function: its frame holds the memory until the
+	// worker frees it to report the error.
+	res, _, stderr = w.run(t, Request{Code: "def f():\n    hog = []\n    while True:\n        hog.append(bytearray(1 << 20))\n\nf()\n"})
+	wantError(t, res, "MemoryError", 1)
+	if !strings.Contains(stderr, "line 6, in <module>") || !strings.Contains(stderr, "line 4, in f") {
+		t.Errorf("stderr:\n%s", stderr)
+	}
+
 	res, _, _ = w.run(t, Request{Code: "sum(range(10))"})
 	wantSuccess(t, res)
 	jsonEqual(t, res.ReturnValue, "45")

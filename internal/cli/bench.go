@@ -1,0 +1,188 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/engine"
+)
+
+// bench measures, in one process and one run, what an agent's print('hi')
+// costs through the engine and through MCP stdio, next to spawning the
+// system python3 directly, and prints the ratios.
+func bench(args []string, stdout, stderr io.Writer) error {
+	fs, o := newFlagSet("bench", "bench [-n N] [--concurrency C] [flags]", stderr)
+	n := fs.Int("n", 50, "iterations per measurement")
+	conc := fs.Int("concurrency", 16, "calls in flight for the throughput measurement")
+	baselinePy := fs.String("baseline", "/usr/bin/python3", "interpreter spawned directly for the baseline")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *n < 1 || *conc < 1 {
+		return usageError{fmt.Errorf("-n and --concurrency must be at least 1")}
+	}
+	log, err := o.logger(io.Discard)
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	eng, err := o.engine(ctx, log)
+	if err != nil {
+		return err
+	}
+	hello := engine.RunRequest{Code: "print('hi')"}
+
+	fmt.Fprintf(stdout, "pysandbox bench: backend %s, python %s, %d iterations each\n\n", o.sandbox, eng.Config().Python.Path, *n)
+	base, err := measure(*n, func() error { return exec.Command(*baselinePy, "-c", "pass").Run() })
+	if err != nil {
+		return fmt.Errorf("baseline %s -c pass: %w", *baselinePy, err)
+	}
+	eng1, err := measure(*n, func() error { return runOK(ctx, eng, hello) })
+	if err != nil {
+		return err
+	}
+	mcpStdio, err := benchMCP(ctx, *n, args)
+	if err != nil {
+		return err
+	}
+
+	fmt.Fprintf(stdout, "%-44s %9s %9s %9s\n", "", "p50", "p99", "p50 ratio")
+	row := func(name string, d []time.Duration) {
+		fmt.Fprintf(stdout, "%-44s %9s %9s %8.2fx\n", name, ms(pct(d, 50)), ms(pct(d, 99)), float64(pct(d, 50))/float64(pct(base, 50)))
+	}
+	row(*baselinePy+" -c pass (spawned directly)", base)
+	row("engine: print('hi') in a fresh sandbox", eng1)
+	row("MCP stdio tools/call run_python print('hi')", mcpStdio)
+
+	total := *n * 4
+	var done atomic.Int64
+	var firstErr error
+	var mu sync.Mutex
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range *conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for done.Add(1) <= int64(total) {
+				if err := runOK(ctx, eng, hello); err != nil {
+					mu.Lock()
+					firstErr = err
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	el := time.Since(start)
+	fmt.Fprintf(stdout, "\nthroughput: %d isolated runs with %d in flight: %.1f runs/s\n", total, *conc, float64(total)/el.Seconds())
+	return nil
+}
+
+func runOK(ctx context.Context, eng *engine.Engine, req engine.RunRequest) error {
+	r, err := eng.Run(ctx, req)
+	if err != nil {
+		return err
+	}
+	if r.Status != engine.StatusSuccess {
+		return fmt.Errorf("bench run ended %s: %s %s", r.Status, r.Message, r.Stderr)
+	}
+	return nil
+}
+
+// benchMCP starts this binary as `serve` over stdio with the same flags and
+// times tools/call round trips from a real SDK client.
+func benchMCP(ctx context.Context, n int, args []string) ([]time.Duration, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	serveArgs := []string{"serve", "--log-level", "error"}
+	for _, a := range filterBenchFlags(args) {
+		serveArgs = append(serveArgs, a)
+	}
+	cmd := exec.Command(self, serveArgs...)
+	cmd.Stderr = os.Stderr
+	client := mcp.NewClient(&mcp.Implementation{Name: "pysandbox-bench", Version: version}, nil)
+	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("start MCP server: %w", err)
+	}
+	defer cs.Close()
+	call := func() error {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "print('hi')"}})
+		if err != nil {
+			return err
+		}
+		if res.IsError {
+			return fmt.Errorf("run_python failed: %v", res.Content)
+		}
+		return nil
+	}
+	return measure(n, call)
+}
+
+// filterBenchFlags keeps the shared flags and drops bench's own.
+func filterBenchFlags(args []string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch a {
+		case "-n", "--n", "-concurrency", "--concurrency", "-baseline", "--baseline":
+			i++
+			continue
+		}
+		if hasPrefixAny(a, "-n=", "--n=", "-concurrency=", "--concurrency=", "-baseline=", "--baseline=") {
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+func hasPrefixAny(s string, ps ...string) bool {
+	for _, p := range ps {
+		if len(s) >= len(p) && s[:len(p)] == p {
+			return true
+		}
+	}
+	return false
+}
+
+// measure runs f once to warm up, then n times, and returns the sorted
+// durations.
+func measure(n int, f func() error) ([]time.Duration, error) {
+	if err := f(); err != nil {
+		return nil, err
+	}
+	d := make([]time.Duration, 0, n)
+	for range n {
+		t := time.Now()
+		if err := f(); err != nil {
+			return nil, err
+		}
+		d = append(d, time.Since(t))
+	}
+	slices.Sort(d)
+	return d, nil
+}
+
+func pct(sorted []time.Duration, p int) time.Duration {
+	i := (len(sorted)*p + 99) / 100
+	return sorted[min(max(i-1, 0), len(sorted)-1)]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000) }

@@ -1,0 +1,40 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/pysandbox/pysandbox/internal/interp"
+	"github.com/pysandbox/pysandbox/internal/tools"
+)
+
+// check prints the measured posture and reports whether the backend works.
+func check(args []string, stdout, stderr io.Writer) (bool, error) {
+	fs, o := newFlagSet("check", "check [--json] [flags]", stderr)
+	asJSON := fs.Bool("json", false, "print the posture as JSON (the same data as the check_environment tool)")
+	if err := fs.Parse(args); err != nil {
+		return false, err
+	}
+	log, err := o.logger(stderr)
+	if err != nil {
+		return false, err
+	}
+	ctx := context.Background()
+	eng, err := o.engine(ctx, log)
+	if err != nil {
+		return false, err
+	}
+	p := eng.Measure(ctx, interp.Discover(ctx))
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(p); err != nil {
+			return false, err
+		}
+	} else {
+		fmt.Fprint(stdout, tools.PostureText(p))
+	}
+	return p.Usable(), nil
+}

@@ -1,0 +1,235 @@
+// Package cli is the pysandbox command line: flag parsing and the
+// subcommands, each a thin layer over the engine and the MCP tools.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/interp"
+	"github.com/pysandbox/pysandbox/internal/sandbox"
+)
+
+const usage = `pysandbox: run Python from AI agents in a fresh, layered Linux sandbox.
+
+Usage:
+  pysandbox serve [flags]                 MCP server over stdio
+  pysandbox serve --http 127.0.0.1:8080   MCP over streamable HTTP at /mcp, health at /healthz
+  pysandbox run [flags] FILE|-            run a script in the sandbox, streaming its output
+  pysandbox check [flags]                 print the sandbox posture; exit 1 if the backend cannot work here
+  pysandbox bench [flags]                 measure latency against spawning python3 directly
+  pysandbox version
+
+Run 'pysandbox COMMAND -h' for the flags of a command.
+`
+
+// Main runs the command line and returns the process exit code.
+func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	cmd, rest := args[0], args[1:]
+	var err error
+	switch cmd {
+	case "serve":
+		err = serve(rest, stderr)
+	case "run":
+		var code int
+		code, err = run(rest, stdin, stdout, stderr)
+		if err == nil {
+			return code
+		}
+	case "check":
+		var ok bool
+		ok, err = check(rest, stdout, stderr)
+		if err == nil && !ok {
+			return 1
+		}
+	case "bench":
+		err = bench(rest, stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintln(stdout, "pysandbox", version)
+		return 0
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "pysandbox: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "pysandbox: %v\n", err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+var version = "0.1.0"
+
+type usageError struct{ error }
+
+// options are the flags every command shares.
+type options struct {
+	sandbox       string
+	python        string
+	timeout       duration
+	maxTimeout    duration
+	memory        size
+	maxOutput     size
+	maxProcs      int64
+	tmpSize       size
+	maxConcurrent int
+	maxQueue      int
+	logLevel      string
+}
+
+func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *options) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := &options{
+		timeout:    duration(30 * time.Second),
+		maxTimeout: duration(300 * time.Second),
+		memory:     512 << 20,
+		maxOutput:  1 << 20,
+		tmpSize:    256 << 20,
+	}
+	fs.StringVar(&o.sandbox, "sandbox", "native", "sandbox backend: native, bwrap, or none (no isolation at all)")
+	fs.StringVar(&o.python, "python", "", "interpreter: a path, or a version such as 3.12 (default /usr/bin/python3)")
+	fs.Var(&o.timeout, "timeout", "default wall-clock limit per run (e.g. 30s, 2m; a bare number is seconds)")
+	fs.Var(&o.maxTimeout, "max-timeout", "largest timeout a caller may ask for")
+	fs.Var(&o.memory, "memory", "memory limit per run, swap included (e.g. 512MiB, 1GiB)")
+	fs.Var(&o.maxOutput, "max-output", "bytes of stdout and of stderr kept per run (head and tail)")
+	fs.Int64Var(&o.maxProcs, "max-procs", 64, "processes and threads per run")
+	fs.Var(&o.tmpSize, "tmp-size", "size of the writable scratch space (/tmp, /work, /dev/shm together)")
+	fs.IntVar(&o.maxConcurrent, "max-concurrent", 16, "runs executing at once")
+	fs.IntVar(&o.maxQueue, "max-queue", 64, "runs waiting for a slot before new ones are refused")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error (logs go to stderr)")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: pysandbox %s\n\nFlags:\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs, o
+}
+
+func (o *options) logger(stderr io.Writer) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return nil, usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", o.logLevel)}
+	}
+	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl})), nil
+}
+
+// engine builds the engine the flags describe. It never substitutes a
+// weaker backend for the one asked for.
+func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine, error) {
+	kind, err := sandbox.ParseKind(o.sandbox)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	if o.timeout <= 0 || o.maxTimeout <= 0 {
+		return nil, usageError{errors.New("--timeout and --max-timeout must be positive")}
+	}
+	if o.timeout > o.maxTimeout {
+		return nil, usageError{fmt.Errorf("--timeout %s is above --max-timeout %s", o.timeout, o.maxTimeout)}
+	}
+	if o.memory < 16<<20 || o.tmpSize < 1<<20 || o.maxOutput < 1024 || o.maxProcs < 1 || o.maxConcurrent < 1 || o.maxQueue < 0 {
+		return nil, usageError{errors.New("limits too small: --memory needs at least 16MiB, --tmp-size 1MiB, --max-output 1KiB, --max-procs and --max-concurrent 1")}
+	}
+	var backend sandbox.Backend
+	switch kind {
+	case sandbox.KindNative:
+		backend = sandbox.NewNative()
+	case sandbox.KindBwrap:
+		return nil, fmt.Errorf("bwrap: TODO")
+	case sandbox.KindNone:
+		backend = sandbox.None{}
+	}
+	py, err := interp.Find(ctx, o.python)
+	if err != nil {
+		return nil, err
+	}
+	return engine.New(engine.Config{
+		Backend: backend,
+		Python:  py,
+		Limits: sandbox.Limits{
+			MemoryBytes: int64(o.memory),
+			MaxProcs:    o.maxProcs,
+			TmpBytes:    int64(o.tmpSize),
+		},
+		DefaultTimeout: time.Duration(o.timeout),
+		MaxTimeout:     time.Duration(o.maxTimeout),
+		MaxOutput:      int(o.maxOutput),
+		MaxConcurrent:  o.maxConcurrent,
+		MaxQueue:       o.maxQueue,
+		Logger:         log,
+	})
+}
+
+// duration is a flag that takes Go durations or a bare number of seconds.
+type duration time.Duration
+
+func (d *duration) String() string { return time.Duration(*d).String() }
+func (d *duration) Set(s string) error {
+	if n, err := strconv.ParseFloat(s, 64); err == nil {
+		*d = duration(n * float64(time.Second))
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("want a duration such as 30s or 2m")
+	}
+	*d = duration(v)
+	return nil
+}
+
+// size is a flag that takes bytes with an optional unit (K, KiB, M, MiB, G, GiB; all binary).
+type size int64
+
+func (s *size) String() string {
+	v := int64(*s)
+	for _, u := range []struct {
+		n    int64
+		name string
+	}{{1 << 30, "GiB"}, {1 << 20, "MiB"}, {1 << 10, "KiB"}} {
+		if v >= u.n && v%u.n == 0 {
+			return fmt.Sprintf("%d%s", v/u.n, u.name)
+		}
+	}
+	return strconv.FormatInt(v, 10)
+}
+
+func (s *size) Set(v string) error {
+	t := strings.TrimSpace(strings.ToUpper(v))
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		n      int64
+	}{{"GIB", 1 << 30}, {"MIB", 1 << 20}, {"KIB", 1 << 10}, {"GB", 1 << 30}, {"MB", 1 << 20}, {"KB", 1 << 10}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}} {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.n
+			break
+		}
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n < 0 || n > (1<<50)/mult {
+		return fmt.Errorf("want a size such as 512MiB or 1GiB")
+	}
+	*s = size(n * mult)
+	return nil
+}

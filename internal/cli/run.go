@@ -1,0 +1,75 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/tools"
+)
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	fs, o := newFlagSet("run", "run [flags] FILE|-", stderr)
+	if err := fs.Parse(args); err != nil {
+		return 0, err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return 0, usageError{fmt.Errorf("run takes one FILE (or - for stdin)")}
+	}
+	name := fs.Arg(0)
+	var src io.Reader = stdin
+	filename := "<stdin>"
+	if name != "-" {
+		f, err := os.Open(name)
+		if err != nil {
+			return 0, err
+		}
+		defer f.Close()
+		src, filename = f, filepath.Base(name)
+	}
+	code, err := io.ReadAll(io.LimitReader(src, tools.MaxCodeBytes+1))
+	if err != nil {
+		return 0, err
+	}
+	if len(code) > tools.MaxCodeBytes {
+		return 0, fmt.Errorf("%s is larger than %d bytes", name, tools.MaxCodeBytes)
+	}
+	log, err := o.logger(stderr)
+	if err != nil {
+		return 0, err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	eng, err := o.engine(ctx, log)
+	if err != nil {
+		return 0, err
+	}
+	if o.sandbox == "none" {
+		fmt.Fprintln(stderr, "pysandbox: WARNING: --sandbox none: running UNSANDBOXED on this machine")
+	}
+	res, err := eng.Run(ctx, engine.RunRequest{Code: string(code), Filename: filename, Stdout: stdout, Stderr: stderr})
+	if err != nil {
+		return 0, err
+	}
+	switch res.Status {
+	case engine.StatusSuccess, engine.StatusError:
+		return res.ExitCode, nil
+	}
+	fmt.Fprintf(stderr, "pysandbox: %s: %s\n", res.Status, res.Message)
+	switch res.Status {
+	case engine.StatusTimeout:
+		return 124, nil // as timeout(1)
+	case engine.StatusCancelled:
+		return 130, nil
+	}
+	if res.ExitCode > 0 {
+		return res.ExitCode, nil
+	}
+	return 1, nil
+}
