@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -67,16 +68,21 @@ func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, i
 		out.RequiresPython = meta.RequiresPython
 		fromBlock = meta.Dependencies
 	}
-	merged, errs := pep.MergeRequirements(fromBlock, in.Dependencies)
-	for i, r := range merged {
-		d := Dependency{Requirement: r, Valid: errs[i] == nil}
-		if errs[i] != nil {
-			d.Error = errs[i].Error()
-			out.Problems = append(out.Problems, fmt.Sprintf("dependency %q: %v", r, errs[i]))
-		} else if req, err := pep.ParseRequirement(r); err == nil {
-			d.Name = req.Normalized
+	// Every entry is reported, invalid ones included, in order; exact
+	// duplicates (the same requirement spelled alike) are listed once.
+	seen := map[string]bool{}
+	for _, r := range append(append([]string(nil), fromBlock...), in.Dependencies...) {
+		req, err := pep.ParseRequirement(r)
+		if err != nil {
+			out.Dependencies = append(out.Dependencies, Dependency{Requirement: r, Error: err.Error()})
+			out.Problems = append(out.Problems, fmt.Sprintf("dependency %q: %v", r, err))
+			continue
 		}
-		out.Dependencies = append(out.Dependencies, d)
+		if seen[req.String()] {
+			continue
+		}
+		seen[req.String()] = true
+		out.Dependencies = append(out.Dependencies, Dependency{Requirement: strings.TrimSpace(r), Valid: true, Name: req.Normalized})
 	}
 	if out.RequiresPython != "" {
 		set, err := pep.ParseSpecifierSet(out.RequiresPython)

@@ -380,7 +380,6 @@ def _run(sock, req, rid):
         # a script would end, without a word on the control channel.
         os._exit(exit_code)
     sock.sendall(data)
-    _take_reserve()
     return exit_code
 
 
@@ -545,6 +544,7 @@ def main():
             # Each run gets a fresh namespace; let the last one be freed now
             # rather than at the next run, in case it is what filled memory.
             sys.modules["__main__"] = types.ModuleType("__main__")
+            _take_reserve()
         elif op == "validate":
             valid, err = _validate(req)
             msg = {"op": "validated", "id": rid, "valid": valid}

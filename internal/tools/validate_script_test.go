@@ -1,0 +1,68 @@
+package tools
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestValidateScript(t *testing.T) {
+	cs := connect(t, nil)
+	t.Run("valid", func(t *testing.T) {
+		res, out := call(t, cs, "validate_script", map[string]any{"code": "import os\nawait x()\nprint(1)\n"})
+		if res.IsError || out["valid"] != true || out["syntax_error"] != nil {
+			t.Fatalf("valid code: %s %v", text(res), out)
+		}
+	})
+	t.Run("syntax error", func(t *testing.T) {
+		_, out := call(t, cs, "validate_script", map[string]any{"code": "x = 1\nif x\n    print(x)\n"})
+		se, _ := out["syntax_error"].(map[string]any)
+		if out["valid"] != false || se["line"] != 2.0 || se["column"] == nil || !strings.Contains(se["message"].(string), "expected ':'") {
+			t.Fatalf("syntax error: %v", out)
+		}
+	})
+	t.Run("never runs", func(t *testing.T) {
+		// If the code ran, it would take 60 s and print; validating must not.
+		res, out := call(t, cs, "validate_script", map[string]any{"code": "import time\ntime.sleep(60)\nraise SystemExit(3)\n"})
+		if res.IsError || out["valid"] != true {
+			t.Fatalf("%s", text(res))
+		}
+	})
+	t.Run("pep 723", func(t *testing.T) {
+		code := "# /// script\n# requires-python = \">=3.8\"\n# dependencies = [\"requests<3\", \"rich\"]\n# ///\nprint(1)\n"
+		_, out := call(t, cs, "validate_script", map[string]any{"code": code, "dependencies": []any{"numpy>=1.20", "bad dep!!", "rich"}})
+		if out["script_block"] != true || out["requires_python"] != ">=3.8" {
+			t.Fatalf("block not parsed: %v", out)
+		}
+		deps := out["dependencies"].([]any)
+		var names []string
+		for _, d := range deps {
+			m := d.(map[string]any)
+			names = append(names, m["requirement"].(string))
+			if m["requirement"] == "bad dep!!" && (m["valid"] != false || m["error"] == "") {
+				t.Errorf("invalid requirement accepted: %v", m)
+			}
+			if m["requirement"] == "requests<3" && (m["valid"] != true || m["name"] != "requests") {
+				t.Errorf("valid requirement: %v", m)
+			}
+		}
+		if strings.Join(names, ",") != "requests<3,rich,numpy>=1.20,bad dep!!" {
+			t.Errorf("merged dependencies %v", names)
+		}
+		if out["valid"] != false || len(out["problems"].([]any)) != 1 {
+			t.Errorf("want exactly one problem (the bad requirement): %v", out["problems"])
+		}
+	})
+	t.Run("requires-python unsatisfied", func(t *testing.T) {
+		code := "# /// script\n# requires-python = \">=4\"\n# ///\nprint(1)\n"
+		_, out := call(t, cs, "validate_script", map[string]any{"code": code})
+		if out["valid"] != false || !strings.Contains(out["problems"].([]any)[0].(string), "requires-python") {
+			t.Errorf("%v", out)
+		}
+	})
+	t.Run("bad input", func(t *testing.T) {
+		res, _ := call(t, cs, "validate_script", map[string]any{"code": "a\x00b"})
+		if !res.IsError || !strings.Contains(text(res), "NUL") {
+			t.Errorf("%s", text(res))
+		}
+	})
+}
