@@ -24,7 +24,7 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	n := fs.Int("n", 50, "iterations per measurement")
 	conc := fs.Int("concurrency", 16, "calls in flight for the throughput measurement")
 	baselinePy := fs.String("baseline", "/usr/bin/python3", "interpreter spawned directly for the baseline")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *n < 1 || *conc < 1 {

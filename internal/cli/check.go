@@ -14,7 +14,7 @@ import (
 func check(args []string, stdout, stderr io.Writer) (bool, error) {
 	fs, o := newFlagSet("check", "check [--json] [flags]", stderr)
 	asJSON := fs.Bool("json", false, "print the posture as JSON (the same data as the check_environment tool)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return false, err
 	}
 	log, err := o.logger(stderr)

@@ -69,6 +69,10 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
+	var fe flagError
+	if errors.As(err, &fe) {
+		return 2 // the flag package has already printed the error and usage
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "pysandbox: %v\n", err)
 		var ue usageError
@@ -83,6 +87,18 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 var version = "0.1.0"
 
 type usageError struct{ error }
+
+// flagError is a flag parsing failure, already reported by the flag package.
+type flagError struct{ error }
+
+// parseFlags parses args, marking errors as already reported.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		return flagError{err}
+	}
+	return err
+}
 
 // options are the flags every command shares.
 type options struct {
@@ -146,7 +162,7 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 		return nil, usageError{errors.New("--timeout and --max-timeout must be positive")}
 	}
 	if o.timeout > o.maxTimeout {
-		return nil, usageError{fmt.Errorf("--timeout %s is above --max-timeout %s", o.timeout, o.maxTimeout)}
+		return nil, usageError{fmt.Errorf("--timeout %s is above --max-timeout %s", o.timeout.String(), o.maxTimeout.String())}
 	}
 	if o.memory < 16<<20 || o.tmpSize < 1<<20 || o.maxOutput < 1024 || o.maxProcs < 1 || o.maxConcurrent < 1 || o.maxQueue < 0 {
 		return nil, usageError{errors.New("limits too small: --memory needs at least 16MiB, --tmp-size 1MiB, --max-output 1KiB, --max-procs and --max-concurrent 1")}

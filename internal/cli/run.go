@@ -15,7 +15,7 @@ import (
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
 	fs, o := newFlagSet("run", "run [flags] FILE|-", stderr)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return 0, err
 	}
 	if fs.NArg() != 1 {

@@ -23,7 +23,7 @@ import (
 func serve(args []string, stderr io.Writer) error {
 	fs, o := newFlagSet("serve", "serve [--http ADDR] [flags]", stderr)
 	httpAddr := fs.String("http", "", "serve MCP over streamable HTTP on this loopback address (e.g. 127.0.0.1:8080) instead of stdio")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -61,7 +61,7 @@ func serve(args []string, stderr io.Writer) error {
 	if *httpAddr == "" {
 		log.Info("serving MCP on stdio", "backend", posture.Backend, "posture", posture.Posture, "python", posture.Python.Version)
 		// Run returns nil on a clean EOF from the client.
-		err := srv.Run(ctx, &mcp.StdioTransport{})
+		err := srv.Run(ctx, tools.StdioTransport(os.Stdin, os.Stdout))
 		if ctx.Err() != nil {
 			return nil
 		}

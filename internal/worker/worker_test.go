@@ -700,6 +700,25 @@ func TestRealMemoryError(t *testing.T) {
 	jsonEqual(t, res.ReturnValue, "45")
 }
 
+// Filling memory with small objects leaves no room in the allocator's
+// arenas: the worker's reserve must make room for the reply, and be taken
+// again for the next run.
+func TestMemoryErrorSmallObjects(t *testing.T) {
+	requirePython(t, systemPython)
+	argv := append([]string{"/bin/sh", "-c", `ulimit -v 120000 && exec "$@"`, "sh"}, Command(systemPython, "WORKER_PY", false)...)
+	w := startWorker(t, argv)
+	for i := 0; i < 2; i++ {
+		res, _, _ := w.run(t, Request{Code: "x = []\nwhile True:\n    x.append(str(len(x)) * 3)\n"})
+		wantError(t, res, "MemoryError", 1)
+		if !strings.Contains(res.Error.Traceback, "line 3, in <module>") {
+			t.Errorf("run %d: traceback %q", i, res.Error.Traceback)
+		}
+	}
+	res, _, _ := w.run(t, Request{Code: "sum(range(10))"})
+	wantSuccess(t, res)
+	jsonEqual(t, res.ReturnValue, "45")
+}
+
 func TestCommand(t *testing.T) {
 	if got := strings.Join(Command("/py", "/w.py", false), " "); got != "/py -I -B /w.py" {
 		t.Errorf("Command = %q", got)

@@ -1,0 +1,224 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+	binDir    string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// binary builds the real pysandbox binary once per test run. It lives in a
+// directory other users can read, for the unprivileged test.
+func binary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "pysandbox-bin-")
+		if buildErr != nil {
+			return
+		}
+		os.Chmod(binDir, 0o755)
+		binPath = filepath.Join(binDir, "pysandbox")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = err
+			t.Logf("%s", out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("build: %v", buildErr)
+	}
+	return binPath
+}
+
+func runBin(t *testing.T, stdin string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(binary(t), args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	code = cmd.ProcessState.ExitCode()
+	if err != nil && code < 0 {
+		t.Fatalf("run %v: %v", args, err)
+	}
+	return o.String(), e.String(), code
+}
+
+func TestRunCommand(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "demo.py")
+	os.WriteFile(script, []byte("import os, sys\nprint('uid', os.getuid())\nprint('err line', file=sys.stderr)\nraise SystemExit(7)\n"), 0o644)
+	out, errOut, code := runBin(t, "", "run", script)
+	if code != 7 || out != "uid 1000\n" || errOut != "err line\n" {
+		t.Fatalf("code %d stdout %q stderr %q", code, out, errOut)
+	}
+	// stdin, and a traceback that names the file as "<stdin>".
+	_, errOut, code = runBin(t, "x = 1\nx.nope\n", "run", "-")
+	if code != 1 || !strings.Contains(errOut, `File "<stdin>", line 2`) {
+		t.Fatalf("code %d stderr %q", code, errOut)
+	}
+	_, errOut, code = runBin(t, "import time\ntime.sleep(30)\n", "run", "--timeout", "1", "-")
+	if code != 124 || !strings.Contains(errOut, "timeout") {
+		t.Fatalf("timeout: code %d stderr %q", code, errOut)
+	}
+	_, errOut, code = runBin(t, "", "run", filepath.Join(dir, "missing.py"))
+	if code != 1 || !strings.Contains(errOut, "no such file") {
+		t.Fatalf("missing file: code %d stderr %q", code, errOut)
+	}
+}
+
+func TestCheckCommand(t *testing.T) {
+	out, errOut, code := runBin(t, "", "check")
+	if code != 0 || !strings.Contains(out, "posture: SANDBOXED") {
+		t.Fatalf("code %d\n%s\n%s", code, out, errOut)
+	}
+	out, _, code = runBin(t, "", "check", "--sandbox", "none")
+	if code != 0 || !strings.Contains(out, "posture: UNSANDBOXED") {
+		t.Fatalf("--sandbox none: code %d\n%s", code, out)
+	}
+}
+
+func TestFlagErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"run", "--sandbox", "docker", "-"},
+		{"run", "--memory", "lots", "-"},
+		{"run", "--timeout", "10m", "--max-timeout", "1m", "-"},
+		{"serve", "--http", "0.0.0.0:8080"},
+		{"serve", "--http", "192.168.1.5:8080"},
+		{"frobnicate"},
+	} {
+		_, errOut, code := runBin(t, "", args...)
+		if code != 2 || errOut == "" {
+			t.Errorf("%v: code %d stderr %q", args, code, errOut)
+		}
+	}
+	_, errOut, _ := runBin(t, "", "serve", "--http", "0.0.0.0:8080")
+	if !strings.Contains(errOut, "non-loopback") {
+		t.Errorf("non-loopback refusal unclear: %q", errOut)
+	}
+}
+
+// The built binary, driven over stdio by the SDK's client.
+func TestServeStdio(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.Command(binary(t), "serve", "--log-level", "error")
+	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "print('hi')\n6*7"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := res.StructuredContent.(map[string]any)
+	if res.IsError || out["stdout"] != "hi\n" || out["return_value"] != 42.0 {
+		t.Fatalf("%v", out)
+	}
+	// Many calls at once over one connection.
+	var wg sync.WaitGroup
+	errs := make(chan string, 16)
+	for i := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "n", "inputs": map[string]any{"n": i}}})
+			if err != nil {
+				errs <- err.Error()
+				return
+			}
+			if rv := res.StructuredContent.(map[string]any)["return_value"]; rv != float64(i) {
+				errs <- "wrong return value"
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+}
+
+// Malformed JSON-RPC on stdin gets an error response, and the server keeps
+// serving the next, valid request.
+func TestServeMalformedInput(t *testing.T) {
+	cmd := exec.Command(binary(t), "serve", "--log-level", "error")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer stdin.Close()
+	lines := make(chan string, 16)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	send := func(s string) { io.WriteString(stdin, s+"\n") }
+	next := func() string {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("server closed stdout")
+			}
+			return l
+		case <-time.After(20 * time.Second):
+			t.Fatal("no answer from the server")
+		}
+		return ""
+	}
+	send(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
+	if l := next(); !strings.Contains(l, `"id":1,"result"`) {
+		t.Fatalf("initialize: %s", l)
+	}
+	send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	for _, tc := range []struct{ in, want string }{
+		{`this is not json`, `-32700`},
+		{`{"jsonrpc":"2.0","id":7,"method":42}`, `"id":7,"error"`},
+		{`{"jsonrpc":"2.0","id":2,"method":"no/such/method"}`, `"id":2,"error"`},
+		{`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"run_python","arguments":"not an object"}}`, `"isError":true`},
+		{`{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"run_python","arguments":{"code":"print(40+2)"}}}`, `"stdout":"42\n"`},
+	} {
+		send(tc.in)
+		if l := next(); !strings.Contains(l, tc.want) {
+			t.Errorf("%s\n  got  %s\n  want %s", tc.in, l, tc.want)
+		}
+	}
+}
