@@ -126,6 +126,10 @@ func scratch(root string, size int64) error {
 		if err := os.Chmod(src, d.mode); err != nil {
 			return fmt.Errorf("sandbox init: %w", err)
 		}
+		// The init may be root of the namespace; the worker is not.
+		if err := os.Lchown(src, sandboxUID, sandboxGID); err != nil {
+			return fmt.Errorf("sandbox init: %w", err)
+		}
 		if err := mount(src, filepath.Join(root, d.target), "", unix.MS_BIND, ""); err != nil {
 			return err
 		}

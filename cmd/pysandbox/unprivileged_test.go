@@ -1,0 +1,85 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// asUser runs the binary as a throwaway unprivileged user, the way most
+// people run pysandbox: no root, no cgroup delegation.
+func asUser(t *testing.T, uid, gid uint32, stdin string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(binary(t), args...)
+	cmd.Dir = binDir
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + binDir, "LANG=C.UTF-8"}
+	cmd.Stdin = strings.NewReader(stdin)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid, Groups: []uint32{}}}
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	cmd.Run()
+	return o.String(), e.String(), cmd.ProcessState.ExitCode()
+}
+
+func throwawayUser(t *testing.T) (uint32, uint32) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		// Already unprivileged: the other tests cover this path.
+		t.Skip("not root: this whole test run is the unprivileged path")
+	}
+	name := fmt.Sprintf("pysbx%d", os.Getpid()%100000)
+	if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name).CombinedOutput(); err != nil {
+		t.Fatalf("useradd: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("userdel", name).Run() })
+	u, err := user.Lookup(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return uint32(uid), uint32(gid)
+}
+
+func TestUnprivilegedUser(t *testing.T) {
+	uid, gid := throwawayUser(t)
+	binary(t)
+
+	out, errOut, code := asUser(t, uid, gid, "", "check")
+	if code != 0 || !strings.Contains(out, "posture: SANDBOXED") {
+		t.Fatalf("check as uid %d: code %d\n%s\n%s", uid, code, out, errOut)
+	}
+	// No cgroup delegation here: that must be said, with the fallback.
+	if !strings.Contains(out, "RLIMIT_AS") {
+		t.Errorf("check does not say memory falls back to RLIMIT_AS:\n%s", out)
+	}
+
+	out, errOut, code = asUser(t, uid, gid, "import os\nprint(os.getuid(), os.getgid(), len(os.listdir('/proc/self/fd')) > 0)\n", "run", "-")
+	if code != 0 || out != "1000 1000 True\n" {
+		t.Fatalf("run: code %d stdout %q stderr %q", code, out, errOut)
+	}
+
+	// Without a memory cgroup, RLIMIT_AS stops a memory bomb.
+	_, errOut, code = asUser(t, uid, gid, "x = bytearray(2 * 1024**3)\n", "run", "--memory", "128MiB", "-")
+	if code == 0 || !strings.Contains(errOut, "memory_limit") {
+		t.Fatalf("memory bomb as unprivileged: code %d stderr %q", code, errOut)
+	}
+
+	// RLIMIT_NPROC (counted per user namespace) bounds a fork bomb.
+	bomb := "import os, time\nn = 0\ntry:\n    while n < 500:\n        if os.fork() == 0:\n            time.sleep(30)\n            os._exit(0)\n        n += 1\nexcept OSError as e:\n    print('stopped at', n, e.errno)\n"
+	out, errOut, code = asUser(t, uid, gid, bomb, "run", "--max-procs", "20", "--timeout", "10", "-")
+	if code != 0 || !strings.HasPrefix(out, "stopped at") {
+		t.Fatalf("fork bomb as unprivileged: code %d stdout %q stderr %q", code, out, errOut)
+	}
+	var n int
+	fmt.Sscanf(out, "stopped at %d", &n)
+	if n >= 20 {
+		t.Errorf("forked %d processes with --max-procs 20", n)
+	}
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs on Debian/Ubuntu, then runs it.
+# Usage: scripts/test.sh [go test flags...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages the tests use:
+#   python3     the default interpreter every sandbox runs
+#   bubblewrap  the bwrap backend's tests
+#   passwd      useradd/userdel, for the unprivileged-user test
+need=()
+for pkg in python3 bubblewrap passwd; do
+	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+	sudo=""
+	[ "$(id -u)" -eq 0 ] || sudo="sudo"
+	echo "installing: ${need[*]}"
+	$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+	$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+if ! command -v go >/dev/null; then
+	echo "Go 1.26 or newer is required: https://go.dev/dl/" >&2
+	exit 1
+fi
+go mod download
+go vet ./...
+exec go test -count=1 -timeout 20m "$@" ./...
