@@ -16,6 +16,13 @@ const (
 	MaxScriptMetadataSize = 64 << 10
 	// MaxDependencies bounds the number of entries in "dependencies".
 	MaxDependencies = 256
+
+	// The TOML parser's cost grows with the square of a key's length and
+	// of the nesting depth, so 64 KiB of "a.a.a.…" or "{a={a={…" takes
+	// tens of seconds. These bounds, far above anything real metadata
+	// needs, keep it linear; see checkTOMLShape.
+	maxTOMLDepth   = 32
+	maxTOMLLineDot = 64
 )
 
 // ScriptMetadata is the content of a PEP 723 "script" metadata block.
@@ -183,6 +190,9 @@ func normalizeNewlines(s string) string {
 // decodeMetadata parses the block's TOML and checks the fields PEP 723
 // defines.
 func decodeMetadata(content string, b block) (*ScriptMetadata, error) {
+	if line, msg := checkTOMLShape(content); msg != "" {
+		return nil, fmt.Errorf("pep723: line %d: %s", b.start+line, msg)
+	}
 	var raw map[string]any
 	if _, err := toml.Decode(content, &raw); err != nil {
 		var perr toml.ParseError
@@ -272,4 +282,102 @@ func tomlType(v any) string {
 		return "a table"
 	}
 	return "a date or time"
+}
+
+// checkTOMLShape rejects TOML that would be slow to parse: brackets or
+// braces nested more than maxTOMLDepth deep, or more than maxTOMLLineDot
+// dots on one line (a dotted key or table name can be no longer than its
+// line). It reports the 1-based line of the problem within content.
+//
+// It follows TOML's string and comment syntax, so that brackets and dots
+// inside strings ("pkg[extra]>=1.2.3") do not count, and it errs on the side
+// of counting: dots in numbers and dates count too.
+func checkTOMLShape(content string) (line int, msg string) {
+	const (
+		normal = iota
+		comment
+		basic     // "..."
+		literal   // '...'
+		mlBasic   // """..."""
+		mlLiteral // '''...'''
+	)
+	state, depth, dots := normal, 0, 0
+	line = 1
+	for i := 0; i < len(content); i++ {
+		c := content[i]
+		if c == '\n' {
+			line++
+			dots = 0
+			if state != mlBasic && state != mlLiteral {
+				// Single-line strings and comments end here (an
+				// unterminated string is a TOML error anyway).
+				state = normal
+			}
+			continue
+		}
+		switch state {
+		case normal:
+			switch c {
+			case '#':
+				state = comment
+			case '.':
+				if dots++; dots > maxTOMLLineDot {
+					return line, fmt.Sprintf("too many dotted parts on one line of script metadata (limit %d)", maxTOMLLineDot)
+				}
+			case '[', '{':
+				if depth++; depth > maxTOMLDepth {
+					return line, fmt.Sprintf("script metadata nested too deeply (limit %d)", maxTOMLDepth)
+				}
+			case ']', '}':
+				depth = max(depth-1, 0)
+			case '"', '\'':
+				delim := strings.Repeat(string(c), 3)
+				switch {
+				case strings.HasPrefix(content[i:], delim) && c == '"':
+					state, i = mlBasic, i+2
+				case strings.HasPrefix(content[i:], delim):
+					state, i = mlLiteral, i+2
+				case c == '"':
+					state = basic
+				default:
+					state = literal
+				}
+			}
+		case basic:
+			switch c {
+			case '\\':
+				if i+1 < len(content) && content[i+1] != '\n' {
+					i++
+				}
+			case '"':
+				state = normal
+			}
+		case literal:
+			if c == '\'' {
+				state = normal
+			}
+		case mlBasic, mlLiteral:
+			q := byte('"')
+			if state == mlLiteral {
+				q = '\''
+			}
+			switch {
+			case c == '\\' && state == mlBasic:
+				// Skip the escaped character, but let a newline
+				// (a line-ending backslash) be counted above.
+				if i+1 < len(content) && content[i+1] != '\n' {
+					i++
+				}
+			case c == q && strings.HasPrefix(content[i:], strings.Repeat(string(q), 3)):
+				// A closing delimiter may be preceded by up to two
+				// quotes that belong to the content: the string ends
+				// at the end of the run.
+				for i+1 < len(content) && content[i+1] == q {
+					i++
+				}
+				state = normal
+			}
+		}
+	}
+	return 0, ""
 }

@@ -1,0 +1,65 @@
+package engine
+
+import (
+	"context"
+	"os/exec"
+	"testing"
+	"time"
+)
+
+// BenchmarkSpawnPython is the baseline every other figure is compared
+// with: starting the system interpreter directly, with no isolation.
+func BenchmarkSpawnPython(b *testing.B) {
+	for b.Loop() {
+		if err := exec.Command("/usr/bin/python3", "-c", "pass").Run(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRunHello is one-shot print('hi') in a fresh native sandbox. The
+// ratio to BenchmarkSpawnPython is reported as x_python3.
+func BenchmarkRunHello(b *testing.B) {
+	e := newEngine(b, nil)
+	base := spawnBaseline(b)
+	ctx := context.Background()
+	var total time.Duration
+	for b.Loop() {
+		t := time.Now()
+		r, err := e.Run(ctx, RunRequest{Code: "print('hi')"})
+		total += time.Since(t)
+		if err != nil || r.Status != StatusSuccess {
+			b.Fatalf("%v %+v", err, r)
+		}
+	}
+	b.ReportMetric(float64(total)/float64(b.N)/float64(base), "x_python3")
+}
+
+// BenchmarkRunHelloParallel measures throughput with many runs in flight.
+func BenchmarkRunHelloParallel(b *testing.B) {
+	e := newEngine(b, nil)
+	ctx := context.Background()
+	b.SetParallelism(8) // 8 × GOMAXPROCS goroutines: 16 in flight on 2 cores
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			r, err := e.Run(ctx, RunRequest{Code: "print('hi')"})
+			if err != nil || r.Status != StatusSuccess {
+				b.Errorf("%v %+v", err, r)
+				return
+			}
+		}
+	})
+}
+
+// spawnBaseline times python3 -c pass in the same process, for ratios.
+func spawnBaseline(b *testing.B) time.Duration {
+	b.Helper()
+	const n = 10
+	t := time.Now()
+	for range n {
+		if err := exec.Command("/usr/bin/python3", "-c", "pass").Run(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return time.Since(t) / n
+}
