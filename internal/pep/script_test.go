@@ -94,6 +94,19 @@ func TestParseScriptMetadata(t *testing.T) {
 		{"hash line", "# /// script\n#\n# dependencies = ['a']\n#\n# ///", &ScriptMetadata{Dependencies: []string{"a"}, StartLine: 1, EndLine: 5}},
 		{"tab after hash is not a comment line", "# /// script\n#\tdependencies = ['a']\n# ///", nil},
 		{"hash space only", "# /// script\n# \n# ///", &ScriptMetadata{StartLine: 1, EndLine: 3}},
+		{
+			// Brackets, braces and dots inside TOML strings do not count
+			// towards the nesting and key-length limits.
+			"strings are not structure",
+			"# /// script\n" +
+				"# dependencies = ['a[b]', \"c[d] ; os_name == '" + strings.Repeat("[{.", 40) + "'\"]\n" +
+				"# [tool.x]\n" +
+				"# ml = \"\"\"\n# " + strings.Repeat("[.", 40) + "\\\"\"\"\"\"\n" +
+				"# lit = '''" + strings.Repeat("{.", 40) + "''''\n" +
+				"# ///\n",
+			&ScriptMetadata{Dependencies: []string{"a[b]", "c[d] ; os_name == '" + strings.Repeat("[{.", 40) + "'"}, StartLine: 1, EndLine: 7},
+		},
+		{"depth at the limit", "# /// script\n# a = " + strings.Repeat("[", 32) + strings.Repeat("]", 32) + "\n# ///", &ScriptMetadata{StartLine: 1, EndLine: 3}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -160,6 +173,16 @@ func TestParseScriptMetadataErrors(t *testing.T) {
 			"pep723: line 1: dependencies must be a list of strings, not an array",
 		},
 		{
+			"nested too deeply",
+			"# /// script\n# a = " + strings.Repeat("[", 33) + "\n# ///\n",
+			"pep723: line 2: script metadata nested too deeply (limit 32)",
+		},
+		{
+			"key too long",
+			"# /// script\n# x = 1\n# " + strings.Repeat("a.", 65) + "b = 1\n# ///\n",
+			"pep723: line 3: too many dotted parts on one line of script metadata (limit 64)",
+		},
+		{
 			"requires-python bool",
 			"# /// script\n# requires-python=true\n# ///\n",
 			"pep723: line 2: requires-python must be a string, not a boolean",
@@ -178,15 +201,25 @@ func TestParseScriptMetadataErrors(t *testing.T) {
 	}
 }
 
-// TestParseScriptMetadataLinear guards against inputs that make a naive
-// implementation of the reference regular expression backtrack
-// quadratically: long runs of comment lines full of unclosed openings.
+// TestParseScriptMetadataLinear guards against inputs that would make
+// parsing slow: long runs of comment lines full of unclosed openings (a
+// naive use of the reference regular expression backtracks quadratically),
+// and TOML shapes the TOML parser handles in quadratic time.
 func TestParseScriptMetadataLinear(t *testing.T) {
+	var longKeys, longHeaders strings.Builder
+	for i := range 400 {
+		fmt.Fprintf(&longKeys, "# %sb%d = 1\n", strings.Repeat("a.", 60), i)
+		fmt.Fprintf(&longHeaders, "# [%sb%d]\n", strings.Repeat("a.", 60), i)
+	}
 	for _, code := range []string{
 		strings.Repeat("# /// script\n", 200_000),
 		strings.Repeat("# /// a\n# x\n", 100_000) + "x = 1\n",
 		strings.Repeat("# ///\n", 200_000),
 		strings.Repeat("#\n", 200_000),
+		"# /// script\n" + longKeys.String() + "# ///\n",
+		"# /// script\n" + longHeaders.String() + "# ///\n",
+		"# /// script\n# a = " + strings.Repeat("{b=", 20_000) + "\n# ///\n",
+		"# /// script\n# " + strings.Repeat("a.", 30_000) + "b = 1\n# ///\n",
 	} {
 		start := time.Now()
 		if _, err := ParseScriptMetadata(code); err != nil && !strings.Contains(err.Error(), "too large") {

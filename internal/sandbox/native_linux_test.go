@@ -1,0 +1,192 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// startPy runs /usr/bin/python3 -I -c code in a native sandbox, with no
+// worker: these tests look at the sandbox itself.
+func startPy(t *testing.T, lim Limits, code string) (Exit, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	sb, err := NewNative().Start(context.Background(), &Spec{
+		Python: "/usr/bin/python3", Prefix: "/usr",
+		Args:   []string{"-I", "-c", code},
+		Env:    []string{"PATH=/usr/bin:/bin", "ONLY=this"},
+		Limits: lim,
+		Stdout: &out, Stderr: &errb,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	done := make(chan Exit, 1)
+	go func() { done <- sb.Wait() }()
+	select {
+	case e := <-done:
+		return e, out.String(), errb.String()
+	case <-time.After(30 * time.Second):
+		sb.Kill()
+		t.Fatal("sandbox did not exit")
+	}
+	return Exit{}, "", ""
+}
+
+var small = Limits{MemoryBytes: 128 << 20, MaxProcs: 32, TmpBytes: 16 << 20}
+
+func TestNativeIdentityAndLayout(t *testing.T) {
+	code := `
+import json, os, socket
+st = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
+print(json.dumps({
+  "uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(), "pid": os.getpid(),
+  "cwd": os.getcwd(), "host": socket.gethostname(), "root": sorted(os.listdir("/")),
+  "env": dict(os.environ), "caps": [st[k].strip() for k in ("CapInh","CapPrm","CapEff","CapBnd","CapAmb")],
+  "nnp": st["NoNewPrivs"].strip(), "seccomp": st["Seccomp"].strip(),
+  "ifaces": [n for _, n in socket.if_nameindex()],
+  "fds": sorted(os.listdir("/proc/self/fd")),
+}))`
+	e, out, errOut := startPy(t, small, code)
+	if e.Code != 0 {
+		t.Fatalf("exit %+v: %s", e, errOut)
+	}
+	var got struct {
+		UID, GID, PID int
+		Groups        []int
+		Cwd, Host     string
+		Root, Caps    []string
+		Env           map[string]string
+		NNP, Seccomp  string
+		Ifaces, FDs   []string
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("%v: %q", err, out)
+	}
+	if got.UID != sandboxUID || got.GID != sandboxGID || got.PID != 1 {
+		t.Errorf("uid %d gid %d pid %d", got.UID, got.GID, got.PID)
+	}
+	if len(got.Groups) != 0 && os.Geteuid() == 0 {
+		t.Errorf("supplementary groups leaked in: %v", got.Groups)
+	}
+	if got.Cwd != "/work" || got.Host != "pysandbox" {
+		t.Errorf("cwd %q host %q", got.Cwd, got.Host)
+	}
+	for _, c := range got.Caps {
+		if strings.Trim(c, "0") != "" {
+			t.Errorf("capabilities not all dropped: %v", got.Caps)
+		}
+	}
+	if got.NNP != "1" || got.Seccomp != "2" {
+		t.Errorf("no_new_privs %s seccomp %s", got.NNP, got.Seccomp)
+	}
+	if len(got.Ifaces) != 1 || got.Ifaces[0] != "lo" {
+		t.Errorf("interfaces %v", got.Ifaces)
+	}
+	// Python itself sets LC_CTYPE (PEP 538 locale coercion); nothing else
+	// but the spec's environment may be there.
+	delete(got.Env, "LC_CTYPE")
+	if len(got.Env) != 2 || got.Env["ONLY"] != "this" {
+		t.Errorf("environment %v", got.Env)
+	}
+	for _, bad := range []string{"home", "root", "sys", "srv", "opt", "var", "mnt", "boot"} {
+		for _, d := range got.Root {
+			if d == bad {
+				t.Errorf("/%s is visible inside: %v", bad, got.Root)
+			}
+		}
+	}
+	// stdin, stdout, stderr, the control socket (fd 3), and the fd listdir
+	// itself opened; nothing else of the server's.
+	if strings.Join(got.FDs, ",") != "0,1,2,3,4" {
+		t.Errorf("open fds %v", got.FDs)
+	}
+}
+
+func TestNativeNoLeftovers(t *testing.T) {
+	before := mountCount(t)
+	e, _, _ := startPy(t, small, "import subprocess; subprocess.Popen(['sleep', '300']); print('bye')")
+	if e.Code != 0 {
+		t.Fatalf("exit %+v", e)
+	}
+	if after := mountCount(t); after != before {
+		t.Errorf("host mounts went from %d to %d", before, after)
+	}
+	assertNoSandboxProcesses(t)
+}
+
+func TestNativeMemoryLimit(t *testing.T) {
+	e, _, _ := startPy(t, Limits{MemoryBytes: 64 << 20, MaxProcs: 16, TmpBytes: 16 << 20},
+		"x = bytearray(512 * 1024 * 1024)\nfor i in range(0, len(x), 4096): x[i] = 1\nprint('survived')")
+	n := NewNative()
+	if n.cgroups.Memory {
+		if !e.OOMKilled {
+			t.Errorf("not reported as OOM-killed: %+v", e)
+		}
+	} else if e.Code == 0 {
+		t.Errorf("memory bomb survived: %+v", e)
+	}
+}
+
+func TestNativeStartErrors(t *testing.T) {
+	_, err := NewNative().Start(context.Background(), &Spec{Python: "relative/python3"})
+	if err == nil || !strings.Contains(err.Error(), "not absolute") {
+		t.Errorf("relative interpreter: %v", err)
+	}
+	_, err = NewNative().Start(context.Background(), &Spec{Python: "/nonexistent/python3", Prefix: "/nonexistent", Limits: small})
+	if err == nil {
+		t.Error("missing interpreter: no error")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := NewNative().Start(ctx, &Spec{Python: "/usr/bin/python3"}); err == nil {
+		t.Error("cancelled context: no error")
+	}
+	assertNoSandboxProcesses(t)
+}
+
+func mountCount(t *testing.T) int {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bytes.Count(b, []byte("\n"))
+}
+
+// assertNoSandboxProcesses fails if any process of a sandbox is still
+// alive on the host. As root every sandbox runs as a host uid from its own
+// range; unprivileged, processes are recognised by their pid namespace.
+func assertNoSandboxProcesses(t *testing.T) {
+	t.Helper()
+	self, _ := os.Readlink("/proc/self/ns/pid")
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		var left []string
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			if e.Name()[0] < '0' || e.Name()[0] > '9' {
+				continue
+			}
+			ns, err := os.Readlink("/proc/" + e.Name() + "/ns/pid")
+			if err != nil || ns == self {
+				continue
+			}
+			st, _ := os.ReadFile("/proc/" + e.Name() + "/status")
+			if bytes.Contains(st, []byte("Uid:\t3")) || os.Geteuid() != 0 {
+				left = append(left, e.Name())
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox processes left on the host: %v", left)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
