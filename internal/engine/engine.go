@@ -306,6 +306,10 @@ func (e *Engine) finish(ctx, runCtx context.Context, start time.Time, stdout, st
 		if res != nil {
 			r.Error = res.Error
 		}
+	case res == nil && exit.Signal == 0 && exit.Code > 0:
+		// os._exit() or a crash inside the interpreter that still exited.
+		r.Status, r.ExitCode = StatusError, exit.Code
+		r.Message = fmt.Sprintf("the Python process exited with code %d before the code finished (os._exit?)", exit.Code)
 	case res == nil:
 		r.Status, r.ExitCode = StatusKilled, exitCode(nil, exit)
 		r.Message = "the Python process died before finishing"
