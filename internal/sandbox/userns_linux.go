@@ -8,13 +8,18 @@ import (
 // userNSHint explains why this machine may refuse unprivileged user
 // namespaces, from the knobs that distributions use to restrict them.
 func userNSHint() string {
-	read := func(p string) string {
+	return userNSHintFrom(func(p string) string {
 		b, err := os.ReadFile(p)
 		if err != nil {
 			return ""
 		}
 		return strings.TrimSpace(string(b))
-	}
+	})
+}
+
+// userNSHintFrom is userNSHint with the sysctl reader passed in, so every
+// branch can be tested on any machine.
+func userNSHintFrom(read func(string) string) string {
 	switch {
 	case read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
 		return "AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1, as on Ubuntu 24.04): " +
