@@ -44,6 +44,9 @@ type ScriptMetadata struct {
 //
 // It returns nil, nil when there is no such block. Blocks of other types are
 // ignored, as are unknown keys (such as [tool.*] tables) inside the block.
+// As PEP 723 requires, each dependency must be a valid PEP 508 requirement
+// and requires-python a valid version specifier set; anything else is an
+// error, as is a second script block.
 //
 // Blocks are found exactly as the reference regular expression in PEP 723
 // finds them,
@@ -61,7 +64,9 @@ func ParseScriptMetadata(code string) (*ScriptMetadata, error) {
 	var found []block
 	for b := range findBlocks(code) {
 		if b.typ == "script" {
-			found = append(found, b)
+			if found = append(found, b); len(found) == 2 {
+				break // enough to report the duplicate
+			}
 		}
 	}
 	switch len(found) {
@@ -193,8 +198,8 @@ func decodeMetadata(content string, b block) (*ScriptMetadata, error) {
 	if line, msg := checkTOMLShape(content); msg != "" {
 		return nil, fmt.Errorf("pep723: line %d: %s", b.start+line, msg)
 	}
-	var raw map[string]any
-	if _, err := toml.Decode(content, &raw); err != nil {
+	raw, err := decodeTOML(content)
+	if err != nil {
 		var perr toml.ParseError
 		if errors.As(err, &perr) {
 			// Content line n is source line start+n.
@@ -235,6 +240,20 @@ func decodeMetadata(content string, b block) (*ScriptMetadata, error) {
 		}
 	}
 	return md, nil
+}
+
+// decodeTOML wraps toml.Decode. The TOML parser reports syntax errors
+// through panics it recovers itself, and re-panics anything else; since its
+// input comes from an agent, a bug there must become an error, not a crash
+// of the server.
+func decodeTOML(content string) (raw map[string]any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			raw, err = nil, fmt.Errorf("toml parser failed: %v", r)
+		}
+	}()
+	_, err = toml.Decode(content, &raw)
+	return raw, err
 }
 
 // keyLine returns the source line where a top-level key is set, or the

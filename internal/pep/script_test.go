@@ -222,9 +222,8 @@ func TestParseScriptMetadataLinear(t *testing.T) {
 		"# /// script\n# " + strings.Repeat("a.", 30_000) + "b = 1\n# ///\n",
 	} {
 		start := time.Now()
-		if _, err := ParseScriptMetadata(code); err != nil && !strings.Contains(err.Error(), "too large") {
-			t.Errorf("ParseScriptMetadata: %v", err)
-		}
+		// Only the time matters here; some of these are errors.
+		ParseScriptMetadata(code)
 		if d := time.Since(start); d > 2*time.Second {
 			t.Errorf("ParseScriptMetadata on %d bytes took %v", len(code), d)
 		}
