@@ -172,7 +172,11 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 	case sandbox.KindNative:
 		backend = sandbox.NewNative()
 	case sandbox.KindBwrap:
-		return nil, fmt.Errorf("bwrap: TODO")
+		b, err := sandbox.NewBwrap()
+		if err != nil {
+			return nil, err
+		}
+		backend = b
 	case sandbox.KindNone:
 		backend = sandbox.None{}
 	}

@@ -34,7 +34,10 @@ import (
 // sandbox's own) and execs bwrap, so bwrap and everything it starts are
 // limited from their first instruction. bwrap then creates the namespaces,
 // builds the root from read-only binds and tmpfs, drops every capability,
-// installs our seccomp filter and execs the interpreter.
+// installs our seccomp filter and execs the interpreter. Its options travel
+// in a memory file (--args), so the host's ps shows no environment; its own
+// error messages are held back from the sandbox's stderr until the
+// interpreter has been exec'd, and become Start's error otherwise.
 //
 // What differs from Native, and why:
 //   - /tmp, /work and /dev/shm are three tmpfs of TmpBytes each, not one
@@ -52,10 +55,12 @@ import (
 //     not our child, so its rusage never reaches us.
 //   - A root server runs bwrap as a per-sandbox host uid (like Native's
 //     worker), so bind sources such as an interpreter prefix under /root must
-//     be readable by other users. A non-root server's RLIMIT_NPROC counts
-//     every task of its uid (bwrap creates the user namespace only after the
-//     limit is set), so it is left to the pids cgroup when there is one.
+//     be readable by other users.
 //   - /dev also has bwrap's tty and pts nodes.
+//   - bwrap's pid 1 arms its parent-death signal only after setup: if the
+//     server dies in the milliseconds between bwrap's clone and then, the
+//     sandbox runs on to its end (still under its rlimits and cgroup) rather
+//     than being killed at once.
 type Bwrap struct {
 	path    string
 	version string
@@ -88,7 +93,8 @@ const (
 var bwrapRequired = []string{
 	"--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop",
 	"--clearenv", "--setenv", "--args", "--ro-bind", "--ro-bind-data", "--symlink", "--perms",
-	"--size", "--tmpfs", "--remount-ro", "--seccomp", "--json-status-fd", "--hostname", "--chdir",
+	"--size", "--tmpfs", "--remount-ro", "--seccomp", "--json-status-fd", "--block-fd",
+	"--hostname", "--chdir",
 }
 
 // NewBwrap finds bwrap and checks that it has every option the backend
@@ -143,6 +149,9 @@ func (b *Bwrap) Kind() Kind { return KindBwrap }
 func (b *Bwrap) Path() string    { return b.path }
 func (b *Bwrap) Version() string { return b.version }
 
+// Cgroups reports the cgroup support measured at construction.
+func (b *Bwrap) Cgroups() cgroup.Info { return b.cgroups }
+
 // CgroupSupport reports which cgroup limits this backend applies.
 func (b *Bwrap) CgroupSupport() (mem, pids bool, mode, reason string) {
 	return b.cgroups.Memory, b.cgroups.Pids, string(b.cgroups.Mode), b.cgroups.Reason
@@ -169,7 +178,8 @@ const (
 	bwrapFDStatus    = 5 // --json-status-fd: child pid, then the exit code if the interpreter was exec'd
 	bwrapFDArgs      = 6 // --args: every option, NUL-separated
 	bwrapFDSeccomp   = 7 // --seccomp: struct sock_filter[]
-	bwrapFDFirstData = 8 // --ro-bind-data sources
+	bwrapFDBlock     = 8 // --block-fd: the sandbox waits here for its RLIMIT_NPROC
+	bwrapFDFirstData = 9 // --ro-bind-data sources
 )
 
 // bwrapPlan is what Start hands bwrap: its options and the contents of the
@@ -203,6 +213,7 @@ func (b *Bwrap) plan(spec *Spec) (*bwrapPlan, error) {
 		"--cap-drop", "ALL", "--hostname", "pysandbox",
 		"--json-status-fd", strconv.Itoa(bwrapFDStatus),
 		"--seccomp", strconv.Itoa(bwrapFDSeccomp),
+		"--block-fd", strconv.Itoa(bwrapFDBlock),
 		"--clearenv")
 	for _, kv := range spec.Env {
 		k, v, ok := strings.Cut(kv, "=")
@@ -277,8 +288,8 @@ func seccompBytes() ([]byte, error) {
 	return out, nil
 }
 
-// memfile returns a sealed-off copy of data that bwrap can read from the
-// start: an anonymous memory file, so no pipe buffer can fill up.
+// memfile returns data in an anonymous memory file positioned at its start,
+// for bwrap to read: unlike a pipe, it never blocks the writer.
 func memfile(name string, data []byte) (*os.File, error) {
 	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
 	if err != nil {
@@ -296,20 +307,29 @@ func memfile(name string, data []byte) (*os.File, error) {
 	return f, nil
 }
 
-// shimRlimits are Native's rlimits, less RLIMIT_NPROC where it would count
-// more than this sandbox (see the type comment).
-func (b *Bwrap) shimRlimits(l Limits) []rlimit {
-	all := rlimits(l, b.cgroups)
-	if b.root || !b.cgroups.Pids {
-		return all
-	}
-	out := all[:0:0]
-	for _, r := range all {
-		if r.Resource != unix.RLIMIT_NPROC {
-			out = append(out, r)
+// splitRlimits splits Native's rlimits into those the shim sets and
+// RLIMIT_NPROC.
+//
+// RLIMIT_NPROC is checked against the task count of the caller's uid in its
+// user namespace and in every ancestor, where the limit of each level is
+// the one its creator had when it created the namespace below. Set in the
+// shim, it thus also bounds the count of the uid in the host's namespace.
+// For a root server that uid is the sandbox's own (see HostID), so the shim
+// sets it. For anyone else it is the server's uid, shared with the server
+// and all its sandboxes; then the server sets it on the sandbox's first
+// process once bwrap has cloned it into the new user namespace (and before
+// that process forks the interpreter: it waits on --block-fd), so it counts
+// this sandbox only, as Native's does. (The server cannot do that for a
+// root server's sandbox without CAP_SYS_RESOURCE, which containers drop.)
+func splitRlimits(all []rlimit) (shim []rlimit, nproc *rlimit) {
+	for i := range all {
+		if all[i].Resource == unix.RLIMIT_NPROC {
+			nproc = &all[i]
+			continue
 		}
+		shim = append(shim, all[i])
 	}
-	return out
+	return shim, nproc
 }
 
 // Start starts spec's interpreter inside a new bwrap sandbox. It returns once
@@ -324,11 +344,12 @@ func (b *Bwrap) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 		return nil, err
 	}
 	s := &bwrapSandbox{
-		done:     make(chan struct{}),
-		initSeen: make(chan struct{}),
-		pidfd:    -1,
-		bwrap:    b.path,
-		stderr:   &stderrGate{},
+		done:       make(chan struct{}),
+		initSeen:   make(chan struct{}),
+		statusDone: make(chan struct{}),
+		pidfd:      -1,
+		bwrap:      b.path,
+		stderr:     &stderrGate{},
 	}
 	ok := false
 	defer func() {
@@ -337,7 +358,9 @@ func (b *Bwrap) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 		}
 	}()
 
-	// Descriptors the shim inherits; all closed here once it has them.
+	// Descriptors the shim inherits, in the order of fdControl, fdSetup and
+	// the bwrapFD* constants (ExtraFiles start at 3); all closed here once
+	// it has them.
 	var child []*os.File
 	defer func() {
 		for _, f := range child {
@@ -392,6 +415,12 @@ func (b *Bwrap) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 		return nil, err
 	}
 	child = append(child, filterFile)
+	blockR, blockW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	s.block = blockW
+	child = append(child, blockR)
 	for i, d := range p.data {
 		f, err := memfile("bwrap-data-"+strconv.Itoa(i), d)
 		if err != nil {
@@ -412,10 +441,14 @@ func (b *Bwrap) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 	extra := append([]*os.File(nil), child...)
 	child = append(child, stdoutW, stderrW)
 
+	shimLimits, nproc := rlimits(spec.Limits, b.cgroups), (*rlimit)(nil)
+	if !b.root {
+		shimLimits, nproc = splitRlimits(shimLimits)
+	}
 	cfg := &bwrapShimConfig{
 		Bwrap:   b.path,
 		Argv:    append([]string{"bwrap", "--args", strconv.Itoa(bwrapFDArgs), "--", spec.Python}, spec.Args...),
-		Rlimits: b.shimRlimits(spec.Limits),
+		Rlimits: shimLimits,
 		LastFD:  fdControl + len(extra) - 1,
 		Parent:  os.Getpid(),
 	}
@@ -457,10 +490,18 @@ func (b *Bwrap) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 	if out == nil {
 		out = io.Discard
 	}
-	s.copiers.Add(3)
+	s.pipes = []*os.File{stdoutR, stderrR}
+	s.status = statusR
 	go s.readStatus(statusR)
-	go drain(out, stdoutR)
-	go drain(s.stderr, stderrR)
+	s.copiers.Add(2)
+	go func() {
+		defer s.copiers.Done()
+		drain(out, stdoutR)
+	}()
+	go func() {
+		defer s.copiers.Done()
+		drain(s.stderr, stderrR)
+	}()
 	reads = nil
 	go s.reap()
 
@@ -489,7 +530,7 @@ func (b *Bwrap) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 		return nil, fmt.Errorf("sandbox: bwrap shim: %s", strings.TrimSpace(string(msg)))
 	}
 
-	if err := s.waitExec(ctx); err != nil {
+	if err := s.waitExec(ctx, nproc); err != nil {
 		return nil, s.setupError(err, cfg.HostID)
 	}
 	s.stderr.release(spec.Stderr)
@@ -503,7 +544,7 @@ func (b *Bwrap) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 // happened. So this watches that process's child (the future interpreter)
 // until it is no longer bwrap, and falls back to the final status when the
 // sandbox has already ended.
-func (s *bwrapSandbox) waitExec(ctx context.Context) error {
+func (s *bwrapSandbox) waitExec(ctx context.Context, nproc *rlimit) error {
 	timeout := time.NewTimer(bwrapSetupTimeout)
 	defer timeout.Stop()
 	bwrapFI, err := os.Stat(s.bwrap)
@@ -511,9 +552,10 @@ func (s *bwrapSandbox) waitExec(ctx context.Context) error {
 		return fmt.Errorf("sandbox: %w", err)
 	}
 	known := s.initSeen
+	pid := 0
 	delay := 500 * time.Microsecond
 	for {
-		if known == nil && s.execed(bwrapFI) {
+		if pid > 0 && s.execed(pid, bwrapFI) {
 			return nil
 		}
 		select {
@@ -524,6 +566,12 @@ func (s *bwrapSandbox) waitExec(ctx context.Context) error {
 			return errors.New("bwrap exited before it started the interpreter")
 		case <-known:
 			known = nil
+			s.mu.Lock()
+			pid = s.initPid
+			s.mu.Unlock()
+			if err := s.unblock(pid, nproc); err != nil {
+				return err
+			}
 			continue
 		case <-ctx.Done():
 			return ctx.Err()
@@ -537,11 +585,27 @@ func (s *bwrapSandbox) waitExec(ctx context.Context) error {
 	}
 }
 
+// unblock gives the sandbox's first process its RLIMIT_NPROC, which the
+// interpreter inherits, and lets it go on to fork the interpreter.
+func (s *bwrapSandbox) unblock(pid int, nproc *rlimit) error {
+	if nproc != nil {
+		lim := unix.Rlimit{Cur: nproc.Cur, Max: nproc.Max}
+		if err := unix.Prlimit(pid, nproc.Resource, &lim, nil); err != nil {
+			return fmt.Errorf("sandbox: RLIMIT_NPROC of the sandbox: %w", os.NewSyscallError("prlimit", err))
+		}
+	}
+	if _, err := s.block.Write([]byte{0}); err != nil {
+		return fmt.Errorf("sandbox: release bwrap: %w", err)
+	}
+	s.block.Close()
+	return nil
+}
+
 // execed reports whether a child of the sandbox's pid 1 runs something other
 // than bwrap. bwrap forks that child after all of its setup and execs the
 // interpreter in it right away.
-func (s *bwrapSandbox) execed(bwrapFI os.FileInfo) bool {
-	for _, pid := range childPids(s.initPid) {
+func (s *bwrapSandbox) execed(init int, bwrapFI os.FileInfo) bool {
+	for _, pid := range childPids(init) {
 		dir := "/proc/" + strconv.Itoa(pid)
 		if fi, err := os.Stat(dir + "/exe"); err == nil {
 			if !os.SameFile(fi, bwrapFI) {
@@ -605,6 +669,9 @@ func (s *bwrapSandbox) setupError(cause error, hostID int) error {
 	}
 	s.Kill()
 	<-s.done
+	if errors.Is(cause, context.Canceled) || errors.Is(cause, context.DeadlineExceeded) {
+		return fmt.Errorf("sandbox: bwrap: %w", cause)
+	}
 	msg := strings.TrimSpace(s.stderr.held())
 	if msg == "" {
 		return fmt.Errorf("sandbox: bwrap: %w", cause)
@@ -624,15 +691,20 @@ type bwrapSandbox struct {
 	cg    *cgroup.Group
 	ctrl  net.Conn
 
+	block *os.File // write end of bwrap's --block-fd
+
 	mu      sync.Mutex
 	cmd     *exec.Cmd // the shim, then bwrap's monitor process
 	initPid int       // the sandbox's pid 1, in our pid namespace
 	pidfd   int       // a pidfd of initPid, or -1
 
-	initSeen chan struct{} // closed once initPid is known
-	execOK   atomic.Bool   // bwrap reported an exit code: the interpreter was exec'd
-	stderr   *stderrGate
-	copiers  sync.WaitGroup // status reader and output copies
+	initSeen   chan struct{} // closed once initPid is known
+	status     *os.File      // read end of bwrap's --json-status-fd
+	statusDone chan struct{} // closed when it has been read to the end
+	execOK     atomic.Bool   // bwrap reported an exit code: the interpreter was exec'd
+	stderr     *stderrGate
+	pipes      []*os.File     // read ends of stdout and stderr
+	copiers    sync.WaitGroup // their copies
 
 	done      chan struct{} // closed when everything has exited and been read
 	exit      Exit
@@ -646,7 +718,7 @@ func (s *bwrapSandbox) Control() net.Conn { return s.ctrl }
 // sandbox's first pid and, when the interpreter was exec'd, a last one with
 // its exit code.
 func (s *bwrapSandbox) readStatus(r *os.File) {
-	defer s.copiers.Done()
+	defer close(s.statusDone)
 	defer r.Close()
 	dec := json.NewDecoder(r)
 	for {
@@ -727,8 +799,16 @@ func (s *bwrapSandbox) waitInit(timeout time.Duration) {
 
 func (s *bwrapSandbox) reap() {
 	err := s.cmd.Wait()
-	// bwrap's monitor has exited: its pid 1 has a death signal for that,
-	// but do not wait for it to be delivered.
+	// Only bwrap's monitor held the status descriptor, so it ends now, and
+	// with it the last chance to learn the sandbox's pid 1.
+	select {
+	case <-s.statusDone:
+	case <-time.After(bwrapDrainTimeout):
+		s.status.Close()
+		<-s.statusDone
+	}
+	// The monitor has exited: pid 1 has a death signal for that, but do not
+	// wait for it to be delivered.
 	s.killInit()
 	s.waitInit(bwrapDrainTimeout)
 	e := Exit{Code: -1}
@@ -769,7 +849,10 @@ func (s *bwrapSandbox) reap() {
 	case <-time.After(bwrapDrainTimeout):
 		// Something outside the sandbox holds a pipe open (it cannot be a
 		// process of the sandbox: they are all gone). Stop copying.
-		s.stderr.stop()
+		for _, f := range s.pipes {
+			f.Close()
+		}
+		<-copied
 	}
 	s.exit = e
 	close(s.done)
@@ -807,6 +890,10 @@ func (s *bwrapSandbox) Close() error {
 		if s.ctrl != nil {
 			s.ctrl.Close()
 		}
+		if s.block != nil {
+			// Only now: on EOF bwrap would go on without RLIMIT_NPROC.
+			s.block.Close()
+		}
 		s.mu.Lock()
 		if s.pidfd >= 0 {
 			unix.Close(s.pidfd)
@@ -843,28 +930,21 @@ func drain(w io.Writer, r *os.File) {
 // until then it can only be bwrap's own error messages, which belong in
 // Start's error.
 type stderrGate struct {
-	mu      sync.Mutex
-	buf     bytes.Buffer
-	out     io.Writer
-	open    bool
-	stopped bool
-	wg      *sync.WaitGroup
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	out  io.Writer
+	open bool
 }
 
 func (g *stderrGate) Write(p []byte) (int, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	switch {
-	case g.stopped:
-		return 0, io.ErrClosedPipe
-	case g.open:
-		if g.out != nil {
-			if _, err := g.out.Write(p); err != nil {
-				g.out = nil
-			}
-		}
-	default:
+	if !g.open {
 		g.buf.Write(p)
+	} else if g.out != nil {
+		if _, err := g.out.Write(p); err != nil {
+			g.out = nil
+		}
 	}
 	return len(p), nil
 }
@@ -891,12 +971,6 @@ func (g *stderrGate) held() string {
 		b = b[:max]
 	}
 	return string(b)
-}
-
-func (g *stderrGate) stop() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.stopped = true
 }
 
 // bwrapShim is the re-executed shim: it applies the limits bwrap cannot and

@@ -20,6 +20,9 @@ import (
 // sandbox up and execs the worker, and never returns; everywhere else it
 // returns at once.
 func InitMain() {
+	if len(os.Args) > 0 && os.Args[0] == bwrapShimArg0 {
+		bwrapShim() // the bwrap backend's shim; never returns
+	}
 	if len(os.Args) == 0 || os.Args[0] != initArg0 {
 		return
 	}
