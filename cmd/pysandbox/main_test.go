@@ -96,6 +96,16 @@ func TestCheckCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "posture: SANDBOXED") {
 		t.Fatalf("code %d\n%s\n%s", code, out, errOut)
 	}
+	if _, err := exec.LookPath("bwrap"); err == nil {
+		out, errOut, code = runBin(t, "", "check", "--sandbox", "bwrap")
+		if code != 0 || !strings.Contains(out, "posture: SANDBOXED") {
+			t.Fatalf("--sandbox bwrap: code %d\n%s\n%s", code, out, errOut)
+		}
+		out, errOut, code = runBin(t, "import os\nprint(os.getuid())\n", "run", "--sandbox", "bwrap", "-")
+		if code != 0 || out != "1000\n" {
+			t.Fatalf("run --sandbox bwrap: code %d %q %q", code, out, errOut)
+		}
+	}
 	out, _, code = runBin(t, "", "check", "--sandbox", "none")
 	if code != 0 || !strings.Contains(out, "posture: UNSANDBOXED") {
 		t.Fatalf("--sandbox none: code %d\n%s", code, out)
