@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -51,7 +52,13 @@ const (
 )
 
 var (
-	uidCounter atomic.Uint32
+	// uidCounter starts at a random point so that two server processes on
+	// one host are unlikely to hand out the same uid at the same time.
+	uidCounter = func() *atomic.Uint32 {
+		var c atomic.Uint32
+		c.Store(rand.Uint32())
+		return &c
+	}()
 	sandboxSeq atomic.Uint64
 )
 
@@ -158,6 +165,10 @@ func (n *Native) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 	}
 	s.cmd = cmd
 	go s.reap()
+	// The run's deadline and cancellation hold during setup too: killing
+	// the init ends every read below, and the deferred Close cleans up.
+	stop := context.AfterFunc(ctx, func() { cmd.Process.Kill() })
+	defer stop()
 	setupChild.Close()
 	if s.cg != nil {
 		if err := s.cg.AddProc(cmd.Process.Pid); err != nil {
@@ -173,6 +184,9 @@ func (n *Native) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 	msg, err := io.ReadAll(io.LimitReader(setupParent, 64<<10))
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: read init status: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	if len(msg) > 0 {
 		return nil, fmt.Errorf("sandbox: set up: %s", strings.TrimSpace(string(msg)))

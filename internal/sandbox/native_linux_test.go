@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -26,6 +27,13 @@ func startPy(t *testing.T, lim Limits, code string) (Exit, string, string) {
 		t.Fatal(err)
 	}
 	defer sb.Close()
+	// Remember the sandbox's pid namespace: after Wait, no process on the
+	// host may still be in it.
+	pidNS, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", sb.(*nativeSandbox).cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { assertNamespaceEmpty(t, pidNS) })
 	done := make(chan Exit, 1)
 	go func() { done <- sb.Wait() }()
 	select {
@@ -117,7 +125,6 @@ func TestNativeNoLeftovers(t *testing.T) {
 	if after := mountCount(t); after != before {
 		t.Errorf("host mounts went from %d to %d", before, after)
 	}
-	assertNoSandboxProcesses(t)
 }
 
 func TestNativeMemoryLimit(t *testing.T) {
@@ -147,7 +154,17 @@ func TestNativeStartErrors(t *testing.T) {
 	if _, err := NewNative().Start(ctx, &Spec{Python: "/usr/bin/python3"}); err == nil {
 		t.Error("cancelled context: no error")
 	}
-	assertNoSandboxProcesses(t)
+	// A deadline that passes during setup ends Start with the context's
+	// error, and leaves nothing behind.
+	before := mountCount(t)
+	ctx, cancel = context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	if _, err := NewNative().Start(ctx, &Spec{Python: "/usr/bin/python3", Prefix: "/usr", Limits: small}); err == nil {
+		t.Error("expired deadline during setup: no error")
+	}
+	if after := mountCount(t); after != before {
+		t.Errorf("host mounts went from %d to %d", before, after)
+	}
 }
 
 func mountCount(t *testing.T) int {
@@ -158,26 +175,16 @@ func mountCount(t *testing.T) int {
 	return bytes.Count(b, []byte("\n"))
 }
 
-// assertNoSandboxProcesses fails if any process of a sandbox is still
-// alive on the host. As root every sandbox runs as a host uid from its own
-// range; unprivileged, processes are recognised by their pid namespace.
-func assertNoSandboxProcesses(t *testing.T) {
+// assertNamespaceEmpty fails if any process on the host is still in the
+// given pid namespace.
+func assertNamespaceEmpty(t *testing.T, pidNS string) {
 	t.Helper()
-	self, _ := os.Readlink("/proc/self/ns/pid")
 	deadline := time.Now().Add(2 * time.Second)
 	for {
 		var left []string
 		entries, _ := os.ReadDir("/proc")
 		for _, e := range entries {
-			if e.Name()[0] < '0' || e.Name()[0] > '9' {
-				continue
-			}
-			ns, err := os.Readlink("/proc/" + e.Name() + "/ns/pid")
-			if err != nil || ns == self {
-				continue
-			}
-			st, _ := os.ReadFile("/proc/" + e.Name() + "/status")
-			if bytes.Contains(st, []byte("Uid:\t3")) || os.Geteuid() != 0 {
+			if ns, err := os.Readlink("/proc/" + e.Name() + "/ns/pid"); err == nil && ns == pidNS {
 				left = append(left, e.Name())
 			}
 		}
@@ -185,7 +192,7 @@ func assertNoSandboxProcesses(t *testing.T) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("sandbox processes left on the host: %v", left)
+			t.Fatalf("processes of the sandbox (%s) left on the host: %v", pidNS, left)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
