@@ -377,16 +377,12 @@ func (b *Bwrap) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 		}
 	}()
 
-	ctrlParent, ctrlChild, err := socketpair()
+	var ctrlChild *os.File
+	s.ctrl, ctrlChild, err = controlSocket()
 	if err != nil {
 		return nil, err
 	}
 	child = append(child, ctrlChild)
-	s.ctrl, err = net.FileConn(ctrlParent)
-	ctrlParent.Close()
-	if err != nil {
-		return nil, fmt.Errorf("sandbox: control socket: %w", err)
-	}
 	setupParent, setupChild, err := socketpair()
 	if err != nil {
 		return nil, err

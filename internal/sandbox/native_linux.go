@@ -78,17 +78,13 @@ func (n *Native) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 			s.Close()
 		}
 	}()
-
-	ctrlParent, ctrlChild, err := socketpair()
+	var ctrlChild *os.File
+	var err error
+	s.ctrl, ctrlChild, err = controlSocket()
 	if err != nil {
 		return nil, err
 	}
 	defer ctrlChild.Close()
-	s.ctrl, err = net.FileConn(ctrlParent)
-	ctrlParent.Close()
-	if err != nil {
-		return nil, fmt.Errorf("sandbox: control socket: %w", err)
-	}
 	setupParent, setupChild, err := socketpair()
 	if err != nil {
 		return nil, err
@@ -355,14 +351,6 @@ func rlimits(l Limits, cg cgroup.Info) []rlimit {
 	return out
 }
 
-func socketpair() (*os.File, *os.File, error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, nil, fmt.Errorf("sandbox: %w", os.NewSyscallError("socketpair", err))
-	}
-	return os.NewFile(uintptr(fds[0]), "socket"), os.NewFile(uintptr(fds[1]), "socket"), nil
-}
-
 type nativeSandbox struct {
 	cmd  *exec.Cmd
 	cg   *cgroup.Group
@@ -377,20 +365,8 @@ type nativeSandbox struct {
 func (s *nativeSandbox) Control() net.Conn { return s.ctrl }
 
 func (s *nativeSandbox) reap() {
-	err := s.cmd.Wait()
-	e := Exit{Code: -1}
-	if ps := s.cmd.ProcessState; ps != nil {
-		e.Code = ps.ExitCode()
-		if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			e.Signal = ws.Signal()
-		}
-		if ru, ok := ps.SysUsage().(*syscall.Rusage); ok {
-			e.PeakMemoryBytes = ru.Maxrss * 1024
-			e.CPUTime = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-		}
-	} else if err != nil {
-		e.Code = -1
-	}
+	s.cmd.Wait()
+	e := exitOf(s.cmd.ProcessState)
 	if s.cg != nil {
 		// pid 1 is gone, so is everything else in its namespace; the cgroup
 		// kill only makes sure before we read the final figures.

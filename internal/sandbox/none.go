@@ -56,16 +56,12 @@ func (None) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 	if err := os.Mkdir(work, 0o755); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	ctrlParent, ctrlChild, err := socketpair()
+	var ctrlChild *os.File
+	s.ctrl, ctrlChild, err = controlSocket()
 	if err != nil {
 		return nil, err
 	}
 	defer ctrlChild.Close()
-	s.ctrl, err = net.FileConn(ctrlParent)
-	ctrlParent.Close()
-	if err != nil {
-		return nil, fmt.Errorf("sandbox: control socket: %w", err)
-	}
 	cmd := exec.Command(spec.Python, args...)
 	cmd.Env = spec.Env
 	cmd.Dir = work
@@ -103,17 +99,7 @@ func (s *noneSandbox) Control() net.Conn { return s.ctrl }
 
 func (s *noneSandbox) reap() {
 	s.cmd.Wait()
-	e := Exit{Code: -1}
-	if ps := s.cmd.ProcessState; ps != nil {
-		e.Code = ps.ExitCode()
-		if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			e.Signal = ws.Signal()
-		}
-		if ru, ok := ps.SysUsage().(*syscall.Rusage); ok {
-			e.PeakMemoryBytes = ru.Maxrss * 1024
-			e.CPUTime = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-		}
-	}
+	e := exitOf(s.cmd.ProcessState)
 	// Take the rest of the group down with the worker.
 	syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 	s.exit = e

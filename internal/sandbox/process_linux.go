@@ -1,0 +1,53 @@
+package sandbox
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func socketpair() (*os.File, *os.File, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sandbox: %w", os.NewSyscallError("socketpair", err))
+	}
+	return os.NewFile(uintptr(fds[0]), "socket"), os.NewFile(uintptr(fds[1]), "socket"), nil
+}
+
+// controlSocket makes the worker's control channel: the Go end as a
+// net.Conn, and the end to pass to the child as fd 3.
+func controlSocket() (net.Conn, *os.File, error) {
+	parent, child, err := socketpair()
+	if err != nil {
+		return nil, nil, err
+	}
+	conn, err := net.FileConn(parent)
+	parent.Close()
+	if err != nil {
+		child.Close()
+		return nil, nil, fmt.Errorf("sandbox: control socket: %w", err)
+	}
+	return conn, child, nil
+}
+
+// exitOf reads how a directly started process ended. Resource figures
+// from rusage are a fallback for when no cgroup measured them.
+func exitOf(ps *os.ProcessState) Exit {
+	e := Exit{Code: -1}
+	if ps == nil {
+		return e
+	}
+	e.Code = ps.ExitCode()
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		e.Signal = ws.Signal()
+	}
+	if ru, ok := ps.SysUsage().(*syscall.Rusage); ok {
+		e.PeakMemoryBytes = ru.Maxrss * 1024
+		e.CPUTime = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	return e
+}
