@@ -827,14 +827,7 @@ func (s *bwrapSandbox) reap() {
 	} else if err != nil {
 		e.Code = -1
 	}
-	if s.cg != nil {
-		s.cg.Kill()
-		if st, err := s.cg.Stats(); err == nil {
-			e.PeakMemoryBytes = st.MemoryPeakBytes
-			e.CPUTime = st.CPUUsage
-		}
-		e.OOMKilled = s.cg.OOMKilled()
-	}
+	finalFigures(s.cg, &e)
 	copied := make(chan struct{})
 	go func() {
 		s.copiers.Wait()

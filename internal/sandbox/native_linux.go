@@ -367,20 +367,8 @@ func (s *nativeSandbox) Control() net.Conn { return s.ctrl }
 func (s *nativeSandbox) reap() {
 	s.cmd.Wait()
 	e := exitOf(s.cmd.ProcessState)
-	if s.cg != nil {
-		// pid 1 is gone, so is everything else in its namespace; the cgroup
-		// kill only makes sure before we read the final figures.
-		s.cg.Kill()
-		if st, err := s.cg.Stats(); err == nil {
-			if st.MemoryPeakBytes > 0 {
-				e.PeakMemoryBytes = st.MemoryPeakBytes
-			}
-			if st.CPUUsage > 0 {
-				e.CPUTime = st.CPUUsage
-			}
-		}
-		e.OOMKilled = s.cg.OOMKilled()
-	}
+	// pid 1 is gone, so is everything else in its namespace.
+	finalFigures(s.cg, &e)
 	s.exit = e
 	close(s.done)
 }

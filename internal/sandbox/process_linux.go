@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/pysandbox/pysandbox/internal/sandbox/cgroup"
 )
 
 func socketpair() (*os.File, *os.File, error) {
@@ -50,4 +52,23 @@ func exitOf(ps *os.ProcessState) Exit {
 		e.CPUTime = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	return e
+}
+
+// finalFigures completes e from the sandbox's cgroup, when it has one: the
+// kill makes sure nothing is left before the figures are read, and the
+// cgroup's numbers cover every process, not just the one we waited for.
+func finalFigures(cg *cgroup.Group, e *Exit) {
+	if cg == nil {
+		return
+	}
+	cg.Kill()
+	if st, err := cg.Stats(); err == nil {
+		if st.MemoryPeakBytes > 0 {
+			e.PeakMemoryBytes = st.MemoryPeakBytes
+		}
+		if st.CPUUsage > 0 {
+			e.CPUTime = st.CPUUsage
+		}
+	}
+	e.OOMKilled = cg.OOMKilled()
 }
