@@ -180,6 +180,10 @@ func (e *Engine) spec(oneshot bool, stdout, stderr io.Writer) *sandbox.Spec {
 	}
 }
 
+// RunSpec is the sandbox spec of a one-shot run (output writers unset):
+// the warm pool prepares sandboxes for exactly this spec.
+func (e *Engine) RunSpec() *sandbox.Spec { return e.spec(true, nil, nil) }
+
 // workerEnv is the whole environment of the worker: nothing of the
 // server's leaks in.
 func workerEnv() []string {

@@ -827,7 +827,7 @@ func (s *bwrapSandbox) reap() {
 	} else if err != nil {
 		e.Code = -1
 	}
-	finalFigures(s.cg, &e)
+	FinalFigures(s.cg, &e)
 	copied := make(chan struct{})
 	go func() {
 		s.copiers.Wait()

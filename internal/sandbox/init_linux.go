@@ -82,7 +82,11 @@ func runInit(setup *os.File) error {
 	if cfg.Seccomp {
 		// Install also sets no_new_privs, which seccomp requires of an
 		// unprivileged process anyway.
-		if err := seccomp.Install(); err != nil {
+		profile := seccomp.Strict
+		if cfg.Zygote {
+			profile = seccomp.Zygote
+		}
+		if err := seccomp.InstallProfile(profile); err != nil {
 			return fmt.Errorf("sandbox init: %w", err)
 		}
 	} else if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {

@@ -40,6 +40,9 @@ type initConfig struct {
 	// unprivileged server maps only its own uid and starts the init as the
 	// sandbox user directly, with ambient capabilities for the setup.
 	DropToUID bool `json:"drop_to_uid"`
+	// Zygote relaxes the seccomp filter for a warm-pool zygote (see
+	// seccomp.Zygote); its children install the strict one themselves.
+	Zygote bool `json:"zygote,omitempty"`
 	// Seccomp installs the syscall filter; false only in tests of the
 	// layers below it.
 	Seccomp bool `json:"seccomp"`

@@ -232,6 +232,7 @@ func (n *Native) config(spec *Spec) (*initConfig, error) {
 		Files:     spec.Files,
 		Etc:       etcFiles(),
 		Seccomp:   n.seccomp,
+		Zygote:    spec.Zygote,
 		DropToUID: n.root,
 	}
 	if cfg.TmpBytes <= 0 {
@@ -368,7 +369,7 @@ func (s *nativeSandbox) reap() {
 	s.cmd.Wait()
 	e := exitOf(s.cmd.ProcessState)
 	// pid 1 is gone, so is everything else in its namespace.
-	finalFigures(s.cg, &e)
+	FinalFigures(s.cg, &e)
 	s.exit = e
 	close(s.done)
 }
@@ -405,4 +406,14 @@ func (s *nativeSandbox) Close() error {
 // CgroupSupport reports which cgroup limits this backend applies.
 func (n *Native) CgroupSupport() (mem, pids bool, mode, reason string) {
 	return n.cgroups.Memory, n.cgroups.Pids, string(n.cgroups.Mode), n.cgroups.Reason
+}
+
+// RlimitTriples lists the rlimits of a sandbox as {resource, soft, hard},
+// for a pooled worker that sets them on itself.
+func RlimitTriples(l Limits, cg cgroup.Info) [][3]uint64 {
+	var out [][3]uint64
+	for _, r := range rlimits(l, cg) {
+		out = append(out, [3]uint64{uint64(r.Resource), r.Cur, r.Max})
+	}
+	return out
 }

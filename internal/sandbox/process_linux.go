@@ -54,10 +54,10 @@ func exitOf(ps *os.ProcessState) Exit {
 	return e
 }
 
-// finalFigures completes e from the sandbox's cgroup, when it has one: the
+// FinalFigures completes e from the sandbox's cgroup, when it has one: the
 // kill makes sure nothing is left before the figures are read, and the
 // cgroup's numbers cover every process, not just the one we waited for.
-func finalFigures(cg *cgroup.Group, e *Exit) {
+func FinalFigures(cg *cgroup.Group, e *Exit) {
 	if cg == nil {
 		return
 	}

@@ -47,7 +47,9 @@ func buildRoot(cfg *initConfig) error {
 	if err := mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=16m,nr_inodes=4096,mode=0755"); err != nil {
 		return err
 	}
-	for _, d := range []string{"proc", "dev", "tmp", "work", "etc", ".pysandbox", ".scratch"} {
+	// .pysandbox/scratch stays an empty mountpoint: a warm-pool child mounts
+	// its own scratch tmpfs there (see the worker's zygote mode).
+	for _, d := range []string{"proc", "dev", "tmp", "work", "etc", ".pysandbox", ".pysandbox/scratch", ".scratch"} {
 		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
 			return fmt.Errorf("sandbox init: %w", err)
 		}

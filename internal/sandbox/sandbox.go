@@ -72,6 +72,9 @@ type Spec struct {
 	Files []File
 	// Limits apply to the whole sandbox.
 	Limits Limits
+	// Zygote starts a warm-pool zygote: the seccomp filter lets it create
+	// namespaces and mounts for its children (internal/pool).
+	Zygote bool
 	// Stdout and Stderr receive the sandbox's output as it is written.
 	Stdout, Stderr io.Writer
 }

@@ -508,9 +508,308 @@ def _setup():
     return sock
 
 
-def main():
-    oneshot = "--oneshot" in sys.argv[1:]
+# ---------------------------------------------------------------- zygote
+#
+# The warm pool (internal/pool) starts one worker with --zygote inside a
+# normal sandbox whose seccomp filter still allows unshare and mount. It
+# imports the preloaded modules once and then only forks: it never runs user
+# code. Each fork becomes one single-use sandbox of its own:
+#
+#   zygote ──fork──▶ A: new user namespace (uid 1000 → the zygote's uid),
+#                       then new mount, net, ipc, uts and pid namespaces
+#                    └──fork──▶ B: pid 1 of the new pid namespace. It tells
+#                       the Go side its pid (SCM_CREDENTIALS, so the kernel
+#                       translates it to a host pid), waits until Go has put it
+#                       in its own cgroup, then mounts a fresh tmpfs on /tmp,
+#                       /work and /dev/shm and a fresh /proc, brings lo up,
+#                       sets rlimits, drops every capability, sets
+#                       no_new_privs, installs the strict seccomp filter and
+#                       serves requests as a one-shot worker.
+#
+# A only waits for B and mirrors its exit status for the zygote to report.
+# Killing B (pid 1) kills everything in the child's pid namespace.
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+SANDBOX_ID = 1000
+SCRATCH = "/.pysandbox/scratch"
+
+
+def _zygote_main():
+    import ctypes
+    import resource
+    import select
+    import signal
+    import struct
+
     sock = _setup()
+    rfile = sock.makefile("rb")
+    init = _loads(rfile.readline() or b"null")
+    if not isinstance(init, dict) or init.get("op") != "zygote":
+        return 2
+    loaded, failed = [], {}
+    for name in init.get("preload") or []:
+        try:
+            __import__(name)
+            loaded.append(name)
+        except BaseException as e:  # a broken module must not kill the pool
+            failed[name] = "%s: %s" % (type(e).__name__, _safe_str(e))
+    import base64
+
+    ctx = {
+        "libc": ctypes.CDLL(None, use_errno=True),
+        "seccomp": base64.b64decode(init["seccomp"]),
+        "ctypes": ctypes, "resource": resource, "struct": struct,
+    }
+    # Children are reaped here and reported; a pipe wakes the loop on SIGCHLD.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    v = sys.version_info
+    rss = 0
+    for line in _read_text("/proc/self/status").splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) * 1024
+    _send(sock, {"op": "zygote_ready", "pid": os.getpid(), "python": sys.version.split()[0],
+                 "version": [v[0], v[1]], "preloaded": loaded, "failed": failed, "rss_bytes": rss})
+    # Whatever importing allocated is shared copy-on-write with every child.
+    import gc
+
+    gc.collect()
+    if hasattr(gc, "freeze"):
+        gc.freeze()  # keeps the collector from dirtying shared pages in children
+    buf, pending = b"", []
+    while True:
+        ready, _, _ = select.select([sock, wake_r], [], [])
+        if wake_r in ready:
+            try:
+                os.read(wake_r, 4096)
+            except OSError:
+                pass
+            _reap(sock)
+        if sock not in ready:
+            continue
+        data, fds = _recv_with_fds(sock, ctx)
+        if not data:
+            return 0  # the pool is gone; children die with our sandbox
+        buf += data
+        pending += fds
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            # The Go side sends one spawn at a time and waits for its reply,
+            # so the descriptors received so far belong to this line.
+            fds, pending = pending, []
+            try:
+                req = _loads(line)
+            except ValueError:
+                req = None
+            if not isinstance(req, dict) or req.get("op") != "spawn" or len(fds) != 3:
+                for fd in fds:
+                    os.close(fd)
+                _send_error(sock, "", "expected a spawn request with 3 descriptors")
+                continue
+            pid = os.fork()
+            if pid == 0:
+                _child(req, fds, sock, wake_r, wake_w, ctx)  # never returns
+            for fd in fds:
+                os.close(fd)
+            _send(sock, {"op": "spawned", "id": req.get("id", ""), "pid": pid})
+
+
+def _recv_with_fds(sock, ctx):
+    struct = ctx["struct"]
+    size = socket.CMSG_SPACE(3 * struct.calcsize("i"))
+    data, anc, _, _ = sock.recvmsg(65536, size)
+    fds = []
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            n = len(payload) // struct.calcsize("i")
+            fds.extend(struct.unpack("%di" % n, payload[: n * struct.calcsize("i")]))
+    return data, fds
+
+
+def _reap(sock):
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        msg = {"op": "exited", "pid": pid}
+        if os.WIFSIGNALED(status):
+            msg["signal"] = os.WTERMSIG(status)
+        else:
+            msg["code"] = os.WEXITSTATUS(status)
+        _send(sock, msg)
+
+
+def _libc_check(ctx, ret, what):
+    if ret != 0:
+        err = ctx["ctypes"].get_errno()
+        raise OSError(err, "%s: %s" % (what, os.strerror(err)))
+
+
+def _child(req, fds, zsock, wake_r, wake_w, ctx):
+    """Runs in A, then in B. Never returns."""
+    import signal
+
+    global _PID
+
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        ctrl, out, err = fds
+        # fd 3 is the zygote's own channel in the zygote; dup2 replaces it,
+        # so the child never holds it, and everything else is closed below.
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.dup2(ctrl, CONTROL_FD)
+        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(null, 0)
+        os.closerange(CONTROL_FD + 1, 1 << 16)
+        libc = ctx["libc"]
+        uid, gid = os.geteuid(), os.getegid()
+        _libc_check(ctx, libc.unshare(CLONE_NEWUSER), "unshare(user)")
+        for path, text in (("/proc/self/setgroups", "deny"),
+                           ("/proc/self/uid_map", "%d %d 1" % (SANDBOX_ID, uid)),
+                           ("/proc/self/gid_map", "%d %d 1" % (SANDBOX_ID, gid))):
+            with open(path, "w") as f:
+                f.write(text)
+        _libc_check(ctx, libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC |
+                                      CLONE_NEWUTS | CLONE_NEWPID), "unshare(namespaces)")
+        pid = os.fork()
+        if pid != 0:
+            # A: keep nothing of the run's, wait, and mirror B's end.
+            for fd in (0, 1, 2, CONTROL_FD):
+                os.close(fd)
+            _, status = os.waitpid(pid, 0)
+            if os.WIFSIGNALED(status):
+                os.kill(os.getpid(), os.WTERMSIG(status))
+            os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+        _become_sandbox(req, ctx)
+    except BaseException as e:
+        try:
+            msg = ('{"op":"setup_error","message":%s}\n' % _dumps("%s: %s" % (type(e).__name__, e))).encode()
+            os.write(CONTROL_FD, msg)
+        except BaseException:
+            pass
+        os._exit(121)
+    _PID = os.getpid()
+    code = 1
+    try:
+        code = _serve(socket.socket(fileno=CONTROL_FD), req.get("oneshot", True) is not False)
+        import atexit
+
+        atexit._run_exitfuncs()
+    finally:
+        _flush_output()
+        # No interpreter teardown: the sandbox is about to be destroyed.
+        os._exit(code)
+
+
+def _become_sandbox(req, ctx):
+    """B, pid 1 of fresh namespaces: finish the sandbox around ourselves."""
+    libc, ctypes, struct = ctx["libc"], ctx["ctypes"], ctx["struct"]
+    sock = socket.socket(fileno=CONTROL_FD)
+    sock.set_inheritable(False)
+    # The kernel rewrites pid, uid and gid for the receiver's namespaces: Go
+    # learns our host pid without trusting anything we say.
+    creds = struct.pack("3i", os.getpid(), os.getuid(), os.getgid())
+    sock.sendmsg([b'{"op":"hello"}\n'], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds)])
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = sock.recv(1)
+        if not chunk:
+            os._exit(0)  # the pool gave up on us
+        line += chunk
+    if _loads(line).get("op") != "joined":
+        raise RuntimeError("unexpected message from the pool")
+    sock.detach()
+    # Now in our own cgroup: a cgroup namespace rooted there.
+    _libc_check(ctx, libc.unshare(CLONE_NEWCGROUP), "unshare(cgroup)")
+
+    def mount(src, target, fstype, flags, data=None):
+        _libc_check(ctx, libc.mount(src and src.encode(), target.encode(), fstype and fstype.encode(),
+                                    ctypes.c_ulong(flags), data and data.encode()), "mount " + target)
+
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    size = int(req.get("tmp_bytes") or (256 << 20))
+    mount("tmpfs", SCRATCH, "tmpfs", MS_NOSUID | MS_NODEV, "size=%d,nr_inodes=65536,mode=0755" % size)
+    for name, target, mode in (("tmp", "/tmp", 0o1777), ("work", "/work", 0o755), ("shm", "/dev/shm", 0o1777)):
+        path = SCRATCH + "/" + name
+        os.mkdir(path)
+        os.chmod(path, mode)
+        mount(path, target, None, MS_BIND)
+    _libc_check(ctx, libc.umount2(SCRATCH.encode(), MNT_DETACH), "umount " + SCRATCH)
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    socket.sethostname("pysandbox")
+    _loopback_up(struct)
+    resource = ctx["resource"]
+    for res, cur, mx in req.get("rlimits") or []:
+        resource.setrlimit(res, (cur, mx))
+    os.chdir("/work")
+    env = req.get("env")
+    if isinstance(env, dict):
+        os.environ.clear()
+        os.environ.update(env)
+    # Privileges last: nothing below may need them.
+    _libc_check(ctx, libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient caps")
+    last = int(_read_text("/proc/sys/kernel/cap_last_cap").strip() or 63)
+    for cap in range(last + 1):
+        _libc_check(ctx, libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop bounding cap")
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    hdr, data = Header(0x20080522, 0), (Data * 2)()
+    _libc_check(ctx, libc.capset(ctypes.byref(hdr), ctypes.byref(data)), "capset")
+    _libc_check(ctx, libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    prog = ctx["seccomp"]
+    filt = ctypes.create_string_buffer(prog, len(prog))
+    fprog = Fprog(len(prog) // 8, ctypes.cast(filt, ctypes.c_void_p))
+    _libc_check(ctx, libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+
+
+def _loopback_up(struct):
+    import fcntl
+
+    SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        ifr = fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sH22x", b"lo", 0))
+        flags = struct.unpack("16sH22x", ifr)[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+    finally:
+        s.close()
+
+
+
+def _serve(sock, oneshot):
+    """Answer requests until the Go side hangs up (or, one-shot, until the
+    first run is done). Returns the exit code."""
     _take_reserve()
     rfile = sock.makefile("rb")
     v = sys.version_info
@@ -557,6 +856,13 @@ def main():
             _send(sock, msg)
         else:
             _send_error(sock, rid, "unknown op %r" % (op,))
+
+
+def main():
+    if "--zygote" in sys.argv[1:]:
+        return _zygote_main()
+    oneshot = "--oneshot" in sys.argv[1:]
+    return _serve(_setup(), oneshot)
 
 
 if __name__ == "__main__":

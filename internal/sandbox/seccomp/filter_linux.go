@@ -1,6 +1,7 @@
 package seccomp
 
 import (
+	"encoding/binary"
 	"fmt"
 	"runtime"
 	"sort"
@@ -134,10 +135,30 @@ func Denied() []string {
 	return names
 }
 
-// Program returns the filter for the architecture the program runs on, ready
-// to be handed to seccomp(2).
-func Program() ([]bpf.RawInstruction, error) {
-	insns, err := instructions()
+// Profile selects a filter.
+type Profile int
+
+const (
+	// Strict is the filter every piece of user code runs under.
+	Strict Profile = iota
+	// Zygote is Strict minus the calls a warm-pool zygote needs to give each
+	// child its own sandbox: unshare (new namespaces), mount and umount2 (a
+	// fresh /tmp and /proc), and sethostname. The zygote never runs user
+	// code, and every child installs Strict on top before it does: filters
+	// stack, and the most restrictive verdict wins.
+	Zygote
+)
+
+// zygoteAllowed are the calls Zygote lets through.
+var zygoteAllowed = map[string]bool{"unshare": true, "mount": true, "umount2": true, "sethostname": true}
+
+// Program returns the Strict filter for the architecture the program runs
+// on, ready to be handed to seccomp(2).
+func Program() ([]bpf.RawInstruction, error) { return ProgramFor(Strict) }
+
+// ProgramFor returns the filter of a profile.
+func ProgramFor(p Profile) ([]bpf.RawInstruction, error) {
+	insns, err := instructions(p)
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +169,7 @@ func Program() ([]bpf.RawInstruction, error) {
 	return raw, nil
 }
 
-func instructions() ([]bpf.Instruction, error) {
+func instructions(p Profile) ([]bpf.Instruction, error) {
 	if native.audit == 0 {
 		return nil, fmt.Errorf("seccomp: unsupported architecture %s", runtime.GOARCH)
 	}
@@ -174,6 +195,9 @@ func instructions() ([]bpf.Instruction, error) {
 	// and a block that loads an argument always ends in a return.
 	names := make([]string, 0, len(native.denied))
 	for name := range native.denied {
+		if p == Zygote && zygoteAllowed[name] {
+			continue
+		}
 		names = append(names, name)
 	}
 	sort.Strings(names) // same program every time
@@ -218,4 +242,17 @@ func argIn(nr uint32, arg int, vals []uint32, match, other uint32) []bpf.Instruc
 		block = append(block, bpf.JumpIf{Cond: bpf.JumpEqual, Val: v, SkipTrue: uint8(n - i)})
 	}
 	return append(block, bpf.RetConstant{Val: other}, bpf.RetConstant{Val: match})
+}
+
+// Encode lays a program out as the kernel's struct sock_filter array
+// (u16 code, u8 jt, u8 jf, u32 k, in native byte order), for a process that
+// installs it itself with prctl(PR_SET_SECCOMP): the pool's forked workers.
+func Encode(prog []bpf.RawInstruction) []byte {
+	out := make([]byte, 0, 8*len(prog))
+	for _, in := range prog {
+		out = binary.NativeEndian.AppendUint16(out, in.Op)
+		out = append(out, in.Jt, in.Jf)
+		out = binary.NativeEndian.AppendUint32(out, in.K)
+	}
+	return out
 }

@@ -21,8 +21,11 @@ import (
 // no_new_privs is set per thread, and on kernels without seccomp(2) (before
 // 3.17) only the calling thread gets the filter, so the exec must come from
 // that thread.
-func Install() error {
-	filter, err := Program()
+func Install() error { return InstallProfile(Strict) }
+
+// InstallProfile is Install with the filter of profile p.
+func InstallProfile(p Profile) error {
+	filter, err := ProgramFor(p)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,224 @@
+package pool
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/pysandbox/pysandbox/internal/sandbox"
+	"github.com/pysandbox/pysandbox/internal/sandbox/cgroup"
+)
+
+// child is one single-use sandbox forked from the zygote. It implements
+// sandbox.Sandbox, so the engine drives it exactly like a cold sandbox.
+type child struct {
+	ctrl    *net.UnixConn
+	pidfd   int // pidfd of the run's pid 1, so a kill can never hit a recycled pid
+	hostPID int
+	cg      *cgroup.Group
+	exitc   chan exitStatus
+	stdout  switchWriter
+	stderr  switchWriter
+	pipes   []*os.File
+	copies  sync.WaitGroup
+	handed  atomic.Bool // given to a caller (not idle any more)
+	onIdleDeath func()
+
+	done      chan struct{}
+	exit      sandbox.Exit
+	closeOnce sync.Once
+}
+
+func (c *child) Control() net.Conn { return c.ctrl }
+
+// alive reports whether the child is still waiting for work.
+func (c *child) alive() bool {
+	select {
+	case <-c.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// attach routes the child's output to the run's writers.
+func (c *child) attach(stdout, stderr io.Writer) {
+	c.handed.Store(true)
+	c.stdout.set(stdout)
+	c.stderr.set(stderr)
+}
+
+// reap waits for the zygote to report the end of the child, then for its
+// output, then completes the figures from its cgroup.
+func (c *child) reap() {
+	st := <-c.exitc
+	e := sandbox.Exit{Code: st.Code}
+	if st.Signal != 0 {
+		e.Code, e.Signal = -1, unix.Signal(st.Signal)
+	}
+	waited := make(chan struct{})
+	go func() { c.copies.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-time.After(2 * time.Second):
+		// Every process of the run is dead (its pid 1 is); a pipe still
+		// open can only be ours. Stop copying.
+		for _, p := range c.pipes {
+			p.Close()
+		}
+		<-waited
+	}
+	sandbox.FinalFigures(c.cg, &e)
+	c.exit = e
+	close(c.done)
+	if !c.handed.Load() && c.onIdleDeath != nil {
+		c.onIdleDeath()
+	}
+}
+
+func (c *child) Wait() sandbox.Exit {
+	<-c.done
+	return c.exit
+}
+
+func (c *child) Kill() {
+	if c.pidfd > 0 {
+		// SIGKILL to pid 1 of the run's namespace takes every process in it.
+		unix.PidfdSendSignal(c.pidfd, unix.SIGKILL, nil, 0)
+	}
+	if c.cg != nil {
+		c.cg.Kill()
+	}
+}
+
+func (c *child) Close() error {
+	var err error
+	c.closeOnce.Do(func() {
+		c.Kill()
+		<-c.done
+		c.ctrl.Close()
+		if c.pidfd > 0 {
+			unix.Close(c.pidfd)
+		}
+		for _, p := range c.pipes {
+			p.Close()
+		}
+		if c.cg != nil {
+			err = c.cg.Delete()
+		}
+	})
+	return err
+}
+
+// switchWriter lets the output of a child that was started before its run
+// go to the run's writers once the run takes it.
+type switchWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *switchWriter) set(w io.Writer) {
+	s.mu.Lock()
+	s.w = w
+	s.mu.Unlock()
+}
+
+func (s *switchWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	w := s.w
+	s.mu.Unlock()
+	if w != nil {
+		w.Write(p)
+	}
+	return len(p), nil
+}
+
+// hello reads the child's first message: the kernel-attested credentials
+// that tell us its host pid.
+func hello(ctx context.Context, conn *net.UnixConn) (int, error) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(10 * time.Second)
+	}
+	conn.SetReadDeadline(deadline)
+	defer conn.SetReadDeadline(time.Time{})
+	buf := make([]byte, 4096)
+	oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred))
+	n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return 0, fmt.Errorf("pool: child did not start: %w", err)
+	}
+	if !bytes.HasPrefix(buf[:n], []byte(`{"op":"hello"}`)) {
+		return 0, fmt.Errorf("pool: child setup failed: %s", setupError(buf[:n]))
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return 0, errors.New("pool: child sent no credentials")
+	}
+	cred, err := unix.ParseUnixCredentials(&msgs[0])
+	if err != nil || cred.Pid <= 0 {
+		return 0, errors.New("pool: child sent no credentials")
+	}
+	return int(cred.Pid), nil
+}
+
+// awaitReady waits until the child has finished its setup, without
+// consuming the worker's "ready" message, which belongs to the engine.
+func awaitReady(ctx context.Context, conn *net.UnixConn) error {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(10 * time.Second)
+	}
+	conn.SetReadDeadline(deadline)
+	defer conn.SetReadDeadline(time.Time{})
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 512)
+	var n int
+	var rerr error
+	err = raw.Read(func(fd uintptr) bool {
+		n, _, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		if rerr == unix.EAGAIN {
+			return false // wait until readable
+		}
+		if rerr == nil && n > 0 && !bytes.Contains(buf[:n], []byte("\n")) && n < len(buf) {
+			return false // a partial line: wait for the rest
+		}
+		return true
+	})
+	if err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return fmt.Errorf("pool: child setup: %w", err)
+	}
+	if n == 0 {
+		return errors.New("pool: child exited during setup")
+	}
+	if !bytes.HasPrefix(buf[:n], []byte(`{"op":"ready"`)) {
+		return fmt.Errorf("pool: child setup failed: %s", setupError(buf[:n]))
+	}
+	return nil
+}
+
+func setupError(line []byte) string {
+	var m struct {
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(bytes.TrimSpace(line), &m) == nil && m.Message != "" {
+		return clip([]byte(m.Message))
+	}
+	return fmt.Sprintf("%q", clip(line))
+}

@@ -1,0 +1,250 @@
+package pool
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/pysandbox/pysandbox/internal/sandbox"
+	"github.com/pysandbox/pysandbox/internal/sandbox/seccomp"
+)
+
+// zygote is the Go side of one zygote worker: a sandboxed Python process
+// with the preloaded modules imported, which forks a child per request
+// (see the zygote section of worker.py). Everything it says is untrusted:
+// it runs inside a sandbox, next to the code it forks.
+type zygote struct {
+	sb   sandbox.Sandbox
+	conn *net.UnixConn
+
+	spawnMu sync.Mutex // one spawn in flight: descriptors travel with their line
+
+	mu      sync.Mutex
+	replies map[string]chan spawned // by request id
+	exits   map[int]chan exitStatus // by child pid (the zygote's view)
+	dead    error                   // set when the zygote is gone
+	done    chan struct{}
+
+	seq   atomic.Uint64
+	Ready zygoteReady
+}
+
+type zygoteReady struct {
+	Op        string            `json:"op"`
+	PID       int               `json:"pid"`
+	Python    string            `json:"python"`
+	Preloaded []string          `json:"preloaded"`
+	RSSBytes  int64             `json:"rss_bytes"`
+	Failed    map[string]string `json:"failed"`
+}
+
+type spawned struct {
+	pid  int
+	exit chan exitStatus
+}
+
+// exitStatus is how a child ended, as the zygote saw it (it mirrors the
+// run's pid 1).
+type exitStatus struct {
+	Code   int
+	Signal int
+}
+
+// spawnRequest is sent to the zygote; the descriptors go alongside.
+type spawnRequest struct {
+	Op       string            `json:"op"`
+	ID       string            `json:"id"`
+	TmpBytes int64             `json:"tmp_bytes"`
+	Rlimits  [][3]uint64       `json:"rlimits"`
+	Env      map[string]string `json:"env"`
+	Oneshot  bool              `json:"oneshot"`
+}
+
+// startZygote starts a zygote in a sandbox of backend and waits until it
+// has imported preload.
+func startZygote(ctx context.Context, backend sandbox.Backend, spec *sandbox.Spec, preload []string) (*zygote, error) {
+	sb, err := backend.Start(ctx, spec)
+	if err != nil {
+		return nil, fmt.Errorf("pool: start zygote: %w", err)
+	}
+	uc, ok := sb.Control().(*net.UnixConn)
+	if !ok {
+		sb.Close()
+		return nil, errors.New("pool: zygote control channel is not a Unix socket")
+	}
+	z := &zygote{sb: sb, conn: uc, replies: map[string]chan spawned{}, exits: map[int]chan exitStatus{}, done: make(chan struct{})}
+	prog, err := seccomp.Program()
+	if err != nil {
+		sb.Close()
+		return nil, err
+	}
+	init, _ := json.Marshal(map[string]any{"op": "zygote", "preload": preload, "seccomp": base64.StdEncoding.EncodeToString(seccomp.Encode(prog))})
+	if _, err := uc.Write(append(init, '\n')); err != nil {
+		sb.Close()
+		return nil, fmt.Errorf("pool: zygote init: %w", err)
+	}
+	r := bufio.NewReaderSize(uc, 64<<10)
+	readyc := make(chan error, 1)
+	go func() {
+		line, err := readLine(r)
+		if err == nil {
+			err = json.Unmarshal(line, &z.Ready)
+			if err == nil && z.Ready.Op != "zygote_ready" {
+				err = fmt.Errorf("unexpected %q", clip(line))
+			}
+		}
+		readyc <- err
+		if err == nil {
+			z.readLoop(r)
+		}
+	}()
+	select {
+	case err = <-readyc:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
+		sb.Close()
+		return nil, fmt.Errorf("pool: zygote did not start: %w", err)
+	}
+	return z, nil
+}
+
+// readLoop dispatches the zygote's messages until it goes away.
+func (z *zygote) readLoop(r *bufio.Reader) {
+	var err error
+	for {
+		var line []byte
+		line, err = readLine(r)
+		if err != nil {
+			break
+		}
+		var m struct {
+			Op     string `json:"op"`
+			ID     string `json:"id"`
+			PID    int    `json:"pid"`
+			Code   *int   `json:"code"`
+			Signal int    `json:"signal"`
+		}
+		if json.Unmarshal(line, &m) != nil {
+			continue
+		}
+		z.mu.Lock()
+		switch m.Op {
+		case "spawned":
+			if c, ok := z.replies[m.ID]; ok && m.PID > 0 {
+				delete(z.replies, m.ID)
+				// The exit channel exists before anyone can see the pid, so
+				// an early exit is never lost.
+				ex := make(chan exitStatus, 1)
+				z.exits[m.PID] = ex
+				c <- spawned{pid: m.PID, exit: ex}
+			}
+		case "exited":
+			if c, ok := z.exits[m.PID]; ok {
+				delete(z.exits, m.PID)
+				st := exitStatus{Signal: m.Signal}
+				if m.Code != nil {
+					st.Code = *m.Code
+				}
+				c <- st
+			}
+		}
+		z.mu.Unlock()
+	}
+	z.mu.Lock()
+	z.dead = fmt.Errorf("pool: zygote exited: %w", err)
+	for id, c := range z.replies {
+		close(c)
+		delete(z.replies, id)
+	}
+	for pid, c := range z.exits {
+		// Every child of a dead zygote is dead too: its sandbox is gone.
+		c <- exitStatus{Signal: int(unix.SIGKILL)}
+		delete(z.exits, pid)
+	}
+	z.mu.Unlock()
+	close(z.done)
+}
+
+// spawn asks for one child with the given descriptors (control socket,
+// stdout, stderr) and returns its pid as the zygote sees it.
+func (z *zygote) spawn(ctx context.Context, req spawnRequest, fds []int) (spawned, error) {
+	z.spawnMu.Lock()
+	defer z.spawnMu.Unlock()
+	req.Op, req.ID = "spawn", strconv.FormatUint(z.seq.Add(1), 10)
+	c := make(chan spawned, 1)
+	z.mu.Lock()
+	if z.dead != nil {
+		z.mu.Unlock()
+		return spawned{}, z.dead
+	}
+	z.replies[req.ID] = c
+	z.mu.Unlock()
+	line, _ := json.Marshal(req)
+	if _, _, err := z.conn.WriteMsgUnix(append(line, '\n'), unix.UnixRights(fds...), nil); err != nil {
+		z.mu.Lock()
+		delete(z.replies, req.ID)
+		z.mu.Unlock()
+		return spawned{}, fmt.Errorf("pool: send spawn: %w", err)
+	}
+	select {
+	case s, ok := <-c:
+		if !ok {
+			return spawned{}, z.err()
+		}
+		return s, nil
+	case <-ctx.Done():
+		return spawned{}, ctx.Err()
+	}
+}
+
+func (z *zygote) err() error {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if z.dead != nil {
+		return z.dead
+	}
+	return errors.New("pool: zygote gone")
+}
+
+func (z *zygote) close() error {
+	z.sb.Kill()
+	err := z.sb.Close()
+	<-z.done
+	return err
+}
+
+// readLine reads one line, refusing lines longer than 1 MiB: the zygote
+// only ever sends short messages.
+func readLine(r *bufio.Reader) ([]byte, error) {
+	var line []byte
+	for {
+		chunk, err := r.ReadSlice('\n')
+		line = append(line, chunk...)
+		if len(line) > 1<<20 {
+			return nil, errors.New("message too long")
+		}
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		return line, err
+	}
+}
+
+func clip(b []byte) string {
+	if len(b) > 200 {
+		b = b[:200]
+	}
+	return string(b)
+}
+
