@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,25 +24,33 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	fs, o := newFlagSet("bench", "bench [-n N] [--concurrency C] [flags]", stderr)
 	n := fs.Int("n", 50, "iterations per measurement")
 	conc := fs.Int("concurrency", 16, "calls in flight for the throughput measurement")
-	baselinePy := fs.String("baseline", "/usr/bin/python3", "interpreter spawned directly for the baseline")
+	baselinePy := fs.String("baseline", "/usr/bin/python3", "interpreter spawned directly for the baselines")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *n < 1 || *conc < 1 {
 		return usageError{fmt.Errorf("-n and --concurrency must be at least 1")}
 	}
+	// The pandas comparison is about preloading: make sure the pool has it
+	// when this machine has pandas at all.
+	hasPandas := exec.Command(*baselinePy, "-c", "import pandas").Run() == nil
+	if hasPandas && o.poolSize > 0 && !strings.Contains(","+o.preload+",", ",pandas,") {
+		o.preload = strings.Trim(o.preload+",pandas", ",")
+	}
 	log, err := o.logger(io.Discard)
 	if err != nil {
 		return err
 	}
 	ctx := context.Background()
-	eng, err := o.engine(ctx, log)
+	eng, release, err := o.engine(ctx, log)
 	if err != nil {
 		return err
 	}
+	defer release()
 	hello := engine.RunRequest{Code: "print('hi')"}
 
-	fmt.Fprintf(stdout, "pysandbox bench: backend %s, python %s, %d iterations each\n\n", o.sandbox, eng.Config().Python.Path, *n)
+	fmt.Fprintf(stdout, "pysandbox bench: backend %s, pool size %d, preload %q, python %s, %d iterations each\n\n",
+		o.sandbox, o.poolSize, o.preload, eng.Config().Python.Path, *n)
 	base, err := measure(*n, func() error { return exec.Command(*baselinePy, "-c", "pass").Run() })
 	if err != nil {
 		return fmt.Errorf("baseline %s -c pass: %w", *baselinePy, err)
@@ -50,20 +59,40 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	mcpStdio, err := benchMCP(ctx, *n, args)
+	mcpArgs := filterBenchFlags(args)
+	if hasPandas && o.poolSize > 0 {
+		mcpArgs = append(mcpArgs, "--preload", o.preload)
+	}
+	mcpStdio, err := benchMCP(ctx, *n, mcpArgs)
 	if err != nil {
 		return err
 	}
 
-	fmt.Fprintf(stdout, "%-44s %9s %9s %9s\n", "", "p50", "p99", "p50 ratio")
-	row := func(name string, d []time.Duration) {
-		fmt.Fprintf(stdout, "%-44s %9s %9s %8.2fx\n", name, ms(pct(d, 50)), ms(pct(d, 99)), float64(pct(d, 50))/float64(pct(base, 50)))
+	fmt.Fprintf(stdout, "%-52s %9s %9s %10s\n", "", "p50", "p99", "ratio p50")
+	row := func(name string, d, ref []time.Duration, refName string) {
+		fmt.Fprintf(stdout, "%-52s %9s %9s %9.2fx %s\n", name, ms(pct(d, 50)), ms(pct(d, 99)), float64(pct(d, 50))/float64(pct(ref, 50)), refName)
 	}
-	row(*baselinePy+" -c pass (spawned directly)", base)
-	row("engine: print('hi') in a fresh sandbox", eng1)
-	row("MCP stdio tools/call run_python print('hi')", mcpStdio)
+	row(*baselinePy+" -c pass (spawned directly)", base, base, "")
+	row("engine: print('hi'), fresh sandbox per run", eng1, base, "of python3 -c pass")
+	row("MCP stdio tools/call run_python print('hi')", mcpStdio, base, "of python3 -c pass")
 
-	total := *n * 4
+	if hasPandas {
+		coldPandas, err := measure(max(*n/5, 3), func() error { return exec.Command(*baselinePy, "-c", "import pandas").Run() })
+		if err != nil {
+			return err
+		}
+		snippet := engine.RunRequest{Code: "import pandas as pd\ndf = pd.DataFrame({'x': range(100)})\nint(df.x.sum())"}
+		pandasRuns, err := measure(*n, func() error { return runOK(ctx, eng, snippet) })
+		if err != nil {
+			return err
+		}
+		row(*baselinePy+" -c 'import pandas' (spawned directly)", coldPandas, coldPandas, "")
+		row("engine: pandas DataFrame snippet, fresh sandbox", pandasRuns, coldPandas, "of cold import pandas")
+	} else {
+		fmt.Fprintln(stdout, "(pandas is not installed for "+*baselinePy+": pandas comparison skipped; apt-get install python3-pandas)")
+	}
+
+	total := max(*n*4, 200)
 	var done atomic.Int64
 	var firstErr error
 	var mu sync.Mutex
@@ -88,7 +117,7 @@ func bench(args []string, stdout, stderr io.Writer) error {
 		return firstErr
 	}
 	el := time.Since(start)
-	fmt.Fprintf(stdout, "\nthroughput: %d isolated runs with %d in flight: %.1f runs/s\n", total, *conc, float64(total)/el.Seconds())
+	fmt.Fprintf(stdout, "\nthroughput: %d isolated print('hi') runs with %d in flight: %.0f runs/s\n", total, *conc, float64(total)/el.Seconds())
 	return nil
 }
 

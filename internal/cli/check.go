@@ -22,10 +22,11 @@ func check(args []string, stdout, stderr io.Writer) (bool, error) {
 		return false, err
 	}
 	ctx := context.Background()
-	eng, err := o.engine(ctx, log)
+	eng, release, err := o.engine(ctx, log)
 	if err != nil {
 		return false, err
 	}
+	defer release()
 	p := eng.Measure(ctx, interp.Discover(ctx))
 	if *asJSON {
 		enc := json.NewEncoder(stdout)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/interp"
+	"github.com/pysandbox/pysandbox/internal/pool"
 	"github.com/pysandbox/pysandbox/internal/sandbox"
 )
 
@@ -113,6 +114,9 @@ type options struct {
 	maxConcurrent int
 	maxQueue      int
 	logLevel      string
+	poolSize      int
+	preload       string
+	poolMemory    size
 }
 
 func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *options) {
@@ -124,6 +128,7 @@ func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *option
 		memory:     512 << 20,
 		maxOutput:  1 << 20,
 		tmpSize:    256 << 20,
+		poolMemory: 1 << 30,
 	}
 	fs.StringVar(&o.sandbox, "sandbox", "native", "sandbox backend: native, bwrap, or none (no isolation at all)")
 	fs.StringVar(&o.python, "python", "", "interpreter: a path, or a version such as 3.12 (default /usr/bin/python3)")
@@ -136,6 +141,9 @@ func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *option
 	fs.IntVar(&o.maxConcurrent, "max-concurrent", 16, "runs executing at once")
 	fs.IntVar(&o.maxQueue, "max-queue", 64, "runs waiting for a slot before new ones are refused")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error (logs go to stderr)")
+	fs.IntVar(&o.poolSize, "pool-size", 4, "warm pool: sandboxes kept ready, forked from a zygote with the interpreter started (native backend; 0 turns the pool off)")
+	fs.StringVar(&o.preload, "preload", "", "warm pool: comma-separated modules imported once in the zygote, e.g. numpy,pandas (a missing one is a warning)")
+	fs.Var(&o.poolMemory, "pool-memory", "warm pool: memory budget of the zygote and its idle sandboxes")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: pysandbox %s\n\nFlags:\n", synopsis)
 		fs.PrintDefaults()
@@ -152,20 +160,26 @@ func (o *options) logger(stderr io.Writer) (*slog.Logger, error) {
 }
 
 // engine builds the engine the flags describe. It never substitutes a
-// weaker backend for the one asked for.
-func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine, error) {
+// weaker backend for the one asked for. The returned function releases
+// what the engine holds (the warm pool); call it when done.
+func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine, func(), error) {
+	noop := func() {}
 	kind, err := sandbox.ParseKind(o.sandbox)
 	if err != nil {
-		return nil, usageError{err}
+		return nil, noop, usageError{err}
 	}
 	if o.timeout <= 0 || o.maxTimeout <= 0 {
-		return nil, usageError{errors.New("--timeout and --max-timeout must be positive")}
+		return nil, noop, usageError{errors.New("--timeout and --max-timeout must be positive")}
 	}
 	if o.timeout > o.maxTimeout {
-		return nil, usageError{fmt.Errorf("--timeout %s is above --max-timeout %s", o.timeout.String(), o.maxTimeout.String())}
+		return nil, noop, usageError{fmt.Errorf("--timeout %s is above --max-timeout %s", o.timeout.String(), o.maxTimeout.String())}
 	}
-	if o.memory < 16<<20 || o.tmpSize < 1<<20 || o.maxOutput < 1024 || o.maxProcs < 1 || o.maxConcurrent < 1 || o.maxQueue < 0 {
-		return nil, usageError{errors.New("limits too small: --memory needs at least 16MiB, --tmp-size 1MiB, --max-output 1KiB, --max-procs and --max-concurrent 1")}
+	if o.memory < 16<<20 || o.tmpSize < 1<<20 || o.maxOutput < 1024 || o.maxProcs < 1 || o.maxConcurrent < 1 || o.maxQueue < 0 || o.poolSize < 0 {
+		return nil, noop, usageError{errors.New("limits too small: --memory needs at least 16MiB, --tmp-size 1MiB, --max-output 1KiB, --max-procs and --max-concurrent 1, --pool-size 0")}
+	}
+	preload, err := parsePreload(o.preload)
+	if err != nil {
+		return nil, noop, usageError{err}
 	}
 	var backend sandbox.Backend
 	switch kind {
@@ -174,7 +188,7 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 	case sandbox.KindBwrap:
 		b, err := sandbox.NewBwrap()
 		if err != nil {
-			return nil, err
+			return nil, noop, err
 		}
 		backend = b
 	case sandbox.KindNone:
@@ -182,9 +196,9 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 	}
 	py, err := interp.Find(ctx, o.python)
 	if err != nil {
-		return nil, err
+		return nil, noop, err
 	}
-	return engine.New(engine.Config{
+	cfg := engine.Config{
 		Backend: backend,
 		Python:  py,
 		Limits: sandbox.Limits{
@@ -198,7 +212,56 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 		MaxConcurrent:  o.maxConcurrent,
 		MaxQueue:       o.maxQueue,
 		Logger:         log,
+	}
+	cold, err := engine.New(cfg)
+	if err != nil {
+		return nil, noop, err
+	}
+	native, ok := backend.(*sandbox.Native)
+	if !ok || o.poolSize == 0 {
+		if o.poolSize > 0 && len(preload) > 0 {
+			log.Warn("--preload needs the warm pool, which only the native backend has; ignoring it", "sandbox", o.sandbox)
+		}
+		return cold, noop, nil
+	}
+	p, err := pool.New(ctx, pool.Config{
+		Backend:       native,
+		Spec:          cold.RunSpec(),
+		Preload:       preload,
+		Size:          o.poolSize,
+		MemoryBudget:  int64(o.poolMemory),
+		MaxConcurrent: o.maxConcurrent,
+		Logger:        log,
 	})
+	if err != nil {
+		return nil, noop, err
+	}
+	cfg.Backend = p
+	eng, err := engine.New(cfg)
+	if err != nil {
+		p.Close()
+		return nil, noop, err
+	}
+	return eng, func() { p.Close() }, nil
+}
+
+// parsePreload checks --preload: module names only, since the zygote
+// imports each one.
+func parsePreload(s string) ([]string, error) {
+	var out []string
+	for _, m := range strings.Split(s, ",") {
+		m = strings.TrimSpace(m)
+		if m == "" {
+			continue
+		}
+		for _, part := range strings.Split(m, ".") {
+			if !engine.IsIdentifier(part) {
+				return nil, fmt.Errorf("--preload: %q is not a module name", m)
+			}
+		}
+		out = append(out, m)
+	}
+	return out, nil
 }
 
 // duration is a flag that takes Go durations or a bare number of seconds.

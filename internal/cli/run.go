@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -40,16 +41,24 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) 
 	if len(code) > tools.MaxCodeBytes {
 		return 0, fmt.Errorf("%s is larger than %d bytes", name, tools.MaxCodeBytes)
 	}
+	// One run gains nothing from a warm pool (its zygote costs more than a
+	// cold sandbox), so run starts without one unless asked.
+	poolSet := false
+	fs.Visit(func(f *flag.Flag) { poolSet = poolSet || f.Name == "pool-size" })
+	if !poolSet {
+		o.poolSize = 0
+	}
 	log, err := o.logger(stderr)
 	if err != nil {
 		return 0, err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	eng, err := o.engine(ctx, log)
+	eng, release, err := o.engine(ctx, log)
 	if err != nil {
 		return 0, err
 	}
+	defer release()
 	if o.sandbox == "none" {
 		fmt.Fprintln(stderr, "pysandbox: WARNING: --sandbox none: running UNSANDBOXED on this machine")
 	}

@@ -40,10 +40,11 @@ func serve(args []string, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	eng, err := o.engine(ctx, log)
+	eng, release, err := o.engine(ctx, log)
 	if err != nil {
 		return err
 	}
+	defer release()
 	// Measure the posture before taking any request: a server whose
 	// sandbox does not work refuses to start instead of running code
 	// with less isolation than it claims.

@@ -22,16 +22,16 @@ import (
 // child is one single-use sandbox forked from the zygote. It implements
 // sandbox.Sandbox, so the engine drives it exactly like a cold sandbox.
 type child struct {
-	ctrl    *net.UnixConn
-	pidfd   int // pidfd of the run's pid 1, so a kill can never hit a recycled pid
-	hostPID int
-	cg      *cgroup.Group
-	exitc   chan exitStatus
-	stdout  switchWriter
-	stderr  switchWriter
-	pipes   []*os.File
-	copies  sync.WaitGroup
-	handed  atomic.Bool // given to a caller (not idle any more)
+	ctrl        *net.UnixConn
+	pidfd       int // pidfd of the run's pid 1, so a kill can never hit a recycled pid
+	hostPID     int
+	cg          *cgroup.Group
+	exitc       chan exitStatus
+	stdout      switchWriter
+	stderr      switchWriter
+	pipes       []*os.File
+	copies      sync.WaitGroup
+	handed      atomic.Bool // given to a caller (not idle any more)
 	onIdleDeath func()
 
 	done      chan struct{}
@@ -104,7 +104,9 @@ func (c *child) Kill() {
 func (c *child) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
-		c.Kill()
+		if c.alive() {
+			c.Kill()
+		}
 		<-c.done
 		c.ctrl.Close()
 		if c.pidfd > 0 {
@@ -114,7 +116,10 @@ func (c *child) Close() error {
 			p.Close()
 		}
 		if c.cg != nil {
-			err = c.cg.Delete()
+			// Nothing is left in it (pid 1 is gone, and with it every
+			// process of the run); removing the directories is
+			// bookkeeping, off the run's critical path.
+			go c.cg.Delete()
 		}
 	})
 	return err

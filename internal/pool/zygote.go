@@ -149,6 +149,12 @@ func (z *zygote) readLoop(r *bufio.Reader) {
 				z.exits[m.PID] = ex
 				c <- spawned{pid: m.PID, exit: ex}
 			}
+		case "error":
+			// A spawn that failed before the child's sandbox existed.
+			if c, ok := z.replies[m.ID]; ok && m.ID != "" {
+				delete(z.replies, m.ID)
+				close(c)
+			}
 		case "exited":
 			if c, ok := z.exits[m.PID]; ok {
 				delete(z.exits, m.PID)
@@ -214,7 +220,7 @@ func (z *zygote) err() error {
 	if z.dead != nil {
 		return z.dead
 	}
-	return errors.New("pool: zygote gone")
+	return errors.New("pool: the zygote could not create the child's namespaces")
 }
 
 func (z *zygote) close() error {
@@ -247,4 +253,3 @@ func clip(b []byte) string {
 	}
 	return string(b)
 }
-

@@ -827,6 +827,9 @@ func (s *bwrapSandbox) reap() {
 	} else if err != nil {
 		e.Code = -1
 	}
+	if s.cg != nil {
+		s.cg.Kill() // bwrap's pid 1 is its own reaper, not ours: make sure
+	}
 	FinalFigures(s.cg, &e)
 	copied := make(chan struct{})
 	go func() {

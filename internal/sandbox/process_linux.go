@@ -54,14 +54,14 @@ func exitOf(ps *os.ProcessState) Exit {
 	return e
 }
 
-// FinalFigures completes e from the sandbox's cgroup, when it has one: the
-// kill makes sure nothing is left before the figures are read, and the
-// cgroup's numbers cover every process, not just the one we waited for.
+// FinalFigures completes e from the sandbox's cgroup, when it has one; its
+// numbers cover every process, not just the one we waited for. Call it once
+// every process is gone: when pid 1 of a pid namespace has been reaped, the
+// kernel has already killed and reaped the rest.
 func FinalFigures(cg *cgroup.Group, e *Exit) {
 	if cg == nil {
 		return
 	}
-	cg.Kill()
 	if st, err := cg.Stats(); err == nil {
 		if st.MemoryPeakBytes > 0 {
 			e.PeakMemoryBytes = st.MemoryPeakBytes

@@ -526,8 +526,10 @@ def _setup():
 #                       no_new_privs, installs the strict seccomp filter and
 #                       serves requests as a one-shot worker.
 #
-# A only waits for B and mirrors its exit status for the zygote to report.
-# Killing B (pid 1) kills everything in the child's pid namespace.
+# A only exists because a new pid namespace applies to children: it reports
+# B's pid and exits, B is reparented to the zygote (pid 1 of its sandbox),
+# and the zygote reports B's exit status. Killing B (pid 1 of the run) kills
+# everything in the run's pid namespace.
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -574,7 +576,9 @@ def _zygote_main():
         "seccomp": base64.b64decode(init["seccomp"]),
         "ctypes": ctypes, "resource": resource, "struct": struct,
     }
-    # Children are reaped here and reported; a pipe wakes the loop on SIGCHLD.
+    # Runs are reaped here and reported; a pipe wakes the loop on SIGCHLD.
+    # The zygote is pid 1 of its sandbox, so orphaned run processes (every
+    # B, once its A has left) are its children.
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -622,12 +626,35 @@ def _zygote_main():
                     os.close(fd)
                 _send_error(sock, "", "expected a spawn request with 3 descriptors")
                 continue
+            # A tells us B's pid (as we see it) on this pipe, then exits;
+            # B, orphaned, becomes our child, so we reap it ourselves.
+            report_r, report_w = os.pipe()
             pid = os.fork()
             if pid == 0:
-                _child(req, fds, sock, wake_r, wake_w, ctx)  # never returns
+                os.close(report_r)
+                _child(req, fds, report_w, ctx)  # never returns
+            os.close(report_w)
             for fd in fds:
                 os.close(fd)
-            _send(sock, {"op": "spawned", "id": req.get("id", ""), "pid": pid})
+            data = b""
+            while True:
+                chunk = os.read(report_r, 64)
+                if not chunk:
+                    break
+                data += chunk
+            os.close(report_r)
+            try:
+                bpid = int(data)
+            except ValueError:
+                bpid = 0
+            try:
+                os.waitpid(pid, 0)  # A is done either way
+            except ChildProcessError:
+                pass
+            if bpid <= 0:
+                _send_error(sock, req.get("id", ""), "child setup failed before its sandbox existed")
+                continue
+            _send(sock, {"op": "spawned", "id": req.get("id", ""), "pid": bpid})
 
 
 def _recv_with_fds(sock, ctx):
@@ -664,7 +691,7 @@ def _libc_check(ctx, ret, what):
         raise OSError(err, "%s: %s" % (what, os.strerror(err)))
 
 
-def _child(req, fds, zsock, wake_r, wake_w, ctx):
+def _child(req, fds, report_w, ctx):
     """Runs in A, then in B. Never returns."""
     import signal
 
@@ -681,7 +708,11 @@ def _child(req, fds, zsock, wake_r, wake_w, ctx):
         os.dup2(ctrl, CONTROL_FD)
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
-        os.closerange(CONTROL_FD + 1, 1 << 16)
+        # Keep the report pipe just above fd 3 and close everything else.
+        report = CONTROL_FD + 1
+        if report_w != report:
+            os.dup2(report_w, report)
+        os.closerange(report + 1, 1 << 16)
         libc = ctx["libc"]
         uid, gid = os.geteuid(), os.getegid()
         _libc_check(ctx, libc.unshare(CLONE_NEWUSER), "unshare(user)")
@@ -694,13 +725,10 @@ def _child(req, fds, zsock, wake_r, wake_w, ctx):
                                       CLONE_NEWUTS | CLONE_NEWPID), "unshare(namespaces)")
         pid = os.fork()
         if pid != 0:
-            # A: keep nothing of the run's, wait, and mirror B's end.
-            for fd in (0, 1, 2, CONTROL_FD):
-                os.close(fd)
-            _, status = os.waitpid(pid, 0)
-            if os.WIFSIGNALED(status):
-                os.kill(os.getpid(), os.WTERMSIG(status))
-            os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+            # A: report B's pid and leave; B is reparented to the zygote.
+            os.write(report, str(pid).encode())
+            os._exit(0)
+        os.close(report)
         _become_sandbox(req, ctx)
     except BaseException as e:
         try:
