@@ -35,6 +35,10 @@ import (
 	"github.com/pysandbox/pysandbox/internal/sandbox/cgroup"
 )
 
+// childSeq numbers children across every pool of the process, so their
+// cgroup names never collide.
+var childSeq atomic.Uint64
+
 // Config configures a pool.
 type Config struct {
 	// Backend starts the zygote's own sandbox and serves the runs the pool
@@ -69,7 +73,6 @@ type Pool struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	seq    atomic.Uint64
 
 	// Counters for Stats.
 	hits, misses, idleDeaths atomic.Int64
@@ -318,7 +321,7 @@ func (p *Pool) spawn(ctx context.Context, oneshot bool) (*child, error) {
 		cgl.Pids = lim.MaxProcs
 	}
 	if cgl.MemoryBytes > 0 || cgl.Pids > 0 {
-		name := fmt.Sprintf("pool-%d-%d", os.Getpid(), p.seq.Add(1))
+		name := fmt.Sprintf("pool-%d-%d", os.Getpid(), childSeq.Add(1))
 		if c.cg, err = cgroup.New(name, cgl); err != nil {
 			return fail(fmt.Errorf("pool: %w", err))
 		}
