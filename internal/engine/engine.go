@@ -124,6 +124,12 @@ func (e *Engine) acquire(ctx context.Context) error {
 
 func (e *Engine) release() { <-e.slots }
 
+// Running is the number of runs holding a slot right now.
+func (e *Engine) Running() int { return len(e.slots) }
+
+// Waiting is the number of runs queued for a slot right now.
+func (e *Engine) Waiting() int { return int(e.waiting.Load()) }
+
 // RunRequest is one piece of code to run.
 type RunRequest struct {
 	Code string

@@ -21,7 +21,7 @@ var runLimits = sandbox.Limits{MemoryBytes: 256 << 20, MaxProcs: 64, TmpBytes: 6
 
 // newPooledEngine returns an engine whose backend is a real pool over the
 // native sandbox, as `pysandbox serve` builds it.
-func newPooledEngine(t testing.TB, size int, preload []string) (*engine.Engine, *Pool) {
+func newPooledEngine(t testing.TB, size int, preload []string, mods ...func(*engine.Config)) (*engine.Engine, *Pool) {
 	t.Helper()
 	ctx := context.Background()
 	py, err := interp.Find(ctx, "")
@@ -39,6 +39,9 @@ func newPooledEngine(t testing.TB, size int, preload []string) (*engine.Engine, 
 		MaxConcurrent:  16,
 		MaxQueue:       64,
 	}
+	for _, m := range mods {
+		m(&cfg)
+	}
 	cold, err := engine.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -54,4 +57,26 @@ func newPooledEngine(t testing.TB, size int, preload []string) (*engine.Engine, 
 		t.Fatal(err)
 	}
 	return e, p
+}
+
+func nativeOf(t testing.TB) *sandbox.Native {
+	t.Helper()
+	return sandbox.NewNative()
+}
+
+// engineWith builds an engine over an existing pool.
+func engineWith(t testing.TB, p *Pool) *engine.Engine {
+	t.Helper()
+	py, err := interp.Find(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same settings as newPooledEngine: only runs with the pool's exact
+	// spec are pooled.
+	e, err := engine.New(engine.Config{Backend: p, Python: py, Limits: runLimits, DefaultTimeout: 20 * time.Second,
+		MaxTimeout: 60 * time.Second, MaxOutput: 1 << 20, MaxConcurrent: 16, MaxQueue: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }

@@ -39,6 +39,9 @@ import (
 // cgroup names never collide.
 var childSeq atomic.Uint64
 
+// childUID hands out the children's ids, in turn through the mapped block.
+var childUID atomic.Uint64
+
 // Config configures a pool.
 type Config struct {
 	// Backend starts the zygote's own sandbox and serves the runs the pool
@@ -367,11 +370,22 @@ func (p *Pool) spawn(ctx context.Context, oneshot bool) (*child, error) {
 		}()
 	}
 	req := spawnRequest{TmpBytes: lim.TmpBytes, Rlimits: p.rlimits, Env: p.env, Oneshot: oneshot}
+	if os.Geteuid() == 0 {
+		// Distinct host users for concurrent runs (see sandbox.ChildIDBase);
+		// the block is far larger than the runs that can be alive at once.
+		req.UID = sandbox.ChildIDBase + int(childUID.Add(1)%sandbox.ChildIDCount)
+	}
 	if req.TmpBytes <= 0 {
 		req.TmpBytes = 256 << 20
 	}
 	sp, err := p.z.spawn(ctx, req, []int{int(childFiles[0].Fd()), int(childFiles[1].Fd()), int(childFiles[2].Fd())})
 	if err != nil {
+		// The child may have said why on its control socket.
+		c.ctrl.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		buf := make([]byte, 4096)
+		if n, _ := c.ctrl.Read(buf); n > 0 {
+			err = fmt.Errorf("%w: %s", err, setupError(buf[:n]))
+		}
 		return fail(err)
 	}
 	c.exitc = sp.exit

@@ -67,6 +67,7 @@ type spawnRequest struct {
 	Rlimits  [][3]uint64       `json:"rlimits"`
 	Env      map[string]string `json:"env"`
 	Oneshot  bool              `json:"oneshot"`
+	UID      int               `json:"uid,omitempty"` // the child's own id in the zygote's namespace (root server)
 }
 
 // startZygote starts a zygote in a sandbox of backend and waits until it

@@ -76,7 +76,7 @@ func runInit(setup *os.File) error {
 	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
 		return fmt.Errorf("sandbox init: %w", os.NewSyscallError("prctl(PR_SET_PDEATHSIG)", err))
 	}
-	if err := dropPrivileges(cfg.DropToUID); err != nil {
+	if err := dropPrivileges(cfg.DropToUID, cfg.KeepSetID); err != nil {
 		return err
 	}
 	if cfg.Seccomp {
@@ -141,14 +141,23 @@ func loopbackUp() error {
 // dropPrivileges becomes the sandbox user (when starting as root of the
 // namespace) and empties every capability set, the bounding set included,
 // so nothing can be regained by exec.
-func dropPrivileges(toUser bool) error {
+func dropPrivileges(toUser, keepSetID bool) error {
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
 		return fmt.Errorf("sandbox init: %w", os.NewSyscallError("prctl(PR_CAP_AMBIENT_CLEAR_ALL)", err))
 	}
 	last := lastCap()
 	for c := 0; c <= last; c++ {
+		if keepSetID && (c == unix.CAP_SETUID || c == unix.CAP_SETGID) {
+			continue
+		}
 		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && err != unix.EINVAL {
 			return fmt.Errorf("sandbox init: drop cap %d: %w", c, os.NewSyscallError("prctl(PR_CAPBSET_DROP)", err))
+		}
+	}
+	if keepSetID {
+		// Keep the permitted set across the uid change below.
+		if err := unix.Prctl(unix.PR_SET_KEEPCAPS, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("sandbox init: %w", os.NewSyscallError("prctl(PR_SET_KEEPCAPS)", err))
 		}
 	}
 	if toUser {
@@ -165,8 +174,20 @@ func dropPrivileges(toUser bool) error {
 	}
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData
+	if keepSetID {
+		set := uint32(1<<unix.CAP_SETUID | 1<<unix.CAP_SETGID)
+		data[0] = unix.CapUserData{Effective: set, Permitted: set, Inheritable: set}
+	}
 	if err := unix.Capset(&hdr, &data[0]); err != nil {
 		return fmt.Errorf("sandbox init: %w", os.NewSyscallError("capset", err))
+	}
+	if keepSetID {
+		// Ambient, so they survive the exec of the interpreter.
+		for _, c := range []uintptr{unix.CAP_SETUID, unix.CAP_SETGID} {
+			if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_RAISE, c, 0, 0); err != nil {
+				return fmt.Errorf("sandbox init: %w", os.NewSyscallError("prctl(PR_CAP_AMBIENT_RAISE)", err))
+			}
+		}
 	}
 	return nil
 }

@@ -11,6 +11,14 @@ const (
 	sandboxGID = 1000
 )
 
+// ChildIDBase and ChildIDCount describe the extra ids a root server maps
+// into a zygote's sandbox: each warm-pool child runs as one of them, so
+// concurrent runs are different users to the host kernel.
+const (
+	ChildIDBase  = 2000
+	ChildIDCount = 65536
+)
+
 // File descriptors of the init process, in the order of exec.Cmd.ExtraFiles.
 const (
 	fdControl   = 3 // the worker's control socket; stays open across exec
@@ -40,6 +48,11 @@ type initConfig struct {
 	// unprivileged server maps only its own uid and starts the init as the
 	// sandbox user directly, with ambient capabilities for the setup.
 	DropToUID bool `json:"drop_to_uid"`
+	// KeepSetID keeps CAP_SETUID and CAP_SETGID, in the sandbox's own user
+	// namespace only, for a root server's zygote: it gives each child its
+	// own uid from the extra mapped range before the child leaves for a
+	// user namespace of its own (where those capabilities are gone).
+	KeepSetID bool `json:"keep_setid,omitempty"`
 	// Zygote relaxes the seccomp filter for a warm-pool zygote (see
 	// seccomp.Zygote); its children install the strict one themselves.
 	Zygote bool `json:"zygote,omitempty"`

@@ -51,6 +51,19 @@ const (
 	hostUIDRange = 1_000_000
 )
 
+// Host id blocks for warm-pool children (root server only), above the
+// per-sandbox range: 10,000 blocks of ChildIDCount ids from 3.5e9.
+const (
+	childHostIDBase = 3_500_000_000
+	childBlocks     = 10_000
+)
+
+var childBlock = func() *atomic.Uint32 {
+	var c atomic.Uint32
+	c.Store(rand.Uint32())
+	return &c
+}()
+
 var (
 	// uidCounter starts at a random point so that two server processes on
 	// one host are unlikely to hand out the same uid at the same time.
@@ -126,6 +139,13 @@ func (n *Native) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 		id := n.nextHostID()
 		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}, {ContainerID: sandboxUID, HostID: id, Size: 1}}
 		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}, {ContainerID: sandboxGID, HostID: id, Size: 1}}
+		if spec.Zygote {
+			// A block of host ids of its own for the zygote's children.
+			base := childHostIDBase + int(childBlock.Add(1)%childBlocks)*ChildIDCount
+			attr.UidMappings = append(attr.UidMappings, syscall.SysProcIDMap{ContainerID: ChildIDBase, HostID: base, Size: ChildIDCount})
+			attr.GidMappings = append(attr.GidMappings, syscall.SysProcIDMap{ContainerID: ChildIDBase, HostID: base, Size: ChildIDCount})
+			cfg.KeepSetID = true
+		}
 		// Clear root's supplementary groups; an unprivileged server cannot,
 		// since it must deny setgroups to map its gid.
 		attr.GidMappingsEnableSetgroups = true

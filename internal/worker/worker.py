@@ -542,6 +542,7 @@ MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_CAPBSET_DROP = 24
+PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
@@ -714,6 +715,17 @@ def _child(req, fds, report_w, ctx):
             os.dup2(report_w, report)
         os.closerange(report + 1, 1 << 16)
         libc = ctx["libc"]
+        child_id = req.get("uid")
+        if isinstance(child_id, int) and child_id > 0:
+            # A root server mapped a block of ids into the zygote's sandbox:
+            # become this run's own host user before leaving for a user
+            # namespace of our own (which also ends CAP_SETUID/SETGID here).
+            os.setgroups([])
+            os.setresgid(child_id, child_id, child_id)
+            os.setresuid(child_id, child_id, child_id)
+            # The uid change made us non-dumpable, which hands our /proc
+            # files to root; we need to write our own id maps below.
+            _libc_check(ctx, libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "set dumpable")
         uid, gid = os.geteuid(), os.getegid()
         _libc_check(ctx, libc.unshare(CLONE_NEWUSER), "unshare(user)")
         for path, text in (("/proc/self/setgroups", "deny"),
