@@ -271,7 +271,7 @@ func escNothingLeft(t testing.TB, ns string, before escHostState) {
 		uids = escSandboxUIDProcs()
 		newCG = newCG[:0]
 		for _, c := range escCgroups() {
-			if !slices.Contains(before.cgroups, c) {
+			if !escPooled && !slices.Contains(before.cgroups, c) {
 				newCG = append(newCG, c)
 			}
 		}
@@ -287,7 +287,10 @@ func escNothingLeft(t testing.TB, ns string, before escHostState) {
 	if len(uids) > 0 {
 		t.Errorf("processes with a sandbox uid still in this binary's cgroups: %v", uids)
 	}
-	if len(newCG) > 0 {
+	// The warm pool keeps empty cgroups of finished runs for the next ones
+	// by design (the pool's own tests check they all go at Close); what
+	// must never remain is a process in them, checked above.
+	if len(newCG) > 0 && !escPooled {
 		t.Errorf("sandbox cgroups left behind: %v", newCG)
 	}
 	if mounts != before.mounts {
@@ -1687,7 +1690,10 @@ func TestEscapeConcurrentRuns(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			results[i], errs[i] = e.Run(context.Background(), RunRequest{
-				Code:    "import os\nopen('/tmp/id', 'w').write(str(run))\nprint('run', run)\n{'run': run, 'ns': " + escPidNS + ", 'seen': open('/tmp/id').read()}",
+				// The sleep keeps all 16 alive at once: a namespace's inode
+				// number is reused once it is freed, so only runs that
+				// overlap must differ.
+				Code:    "import os, time\nopen('/tmp/id', 'w').write(str(run))\nprint('run', run)\ntime.sleep(1.5)\n{'run': run, 'ns': " + escPidNS + ", 'seen': open('/tmp/id').read()}",
 				Inputs:  escInputs(t, map[string]any{"run": i}),
 				Timeout: escTimeout,
 			})

@@ -69,3 +69,12 @@ func TestCaptureInvalidUTF8AtCut(t *testing.T) {
 		t.Errorf("truncated %v, valid %v: %q", trunc, utf8.ValidString(s), s)
 	}
 }
+
+func TestImportsOf(t *testing.T) {
+	code := "import os, sys as system\nfrom pandas.core import frame\n  import numpy as np\nx = 'import nothere'\n# import commented\nfrom . import rel\nimport os.path\n"
+	got := strings.Join(ImportsOf(code), ",")
+	// "# import commented" does not start with import; a string never does.
+	if got != "os,sys,pandas,numpy" {
+		t.Errorf("ImportsOf = %s", got)
+	}
+}

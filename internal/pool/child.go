@@ -33,6 +33,7 @@ type child struct {
 	copies      sync.WaitGroup
 	handed      atomic.Bool // given to a caller (not idle any more)
 	onIdleDeath func()
+	recycle     func(*cgroup.Group) // hands the empty cgroup back to the pool
 
 	done      chan struct{}
 	exit      sandbox.Exit
@@ -117,9 +118,8 @@ func (c *child) Close() error {
 		}
 		if c.cg != nil {
 			// Nothing is left in it (pid 1 is gone, and with it every
-			// process of the run); removing the directories is
-			// bookkeeping, off the run's critical path.
-			go c.cg.Delete()
+			// process of the run): the next run can have it.
+			c.recycle(c.cg)
 		}
 	})
 	return err

@@ -67,18 +67,33 @@ type Config struct {
 type Pool struct {
 	cfg     Config
 	cgroups cgroup.Info
-	z       *zygote
 	env     map[string]string
 	rlimits [][3]uint64
 
-	ready  chan *child
-	refill chan struct{}
+	// cgFree holds empty cgroups of finished runs, reset for the next one:
+	// creating and deleting a memory cgroup costs more than a whole run.
+	cgFree chan *cgroup.Group
+
+	// light's zygote has imported nothing but the worker; heavy's (nil
+	// without --preload) has imported the preloaded modules too. A run
+	// whose code imports one of those goes to heavy, every other run to
+	// light, which forks faster because it is small.
+	light, heavy *flavor
+
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
 	// Counters for Stats.
 	hits, misses, idleDeaths atomic.Int64
+}
+
+// flavor is one zygote and its ready children.
+type flavor struct {
+	z       *zygote
+	modules []string
+	ready   chan *child
+	refill  chan struct{}
 }
 
 // New starts the zygote, waits until it has imported cfg.Preload, and
@@ -103,16 +118,36 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 	p := &Pool{
 		cfg:     cfg,
 		cgroups: cfg.Backend.Cgroups(),
-		ready:   make(chan *child, max(cfg.Size, 1)),
-		refill:  make(chan struct{}, 1),
 		env:     map[string]string{},
+		cgFree:  make(chan *cgroup.Group, 2*(cfg.Size+cfg.MaxConcurrent)+4),
 	}
 	for _, kv := range cfg.Spec.Env {
 		k, v, _ := strings.Cut(kv, "=")
 		p.env[k] = v
 	}
 	p.rlimits = sandbox.RlimitTriples(cfg.Spec.Limits, p.cgroups)
+	p.ctx, p.cancel = context.WithCancel(context.Background())
 
+	var err error
+	if p.light, err = p.newFlavor(ctx, nil); err != nil {
+		return nil, err
+	}
+	if len(cfg.Preload) > 0 {
+		if p.heavy, err = p.newFlavor(ctx, cfg.Preload); err != nil {
+			p.Close()
+			return nil, err
+		}
+		for name, why := range p.heavy.z.Ready.Failed {
+			cfg.Logger.Warn("preload: module not available; runs will import it themselves if they can", "module", name, "error", why)
+		}
+		p.heavy.modules = p.heavy.z.Ready.Preloaded
+	}
+	return p, nil
+}
+
+// newFlavor starts a zygote that imports preload and keeps its children.
+func (p *Pool) newFlavor(ctx context.Context, preload []string) (*flavor, error) {
+	cfg := p.cfg
 	zspec := *cfg.Spec
 	zspec.Args = append(slices.Clone(cfg.Spec.Args[:len(cfg.Spec.Args)-1]), "--zygote")
 	zspec.Zygote = true
@@ -129,19 +164,15 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 		TmpBytes:   cfg.Spec.Limits.TmpBytes,
 		CPUSeconds: 0,
 	}
-	z, err := startZygote(ctx, cfg.Backend, &zspec, cfg.Preload)
+	z, err := startZygote(ctx, cfg.Backend, &zspec, preload)
 	if err != nil {
 		return nil, err
 	}
-	p.z = z
-	for name, why := range z.Ready.Failed {
-		cfg.Logger.Warn("preload: module not available; runs will import it themselves if they can", "module", name, "error", why)
-	}
-	p.ctx, p.cancel = context.WithCancel(context.Background())
+	f := &flavor{z: z, ready: make(chan *child, max(cfg.Size, 1)), refill: make(chan struct{}, 1)}
 	p.wg.Add(1)
-	go p.refillLoop()
-	p.kick()
-	return p, nil
+	go p.refillLoop(f)
+	f.kick()
+	return f, nil
 }
 
 // Kind is native: a pooled run is a native sandbox.
@@ -152,9 +183,13 @@ func (p *Pool) CgroupSupport() (mem, pids bool, mode, reason string) {
 	return p.cfg.Backend.CgroupSupport()
 }
 
-// Preload reports which modules the zygote imported and which failed.
+// Preload reports which modules the preloading zygote imported and which
+// failed.
 func (p *Pool) Preload() (loaded []string, failed map[string]string) {
-	return p.z.Ready.Preloaded, p.z.Ready.Failed
+	if p.heavy == nil {
+		return nil, nil
+	}
+	return p.heavy.z.Ready.Preloaded, p.heavy.z.Ready.Failed
 }
 
 // Stats are counters for benchmarks and logs.
@@ -163,7 +198,11 @@ type Stats struct {
 }
 
 func (p *Pool) Stats() Stats {
-	return Stats{Ready: int64(len(p.ready)), Hits: p.hits.Load(), Misses: p.misses.Load(), IdleDeaths: p.idleDeaths.Load()}
+	ready := len(p.light.ready)
+	if p.heavy != nil {
+		ready += len(p.heavy.ready)
+	}
+	return Stats{Ready: int64(ready), Hits: p.hits.Load(), Misses: p.misses.Load(), IdleDeaths: p.idleDeaths.Load()}
 }
 
 // Start hands out a ready child for a run with the pool's spec, forks one
@@ -174,12 +213,13 @@ func (p *Pool) Start(ctx context.Context, spec *sandbox.Spec) (sandbox.Sandbox, 
 	if !ok {
 		return p.cfg.Backend.Start(ctx, spec)
 	}
+	f := p.flavorFor(spec.Imports)
 	var c *child
 	if oneshot {
 	take:
 		for {
 			select {
-			case c = <-p.ready:
+			case c = <-f.ready:
 				if c.alive() {
 					break take
 				}
@@ -191,11 +231,11 @@ func (p *Pool) Start(ctx context.Context, spec *sandbox.Spec) (sandbox.Sandbox, 
 			}
 		}
 	}
-	p.kick()
+	f.kick()
 	if c == nil {
 		p.misses.Add(1)
 		var err error
-		if c, err = p.spawn(ctx, oneshot); err != nil {
+		if c, err = p.spawn(ctx, f, oneshot); err != nil {
 			return nil, err
 		}
 	} else {
@@ -203,6 +243,23 @@ func (p *Pool) Start(ctx context.Context, spec *sandbox.Spec) (sandbox.Sandbox, 
 	}
 	c.attach(spec.Stdout, spec.Stderr)
 	return c, nil
+}
+
+// flavorFor picks the preloading zygote when the code imports one of its
+// modules (or a submodule), the light one otherwise.
+func (p *Pool) flavorFor(imports []string) *flavor {
+	if p.heavy == nil {
+		return p.light
+	}
+	for _, imp := range imports {
+		top, _, _ := strings.Cut(imp, ".")
+		for _, m := range p.heavy.modules {
+			if mtop, _, _ := strings.Cut(m, "."); mtop == top {
+				return p.heavy
+			}
+		}
+	}
+	return p.light
 }
 
 // compatible reports whether spec is the pool's spec, and whether it asks
@@ -219,24 +276,24 @@ func (p *Pool) compatible(spec *sandbox.Spec) (oneshot, ok bool) {
 	return oneshot, slices.Equal(args, ps.Args[:len(ps.Args)-1])
 }
 
-func (p *Pool) kick() {
+func (f *flavor) kick() {
 	select {
-	case p.refill <- struct{}{}:
+	case f.refill <- struct{}{}:
 	default:
 	}
 }
 
-// refillLoop keeps Size children ready, within the memory budget.
-func (p *Pool) refillLoop() {
+// refillLoop keeps Size children of f ready, within the memory budget.
+func (p *Pool) refillLoop(f *flavor) {
 	defer p.wg.Done()
 	for {
 		select {
 		case <-p.ctx.Done():
 			return
-		case <-p.refill:
+		case <-f.refill:
 		}
-		for len(p.ready) < p.cfg.Size && p.underBudget() {
-			c, err := p.spawn(p.ctx, true)
+		for len(f.ready) < p.cfg.Size && p.underBudget() {
+			c, err := p.spawn(p.ctx, f, true)
 			if err != nil {
 				if p.ctx.Err() == nil {
 					p.cfg.Logger.Warn("pool: could not prepare a worker", "err", err)
@@ -249,7 +306,7 @@ func (p *Pool) refillLoop() {
 				break
 			}
 			select {
-			case p.ready <- c:
+			case f.ready <- c:
 			default:
 				c.Close()
 			}
@@ -257,39 +314,44 @@ func (p *Pool) refillLoop() {
 	}
 }
 
-// underBudget estimates the memory held by the zygote and the idle
-// children: the zygote's resident set, and what each child has made its
-// own (its cgroup's usage; pages shared with the zygote are not charged).
+// underBudget estimates the memory held by the zygotes and the idle
+// children: each zygote's resident set, and what each idle child has made
+// its own (its cgroup's usage; pages shared with the zygote are not
+// charged to it).
 func (p *Pool) underBudget() bool {
-	used := p.z.Ready.RSSBytes
-	n := len(p.ready)
-	perChild := int64(8 << 20) // a fork's own pages, when no cgroup measures them
-	if n > 0 {
+	var used int64
+	for _, f := range []*flavor{p.light, p.heavy} {
+		if f == nil {
+			continue
+		}
+		used += f.z.Ready.RSSBytes
+		n := len(f.ready)
+		perChild := int64(8 << 20) // a fork's own pages, when no cgroup measures them
 		// Sample one idle child rather than walk the channel.
 		select {
-		case c := <-p.ready:
+		case c := <-f.ready:
 			if c.cg != nil {
 				if st, err := c.cg.Stats(); err == nil && st.MemoryCurrentBytes > 0 {
 					perChild = st.MemoryCurrentBytes
 				}
 			}
 			select {
-			case p.ready <- c:
+			case f.ready <- c:
 			default:
 				c.Close()
 			}
 		default:
 		}
+		used += int64(n+1) * perChild
 	}
-	used += int64(n+1) * perChild
 	return used <= p.cfg.MemoryBudget
 }
 
 // spawn forks one child and waits until it is a complete sandbox.
-func (p *Pool) spawn(ctx context.Context, oneshot bool) (*child, error) {
+func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, error) {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	c := &child{done: make(chan struct{}), onIdleDeath: func() { p.idleDeaths.Add(1); p.kick() }}
+	c := &child{done: make(chan struct{}), onIdleDeath: func() { p.idleDeaths.Add(1); f.kick() }}
 	var err error
 	var childFiles []*os.File
 	defer func() {
@@ -307,7 +369,7 @@ func (p *Pool) spawn(ctx context.Context, oneshot bool) (*child, error) {
 				f.Close()
 			}
 			if c.cg != nil {
-				c.cg.Delete()
+				p.recycle(c.cg)
 			}
 			return nil, e
 		}
@@ -324,11 +386,16 @@ func (p *Pool) spawn(ctx context.Context, oneshot bool) (*child, error) {
 		cgl.Pids = lim.MaxProcs
 	}
 	if cgl.MemoryBytes > 0 || cgl.Pids > 0 {
-		name := fmt.Sprintf("pool-%d-%d", os.Getpid(), childSeq.Add(1))
-		if c.cg, err = cgroup.New(name, cgl); err != nil {
-			return fail(fmt.Errorf("pool: %w", err))
+		select {
+		case c.cg = <-p.cgFree:
+		default:
+			name := fmt.Sprintf("pool-%d-%d", os.Getpid(), childSeq.Add(1))
+			if c.cg, err = cgroup.New(name, cgl); err != nil {
+				return fail(fmt.Errorf("pool: %w", err))
+			}
 		}
 	}
+	c.recycle = p.recycle
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fail(fmt.Errorf("pool: %w", os.NewSyscallError("socketpair", err)))
@@ -378,7 +445,7 @@ func (p *Pool) spawn(ctx context.Context, oneshot bool) (*child, error) {
 	if req.TmpBytes <= 0 {
 		req.TmpBytes = 256 << 20
 	}
-	sp, err := p.z.spawn(ctx, req, []int{int(childFiles[0].Fd()), int(childFiles[1].Fd()), int(childFiles[2].Fd())})
+	sp, err := f.z.spawn(ctx, req, []int{int(childFiles[0].Fd()), int(childFiles[1].Fd()), int(childFiles[2].Fd())})
 	if err != nil {
 		// The child may have said why on its control socket.
 		c.ctrl.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
@@ -417,18 +484,49 @@ func (p *Pool) spawn(ctx context.Context, oneshot bool) (*child, error) {
 	return c, nil
 }
 
-// Close stops refilling, kills the idle children and the zygote.
+// recycle keeps an empty cgroup for the next run, or deletes it.
+func (p *Pool) recycle(g *cgroup.Group) {
+	if p.ctx.Err() == nil && g.Reset() == nil {
+		select {
+		case p.cgFree <- g:
+			return
+		default:
+		}
+	}
+	go g.Delete()
+}
+
+// Close stops refilling, kills the idle children and the zygotes, and
+// removes every cgroup it made.
 func (p *Pool) Close() error {
 	p.cancel()
 	p.wg.Wait()
-	for {
-		select {
-		case c := <-p.ready:
-			c.Close()
-			continue
-		default:
+	defer func() {
+		for drained := false; !drained; {
+			select {
+			case g := <-p.cgFree:
+				g.Delete()
+			default:
+				drained = true
+			}
 		}
-		break
+	}()
+	var err error
+	for _, f := range []*flavor{p.light, p.heavy} {
+		if f == nil {
+			continue
+		}
+		for drained := false; !drained; {
+			select {
+			case c := <-f.ready:
+				c.Close()
+			default:
+				drained = true
+			}
+		}
+		if e := f.z.close(); e != nil && err == nil {
+			err = e
+		}
 	}
-	return p.z.close()
+	return err
 }

@@ -154,13 +154,13 @@ print(json.dumps(res))
 // A ready child that dies while idle is replaced, never handed out.
 func TestIdleDeathIsReplaced(t *testing.T) {
 	e, p := newPooledEngine(t, 2, nil)
-	waitFor(t, func() bool { return len(p.ready) == 2 })
-	c := <-p.ready
+	waitFor(t, func() bool { return len(p.light.ready) == 2 })
+	c := <-p.light.ready
 	if err := unix.Kill(c.hostPID, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	<-c.done
-	p.ready <- c // put the corpse back where Start will find it
+	p.light.ready <- c // put the corpse back where Start will find it
 	waitFor(t, func() bool { return p.Stats().IdleDeaths == 1 })
 	for i := 0; i < 4; i++ {
 		if r := run(t, e, "print('ok')"); r.Status != engine.StatusSuccess {
@@ -187,9 +187,15 @@ func TestPreload(t *testing.T) {
 		t.Errorf("no warning logged: %q", logs.String())
 	}
 	eng := engineWith(t, p)
-	r, err := eng.Run(ctx, engine.RunRequest{Code: "import sys\n'decimal' in sys.modules"})
+	// A run that imports a preloaded module finds it already imported...
+	r, err := eng.Run(ctx, engine.RunRequest{Code: "import sys\npre = 'decimal' in sys.modules\nimport decimal\npre"})
 	if err != nil || r.ReturnValue != true {
 		t.Errorf("decimal not preloaded in the run: %v %+v", err, r)
+	}
+	// ...and a run that does not goes to the small zygote.
+	r, err = eng.Run(ctx, engine.RunRequest{Code: "import sys\n'decimal' in sys.modules"})
+	if err != nil || r.ReturnValue != false {
+		t.Errorf("a run without the import got the preloading zygote: %v %+v", err, r)
 	}
 }
 
@@ -233,7 +239,7 @@ func TestMemoryBudgetCapsIdleChildren(t *testing.T) {
 	}
 	defer p.Close()
 	time.Sleep(time.Second)
-	if n := len(p.ready); n >= 8 {
+	if n := len(p.light.ready); n >= 8 {
 		t.Errorf("%d idle children prepared within a 20 MiB budget", n)
 	}
 	// Runs still work: children are forked on demand.
@@ -244,7 +250,7 @@ func TestMemoryBudgetCapsIdleChildren(t *testing.T) {
 
 func TestCloseLeavesNothing(t *testing.T) {
 	e, p := newPooledEngine(t, 3, nil)
-	waitFor(t, func() bool { return len(p.ready) == 3 })
+	waitFor(t, func() bool { return len(p.light.ready) == 3 })
 	run(t, e, "print(1)")
 	zns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", p.ready0HostPID(t)))
 	if err != nil {
@@ -282,8 +288,8 @@ func processesIn(pidNS string) bool {
 // ready0HostPID returns the host pid of one idle child, leaving it idle.
 func (p *Pool) ready0HostPID(t *testing.T) int {
 	t.Helper()
-	c := <-p.ready
-	p.ready <- c
+	c := <-p.light.ready
+	p.light.ready <- c
 	return c.hostPID
 }
 

@@ -72,6 +72,9 @@ type Spec struct {
 	Files []File
 	// Limits apply to the whole sandbox.
 	Limits Limits
+	// Imports are the top-level modules the code imports, as a hint for the
+	// warm pool's choice of zygote; backends may ignore it.
+	Imports []string
 	// Zygote starts a warm-pool zygote: the seccomp filter lets it create
 	// namespaces and mounts for its children (internal/pool).
 	Zygote bool

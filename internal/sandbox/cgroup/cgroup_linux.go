@@ -73,6 +73,36 @@ type Group struct {
 
 	mu      sync.Mutex
 	deleted bool
+	// oomBase is the OOM kill count when the group was last Reset: the
+	// kernel's counter cannot be zeroed.
+	oomBase atomic.Int64
+}
+
+// ErrNoReuse means a group cannot be reset for another run on this
+// cgroup version; delete it and create a new one.
+var ErrNoReuse = errors.New("cgroup: reuse needs cgroup v1")
+
+// Reset prepares an empty group for another run, which is much cheaper than
+// deleting it and creating a new one (memory cgroups are expensive to set
+// up and to tear down): it zeroes the peak memory and fail counters and
+// the CPU usage, and takes the OOM kill counter as the new baseline. It
+// refuses a group that still has processes. v1 only (ErrNoReuse on v2,
+// where memory.peak and cpu.stat cannot be zeroed on every kernel).
+func (g *Group) Reset() error {
+	if err := g.live(); err != nil {
+		return err
+	}
+	if g.v2 != nil {
+		return ErrNoReuse
+	}
+	if pids := g.v1.pids(); len(pids) > 0 {
+		return fmt.Errorf("cgroup: reset %s: %d processes still in it", g.Path(), len(pids))
+	}
+	if err := g.v1.reset(); err != nil {
+		return fmt.Errorf("cgroup: reset %s: %w", g.Path(), err)
+	}
+	g.oomBase.Store(g.v1.oomKills())
+	return nil
 }
 
 const (
@@ -222,6 +252,7 @@ func (g *Group) Stats() (Stats, error) {
 	if err != nil {
 		return Stats{}, fmt.Errorf("cgroup: stats %s: %w", g.Path(), err)
 	}
+	st.OOMKills -= g.oomBase.Load()
 	return st, nil
 }
 
@@ -236,7 +267,7 @@ func (g *Group) OOMKilled() bool {
 	if g.v2 != nil {
 		return g.v2.oomKills() > 0
 	}
-	return g.v1.oomKills() > 0
+	return g.v1.oomKills() > g.oomBase.Load()
 }
 
 // Kill SIGKILLs every process in the group and waits, about a second at

@@ -385,6 +385,38 @@ print("survived", len(b))
 	if st.MemoryPeakBytes > mem || st.MemoryPeakBytes < mem/2 {
 		t.Errorf("MemoryPeakBytes = %d, want close to the %d limit", st.MemoryPeakBytes, mem)
 	}
+
+	// Reset makes the group as good as new for the next run: no OOM kill,
+	// no peak, no CPU time carried over, and the limits still hold.
+	if err := g.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	if g.OOMKilled() {
+		t.Error("OOMKilled = true right after Reset")
+	}
+	st, err = g.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.OOMKills != 0 || st.MemoryPeakBytes > mem/4 || st.CPUUsage > 10*time.Millisecond {
+		t.Errorf("after Reset: %+v", st)
+	}
+	out.Reset()
+	cmd = startIn(t, g, &out, &out, "/usr/bin/python3", "-c", "b = bytearray(200 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('survived')")
+	if sig := killedBy(waitTimeout(t, cmd, 60*time.Second)); sig != syscall.SIGKILL || !g.OOMKilled() {
+		t.Errorf("second bomb in the reused group: %v, OOMKilled %v", sig, g.OOMKilled())
+	}
+	// A group with a process in it is never reset.
+	busy := startIn(t, g, io.Discard, io.Discard, "sleep", "30")
+	defer busy.Process.Kill()
+	waitUntil := time.Now().Add(5 * time.Second)
+	for len(g.v1.pids()) == 0 && time.Now().Before(waitUntil) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := g.Reset(); err == nil {
+		t.Error("Reset of a group with a process succeeded")
+	}
+	g.Kill()
 }
 
 func TestPidsLimitV1(t *testing.T) {

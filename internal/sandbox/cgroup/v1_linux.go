@@ -365,3 +365,25 @@ func v1Advice(ctrl string, err error) string {
 		return fmt.Sprintf("cgroup v1: cannot use the %s controller (%v); limits fall back to rlimits", ctrl, err)
 	}
 }
+
+// reset zeroes the counters a new run must not inherit. Writing 0 to a
+// max_usage file sets it to the current usage; to failcnt and
+// cpuacct.usage, to zero.
+func (g *v1Group) reset() error {
+	var files []string
+	if d, ok := g.dirs[cgroup1.Memory]; ok {
+		files = append(files, filepath.Join(d, "memory.max_usage_in_bytes"), filepath.Join(d, "memory.failcnt"))
+		if g.memsw {
+			files = append(files, filepath.Join(d, "memory.memsw.max_usage_in_bytes"), filepath.Join(d, "memory.memsw.failcnt"))
+		}
+	}
+	if d, ok := g.dirs[cgroup1.Cpuacct]; ok {
+		files = append(files, filepath.Join(d, "cpuacct.usage"))
+	}
+	for _, f := range files {
+		if err := os.WriteFile(f, []byte("0"), 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
