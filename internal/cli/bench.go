@@ -48,6 +48,10 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	}
 	defer release()
 	hello := engine.RunRequest{Code: "print('hi')"}
+	if o.poolSize > 0 {
+		// Let the warm pool fill before anything is timed.
+		time.Sleep(1500 * time.Millisecond)
+	}
 
 	fmt.Fprintf(stdout, "pysandbox bench: backend %s, pool size %d, preload %q, python %s, %d iterations each\n\n",
 		o.sandbox, o.poolSize, o.preload, eng.Config().Python.Path, *n)

@@ -276,7 +276,14 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 		// never past the deadline.
 		waitOrKill(runCtx, sb)
 	}
-	exit := sb.Wait()
+	var exit sandbox.Exit
+	if en, ok := sb.(sandbox.Ender); ok && res != nil {
+		// The worker's result has the exit code: no need to wait for the
+		// status, only for every process to be gone and the output in.
+		exit = en.WaitEnded()
+	} else {
+		exit = sb.Wait()
+	}
 	r := e.finish(ctx, runCtx, start, stdout, stderr, res, err, exit, timeout)
 	if flooded.Load() && r.Status != StatusTimeout && r.Status != StatusCancelled {
 		r.Status = StatusOutputLimit
@@ -287,7 +294,14 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 
 func waitOrKill(ctx context.Context, sb sandbox.Sandbox) {
 	done := make(chan struct{})
-	go func() { sb.Wait(); close(done) }()
+	go func() {
+		if en, ok := sb.(sandbox.Ender); ok {
+			en.WaitEnded()
+		} else {
+			sb.Wait()
+		}
+		close(done)
+	}()
 	select {
 	case <-done:
 	case <-ctx.Done():

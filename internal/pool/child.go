@@ -34,8 +34,10 @@ type child struct {
 	handed      atomic.Bool // given to a caller (not idle any more)
 	onIdleDeath func()
 	recycle     func(*cgroup.Group) // hands the empty cgroup back to the pool
+	onClose     func()              // asks the pool to prepare a replacement
 
-	done      chan struct{}
+	ended     chan struct{} // every process gone, output copied, figures read
+	done      chan struct{} // and the exit status known
 	exit      sandbox.Exit
 	closeOnce sync.Once
 }
@@ -45,7 +47,7 @@ func (c *child) Control() net.Conn { return c.ctrl }
 // alive reports whether the child is still waiting for work.
 func (c *child) alive() bool {
 	select {
-	case <-c.done:
+	case <-c.ended:
 		return false
 	default:
 		return true
@@ -59,13 +61,22 @@ func (c *child) attach(stdout, stderr io.Writer) {
 	c.stderr.set(stderr)
 }
 
-// reap waits for the zygote to report the end of the child, then for its
+// reap waits until the run's pid 1 is gone (its pidfd says so at once; the
+// zygote's report of the exit status comes a little later), then for its
 // output, then completes the figures from its cgroup.
 func (c *child) reap() {
-	st := <-c.exitc
-	e := sandbox.Exit{Code: st.Code}
-	if st.Signal != 0 {
-		e.Code, e.Signal = -1, unix.Signal(st.Signal)
+	var st exitStatus
+	gotStatus := false
+	if c.pidfd > 0 {
+		fds := []unix.PollFd{{Fd: int32(c.pidfd), Events: unix.POLLIN}}
+		for {
+			n, err := unix.Poll(fds, -1)
+			if n > 0 || (err != nil && err != unix.EINTR) {
+				break
+			}
+		}
+	} else {
+		st, gotStatus = <-c.exitc, true
 	}
 	waited := make(chan struct{})
 	go func() { c.copies.Wait(); close(waited) }()
@@ -79,12 +90,27 @@ func (c *child) reap() {
 		}
 		<-waited
 	}
+	var e sandbox.Exit
 	sandbox.FinalFigures(c.cg, &e)
 	c.exit = e
+	close(c.ended)
+	if !gotStatus {
+		st = <-c.exitc
+	}
+	c.exit.Code = st.Code
+	if st.Signal != 0 {
+		c.exit.Code, c.exit.Signal = -1, unix.Signal(st.Signal)
+	}
 	close(c.done)
 	if !c.handed.Load() && c.onIdleDeath != nil {
 		c.onIdleDeath()
 	}
+}
+
+// WaitEnded implements sandbox.Ender.
+func (c *child) WaitEnded() sandbox.Exit {
+	<-c.ended
+	return c.exit
 }
 
 func (c *child) Wait() sandbox.Exit {
@@ -105,10 +131,12 @@ func (c *child) Kill() {
 func (c *child) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
-		if c.alive() {
+		select {
+		case <-c.ended:
+		default:
 			c.Kill()
 		}
-		<-c.done
+		<-c.ended
 		c.ctrl.Close()
 		if c.pidfd > 0 {
 			unix.Close(c.pidfd)
@@ -120,6 +148,9 @@ func (c *child) Close() error {
 			// Nothing is left in it (pid 1 is gone, and with it every
 			// process of the run): the next run can have it.
 			c.recycle(c.cg)
+		}
+		if c.onClose != nil {
+			c.onClose()
 		}
 	})
 	return err

@@ -231,7 +231,12 @@ func (p *Pool) Start(ctx context.Context, spec *sandbox.Spec) (sandbox.Sandbox, 
 			}
 		}
 	}
-	f.kick()
+	// Refilling competes for the CPU with the run that just started, so it
+	// waits for that run to end (see child.Close) unless the pool is
+	// running low.
+	if len(f.ready) < max(p.cfg.Size/2, 1) {
+		f.kick()
+	}
 	if c == nil {
 		p.misses.Add(1)
 		var err error
@@ -241,6 +246,7 @@ func (p *Pool) Start(ctx context.Context, spec *sandbox.Spec) (sandbox.Sandbox, 
 	} else {
 		p.hits.Add(1)
 	}
+	c.onClose = f.kick
 	c.attach(spec.Stdout, spec.Stderr)
 	return c, nil
 }
@@ -351,7 +357,7 @@ func (p *Pool) underBudget() bool {
 func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, error) {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	c := &child{done: make(chan struct{}), onIdleDeath: func() { p.idleDeaths.Add(1); f.kick() }}
+	c := &child{ended: make(chan struct{}), done: make(chan struct{}), onIdleDeath: func() { p.idleDeaths.Add(1); f.kick() }}
 	var err error
 	var childFiles []*os.File
 	defer func() {

@@ -97,6 +97,15 @@ type Sandbox interface {
 	Close() error
 }
 
+// Ender is implemented by sandboxes that can tell that every process has
+// ended, and give the resource figures, before they know the exit status.
+// A caller that already has its result from the worker needs no more.
+type Ender interface {
+	// WaitEnded blocks until every process of the sandbox is gone and its
+	// output copied, and returns Exit without Code and Signal.
+	WaitEnded() Exit
+}
+
 // Exit says how a sandbox ended.
 type Exit struct {
 	Code            int            // exit code, or -1 when killed by a signal
