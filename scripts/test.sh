@@ -8,8 +8,9 @@ cd "$(dirname "$0")/.."
 #   python3     the default interpreter every sandbox runs
 #   bubblewrap  the bwrap backend's tests
 #   passwd      useradd/userdel, for the unprivileged-user test
+#   python3-pandas  the warm pool's preloading tests
 need=()
-for pkg in python3 bubblewrap passwd; do
+for pkg in python3 bubblewrap passwd python3-pandas; do
 	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -65,9 +65,16 @@ type Posture struct {
 	Limits       Limits                `json:"limits"`
 	Python       *interp.Interpreter   `json:"python"`
 	Interpreters []*interp.Interpreter `json:"interpreters"`
+	// Pool describes the warm pool, when runs come from one.
+	Pool *sandbox.PoolInfo `json:"pool,omitempty"`
 	// Problems lists every layer that is missing and why, with advice.
 	Problems   []string  `json:"problems"`
 	MeasuredAt time.Time `json:"measured_at"`
+}
+
+// pooled is implemented by a warm-pool backend.
+type pooled interface {
+	Info() sandbox.PoolInfo
 }
 
 // Usable reports whether the requested backend works here as promised.
@@ -122,6 +129,10 @@ func (e *Engine) Measure(ctx context.Context, interpreters []*interp.Interpreter
 		MaxConcurrent:         e.cfg.MaxConcurrent,
 		MaxQueue:              e.cfg.MaxQueue,
 		MemoryEnforcedBy:      "none",
+	}
+	if pb, ok := e.cfg.Backend.(pooled); ok {
+		info := pb.Info()
+		p.Pool = &info
 	}
 	pr, err := e.probe(ctx)
 	if err != nil {

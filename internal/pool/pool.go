@@ -192,6 +192,15 @@ func (p *Pool) Preload() (loaded []string, failed map[string]string) {
 	return p.heavy.z.Ready.Preloaded, p.heavy.z.Ready.Failed
 }
 
+// Info describes the pool for check_environment.
+func (p *Pool) Info() sandbox.PoolInfo {
+	loaded, failed := p.Preload()
+	if loaded == nil {
+		loaded = []string{}
+	}
+	return sandbox.PoolInfo{Size: p.cfg.Size, Preloaded: loaded, Failed: failed}
+}
+
 // Stats are counters for benchmarks and logs.
 type Stats struct {
 	Ready, Hits, Misses, IdleDeaths int64

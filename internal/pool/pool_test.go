@@ -309,3 +309,15 @@ func (s *syncBuf) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// With pandas preloaded, a pandas run in a fresh sandbox finds it imported.
+func TestPreloadPandas(t *testing.T) {
+	e, p := newPooledEngine(t, 1, []string{"pandas"})
+	if loaded, failed := p.Preload(); len(loaded) != 1 || len(failed) != 0 {
+		t.Fatalf("pandas not preloaded (install python3-pandas): %v %v", loaded, failed)
+	}
+	r := run(t, e, "import sys\npre = 'pandas' in sys.modules\nimport pandas as pd\ndf = pd.DataFrame({'x': range(10)})\n{'pre': pre, 'sum': int(df.x.sum())}")
+	if r.Status != engine.StatusSuccess || fmt.Sprint(r.ReturnValue) != "map[pre:true sum:45]" {
+		t.Fatalf("%+v", r)
+	}
+}

@@ -125,3 +125,11 @@ type Backend interface {
 // ErrUnavailable is wrapped by errors that mean the backend cannot work on
 // this machine at all (as opposed to one start failing).
 var ErrUnavailable = errors.New("sandbox backend unavailable")
+
+// PoolInfo describes a warm pool (internal/pool), a backend that serves
+// runs from sandboxes it prepared ahead of demand.
+type PoolInfo struct {
+	Size      int               `json:"size"`
+	Preloaded []string          `json:"preloaded"`
+	Failed    map[string]string `json:"preload_failed,omitempty"`
+}

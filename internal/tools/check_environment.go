@@ -64,6 +64,13 @@ func PostureText(p *engine.Posture) string {
 	fmt.Fprintf(&b, "limits: memory %d MiB (%s), processes %d, scratch %d MiB, output %d KiB per stream, timeout %ds (max %ds), %d concurrent runs + %d queued\n",
 		lim.MemoryBytes>>20, lim.MemoryEnforcedBy, lim.MaxProcs, lim.TmpBytes>>20, lim.MaxOutputBytes>>10,
 		lim.DefaultTimeoutSeconds, lim.MaxTimeoutSeconds, lim.MaxConcurrent, lim.MaxQueue)
+	if p.Pool != nil {
+		fmt.Fprintf(&b, "warm pool: %d ready per zygote, preloaded %v", p.Pool.Size, p.Pool.Preloaded)
+		for m, why := range p.Pool.Failed {
+			fmt.Fprintf(&b, "; could not preload %s (%s)", m, why)
+		}
+		b.WriteString("\n")
+	}
 	if len(p.Interpreters) > 0 {
 		b.WriteString("interpreters found:\n")
 		for _, it := range p.Interpreters {
