@@ -90,10 +90,34 @@ type Pool struct {
 
 // flavor is one zygote and its ready children.
 type flavor struct {
-	z       *zygote
+	mu      sync.Mutex
+	z       *zygote // replaced when it dies (see zygote)
+	preload []string
 	modules []string
 	ready   chan *child
 	refill  chan struct{}
+	restart func(context.Context) (*zygote, error)
+}
+
+// zygote returns the flavor's zygote, starting a new one if it died (it
+// should not, but an OOM kill or a bug must not leave the server unable to
+// run anything until it is restarted).
+func (f *flavor) zygote(ctx context.Context, log *slog.Logger) (*zygote, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	select {
+	case <-f.z.done:
+	default:
+		return f.z, nil
+	}
+	log.Warn("pool: zygote died; starting a new one", "err", f.z.err())
+	f.z.close()
+	z, err := f.restart(ctx)
+	if err != nil {
+		return nil, err
+	}
+	f.z = z
+	return z, nil
 }
 
 // New starts the zygote, waits until it has imported cfg.Preload, and
@@ -168,7 +192,8 @@ func (p *Pool) newFlavor(ctx context.Context, preload []string) (*flavor, error)
 	if err != nil {
 		return nil, err
 	}
-	f := &flavor{z: z, ready: make(chan *child, max(cfg.Size, 1)), refill: make(chan struct{}, 1)}
+	f := &flavor{z: z, preload: preload, ready: make(chan *child, max(cfg.Size, 1)), refill: make(chan struct{}, 1)}
+	f.restart = func(ctx context.Context) (*zygote, error) { return startZygote(ctx, cfg.Backend, &zspec, preload) }
 	p.wg.Add(1)
 	go p.refillLoop(f)
 	f.kick()
@@ -339,7 +364,9 @@ func (p *Pool) underBudget() bool {
 		if f == nil {
 			continue
 		}
+		f.mu.Lock()
 		used += f.z.Ready.RSSBytes
+		f.mu.Unlock()
 		n := len(f.ready)
 		perChild := int64(8 << 20) // a fork's own pages, when no cgroup measures them
 		// Sample one idle child rather than walk the channel.
@@ -460,7 +487,11 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, erro
 	if req.TmpBytes <= 0 {
 		req.TmpBytes = 256 << 20
 	}
-	sp, err := f.z.spawn(ctx, req, []int{int(childFiles[0].Fd()), int(childFiles[1].Fd()), int(childFiles[2].Fd())})
+	z, err := f.zygote(ctx, p.cfg.Logger)
+	if err != nil {
+		return fail(err)
+	}
+	sp, err := z.spawn(ctx, req, []int{int(childFiles[0].Fd()), int(childFiles[1].Fd()), int(childFiles[2].Fd())})
 	if err != nil {
 		// The child may have said why on its control socket.
 		c.ctrl.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
@@ -539,7 +570,10 @@ func (p *Pool) Close() error {
 				drained = true
 			}
 		}
-		if e := f.z.close(); e != nil && err == nil {
+		f.mu.Lock()
+		e := f.z.close()
+		f.mu.Unlock()
+		if e != nil && err == nil {
 			err = e
 		}
 	}

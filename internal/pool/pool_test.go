@@ -321,3 +321,18 @@ func TestPreloadPandas(t *testing.T) {
 		t.Fatalf("%+v", r)
 	}
 }
+
+// A zygote that dies is replaced, and the server keeps serving.
+func TestZygoteDeathIsSurvived(t *testing.T) {
+	e, p := newPooledEngine(t, 1, nil)
+	p.light.mu.Lock()
+	z := p.light.z
+	p.light.mu.Unlock()
+	z.sb.Kill()
+	<-z.done
+	for i := 0; i < 3; i++ {
+		if r := run(t, e, "print('still here')"); r.Status != engine.StatusSuccess || r.Stdout != "still here\n" {
+			t.Fatalf("run %d after the zygote died: %+v", i, r)
+		}
+	}
+}
