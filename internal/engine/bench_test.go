@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"github.com/pysandbox/pysandbox/internal/testutil"
+
 	"context"
 	"os/exec"
 	"testing"
@@ -21,7 +23,7 @@ func BenchmarkSpawnPython(b *testing.B) {
 // ratio to BenchmarkSpawnPython is reported as x_python3.
 func BenchmarkRunHello(b *testing.B) {
 	e := newEngine(b, nil)
-	base := spawnBaseline(b)
+	base := testutil.SpawnBaseline(b)
 	ctx := context.Background()
 	var total time.Duration
 	for b.Loop() {
@@ -49,17 +51,4 @@ func BenchmarkRunHelloParallel(b *testing.B) {
 			}
 		}
 	})
-}
-
-// spawnBaseline times python3 -c pass in the same process, for ratios.
-func spawnBaseline(b *testing.B) time.Duration {
-	b.Helper()
-	const n = 10
-	t := time.Now()
-	for range n {
-		if err := exec.Command("/usr/bin/python3", "-c", "pass").Run(); err != nil {
-			b.Fatal(err)
-		}
-	}
-	return time.Since(t) / n
 }

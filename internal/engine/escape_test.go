@@ -10,6 +10,8 @@ package engine
 // test binary exists and "nothing new is left behind" is well defined.
 
 import (
+	"github.com/pysandbox/pysandbox/internal/testutil"
+
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -331,24 +333,6 @@ func escSHA(t testing.TB, path string) [32]byte {
 		t.Fatal(err)
 	}
 	return sha256.Sum256(b)
-}
-
-// escSyncBuf is a goroutine-safe live output sink.
-type escSyncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *escSyncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *escSyncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // ---------------------------------------------------------------- 1. host files
@@ -1546,7 +1530,7 @@ time.sleep(100)
 
 // escOrphanRun is one run of escOrphans in the background.
 type escOrphanRun struct {
-	live escSyncBuf
+	live testutil.SyncBuffer
 	done chan struct{}
 	r    *Result
 	err  error

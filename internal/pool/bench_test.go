@@ -1,8 +1,9 @@
 package pool
 
 import (
+	"github.com/pysandbox/pysandbox/internal/testutil"
+
 	"context"
-	"os/exec"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -16,7 +17,7 @@ import (
 // a fresh sandbox; x_python3 is its ratio to spawning python3 -c pass.
 func BenchmarkPooledHello(b *testing.B) {
 	e, _ := newPooledEngine(b, 4, nil)
-	base := spawnBaseline(b)
+	base := testutil.SpawnBaseline(b)
 	time.Sleep(500 * time.Millisecond) // let the pool fill
 	var total time.Duration
 	for b.Loop() {
@@ -59,16 +60,4 @@ func BenchmarkPooledThroughput(b *testing.B) {
 	server := (ru1.Utime.Nano() + ru1.Stime.Nano()) - (ru0.Utime.Nano() + ru0.Stime.Nano())
 	b.ReportMetric(float64(b.N)/el.Seconds(), "runs/s")
 	b.ReportMetric(float64(server)/1e6/float64(b.N), "server-cpu-ms/run")
-}
-
-func spawnBaseline(b *testing.B) time.Duration {
-	b.Helper()
-	const n = 10
-	t := time.Now()
-	for range n {
-		if err := exec.Command("/usr/bin/python3", "-c", "pass").Run(); err != nil {
-			b.Fatal(err)
-		}
-	}
-	return time.Since(t) / n
 }

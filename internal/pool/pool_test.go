@@ -1,6 +1,8 @@
 package pool
 
 import (
+	"github.com/pysandbox/pysandbox/internal/testutil"
+
 	"bytes"
 	"context"
 	"encoding/json"
@@ -62,7 +64,7 @@ except BlockingIOError:
     pass
 print(sorted(os.listdir("/tmp")), sorted(os.listdir("/work")), sorted(os.listdir("/dev/shm")))
 `
-	var out syncBuf
+	var out testutil.SyncBuffer
 	done := make(chan *engine.Result, 1)
 	go func() {
 		r, err := e.Run(context.Background(), engine.RunRequest{Code: victim, Stdout: &out})
@@ -291,23 +293,6 @@ func (p *Pool) ready0HostPID(t *testing.T) int {
 	c := <-p.light.ready
 	p.light.ready <- c
 	return c.hostPID
-}
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // With pandas preloaded, a pandas run in a fresh sandbox finds it imported.

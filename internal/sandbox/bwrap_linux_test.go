@@ -1,6 +1,8 @@
 package sandbox
 
 import (
+	"github.com/pysandbox/pysandbox/internal/testutil"
+
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -34,27 +36,9 @@ func requireBwrap(t *testing.T) *Bwrap {
 	return b
 }
 
-// syncBuffer is a bytes.Buffer safe for the copy goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 var bwrapTestEnv = []string{"PATH=/usr/bin:/bin", "HOME=/work", "LANG=C.UTF-8", "PYSANDBOX_TEST=bwrap"}
 
-func bwrapSpec(code string, lim Limits, out, errb *syncBuffer) *Spec {
+func bwrapSpec(code string, lim Limits, out, errb *testutil.SyncBuffer) *Spec {
 	return &Spec{
 		Python: "/usr/bin/python3", Prefix: "/usr",
 		Args:   []string{"-I", "-c", code},
@@ -65,9 +49,9 @@ func bwrapSpec(code string, lim Limits, out, errb *syncBuffer) *Spec {
 	}
 }
 
-func startBwrap(t *testing.T, b *Bwrap, code string, lim Limits) (*bwrapSandbox, *syncBuffer, *syncBuffer) {
+func startBwrap(t *testing.T, b *Bwrap, code string, lim Limits) (*bwrapSandbox, *testutil.SyncBuffer, *testutil.SyncBuffer) {
 	t.Helper()
-	out, errb := &syncBuffer{}, &syncBuffer{}
+	out, errb := &testutil.SyncBuffer{}, &testutil.SyncBuffer{}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	sb, err := b.Start(ctx, bwrapSpec(code, lim, out, errb))
@@ -386,7 +370,7 @@ func TestBwrapExitStatus(t *testing.T) {
 
 func TestBwrapSetupErrorIsStartError(t *testing.T) {
 	b := requireBwrap(t)
-	out, errb := &syncBuffer{}, &syncBuffer{}
+	out, errb := &testutil.SyncBuffer{}, &testutil.SyncBuffer{}
 	spec := bwrapSpec("print(1)", Limits{MemoryBytes: 128 << 20, MaxProcs: 16}, out, errb)
 	spec.Python = "/usr/bin/no-such-python3"
 	sb, err := b.Start(context.Background(), spec)
@@ -532,7 +516,7 @@ func TestBwrapConcurrent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			code := fmt.Sprintf("import os, time; open('/tmp/mine', 'w').write('%d'); time.sleep(0.3); print(os.getuid(), open('/tmp/mine').read(), sorted(os.listdir('/tmp')))", i)
-			out, errb := &syncBuffer{}, &syncBuffer{}
+			out, errb := &testutil.SyncBuffer{}, &testutil.SyncBuffer{}
 			sb, err := b.Start(context.Background(), bwrapSpec(code, Limits{MemoryBytes: 128 << 20, MaxProcs: 16}, out, errb))
 			if err != nil {
 				t.Error(err)

@@ -1,6 +1,8 @@
 package cgroup
 
 import (
+	"github.com/pysandbox/pysandbox/internal/testutil"
+
 	"bufio"
 	"bytes"
 	"errors"
@@ -12,7 +14,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -423,7 +424,7 @@ func TestPidsLimitV1(t *testing.T) {
 	requireV1(t)
 	const limit = 8
 	g := newGroup(t, Limits{Pids: limit})
-	var stderr syncBuffer
+	var stderr testutil.SyncBuffer
 	cmd := startIn(t, g, io.Discard, &stderr, "/bin/sh", "-c",
 		`i=0; while [ $i -lt 20 ]; do sleep 30 & i=$((i+1)); done; echo done >&2; wait`)
 
@@ -698,21 +699,4 @@ func TestV2MoveToLeaf(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(unifiedMount, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
 		t.Fatal(err)
 	}
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -1,0 +1,45 @@
+// Package testutil holds small helpers shared by the tests and benchmarks
+// of several packages. Nothing outside tests imports it.
+package testutil
+
+import (
+	"bytes"
+	"os/exec"
+	"sync"
+	"testing"
+	"time"
+)
+
+// SyncBuffer is a bytes.Buffer that output-copying goroutines can write to
+// while a test reads it.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// SpawnBaseline times `/usr/bin/python3 -c pass`, spawned directly with no
+// isolation, in the calling process: the reference every benchmark ratio
+// is taken against.
+func SpawnBaseline(b testing.TB) time.Duration {
+	b.Helper()
+	const n = 10
+	t := time.Now()
+	for range n {
+		if err := exec.Command("/usr/bin/python3", "-c", "pass").Run(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return time.Since(t) / n
+}
