@@ -1,0 +1,152 @@
+package workspace
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	// DefaultListMax is the entry limit List uses when asked for max <= 0.
+	DefaultListMax = 1000
+	// MaxListDepth is how many directory levels below its start List
+	// descends.
+	MaxListDepth = 32
+	// maxListScan bounds the names one List reads from directories in
+	// all, so a directory with millions of entries costs bounded time and
+	// memory. Names must all be read before sorting, so this is separate
+	// from the entry limit.
+	maxListScan = 1 << 17
+)
+
+// List walks the directory at path ("" or "." for the workspace root)
+// depth first, each directory's entries in byte order of their names, and
+// returns up to max entries (DefaultListMax when max <= 0), not including
+// the start directory itself. Paths in the entries are relative to the
+// workspace root.
+//
+// Symlinks met during the walk are never followed: they are listed with
+// Type "symlink" and their target text, so a link to "/" or a loop costs
+// nothing. Directories that are mount points or that we cannot open are
+// listed but not entered. truncated is true when entries were left out:
+// the max was reached, the walk stopped MaxListDepth levels down, or a
+// huge directory was not read to its end (then the order of what was
+// listed from it is only sorted among the names that were read).
+//
+// The start path follows symlinks that stay inside the workspace, like
+// Read. If it is not a directory, List returns just its Stat.
+func (d *Dir) List(path string, max int) (entries []FileInfo, truncated bool, err error) {
+	c, err := cleanDir(path)
+	if err != nil {
+		return nil, false, fmt.Errorf("workspace: list %q: %w", path, err)
+	}
+	if max <= 0 {
+		max = DefaultListMax
+	}
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.fd < 0 {
+		return nil, false, closed("list")
+	}
+	fd, err := openat2(d.fd, c, unix.O_RDONLY|unix.O_DIRECTORY, 0, resolveBeneath)
+	if errors.Is(err, unix.ENOTDIR) {
+		// Either the path names a non-directory, or one of its parents
+		// is not a directory; stat tells both apart.
+		info, err := d.stat(c)
+		if err != nil {
+			return nil, false, err
+		}
+		return []FileInfo{info}, false, nil
+	}
+	if err != nil {
+		return nil, false, lookupError("list", c, os.NewSyscallError("openat2", err))
+	}
+	w := walker{max: max, budget: maxListScan, out: []FileInfo{}}
+	prefix := ""
+	if c != "." {
+		prefix = c + "/"
+	}
+	if err := w.walk(fd, prefix, 1); err != nil {
+		return nil, false, lookupError("list", c, err)
+	}
+	return w.out, w.truncated, nil
+}
+
+type walker struct {
+	max       int
+	budget    int // names still allowed to be read
+	out       []FileInfo
+	truncated bool
+}
+
+// walk lists the directory open at fd, which it closes, and descends into
+// its subdirectories. Only errors reading the start directory itself are
+// returned: trouble further down (an entry vanishing or being swapped
+// under us, a directory we may not read) just leaves that part out.
+func (w *walker) walk(fd int, prefix string, depth int) error {
+	f := os.NewFile(uintptr(fd), prefix)
+	defer f.Close()
+	names, err := w.names(f)
+	if err != nil && depth == 1 {
+		return err
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		if len(w.out) >= w.max {
+			w.truncated = true
+			return nil
+		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			continue // gone since we read the directory
+		}
+		target := ""
+		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+			target = readlink(fd, name)
+		}
+		w.out = append(w.out, newFileInfo(prefix+name, &st, target))
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			continue
+		}
+		if depth >= MaxListDepth {
+			w.truncated = true
+			continue
+		}
+		// The entry was a directory when we looked; it may be a symlink
+		// by now. RESOLVE_NO_SYMLINKS and O_NOFOLLOW refuse that, and
+		// RESOLVE_NO_XDEV refuses mount points.
+		sub, err := openat2(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0, resolveNoLinks)
+		if err != nil {
+			continue
+		}
+		w.walk(sub, prefix+name+"/", depth+1)
+		if len(w.out) >= w.max && w.truncated {
+			return nil
+		}
+	}
+	return nil
+}
+
+// names reads the names in f, at most w.budget of them.
+func (w *walker) names(f *os.File) ([]string, error) {
+	var names []string
+	for {
+		if w.budget <= 0 {
+			w.truncated = true
+			return names, nil
+		}
+		batch, err := f.Readdirnames(min(w.budget, 1024))
+		w.budget -= len(batch)
+		names = append(names, batch...)
+		if err == io.EOF {
+			return names, nil
+		}
+		if err != nil {
+			return names, err
+		}
+	}
+}
