@@ -16,6 +16,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/tools"
 )
@@ -23,6 +24,15 @@ import (
 func serve(args []string, stderr io.Writer) error {
 	fs, o := newFlagSet("serve", "serve [--http ADDR] [flags]", stderr)
 	httpAddr := fs.String("http", "", "serve MCP over streamable HTTP on this loopback address (e.g. 127.0.0.1:8080) instead of stdio")
+	maxSessions := fs.Int("max-sessions", 8, "sessions open at once")
+	sessionTTL := duration(10 * time.Minute)
+	fs.Var(&sessionTTL, "session-ttl", "idle time after which a session expires, when create_session names none")
+	maxSessionTTL := duration(24 * time.Hour)
+	fs.Var(&maxSessionTTL, "max-session-ttl", "largest ttl_seconds create_session may ask for")
+	sessionsMemory := size(4 << 30)
+	fs.Var(&sessionsMemory, "sessions-memory", "memory budget of all sessions together (each may use --memory)")
+	maxUpload := size(16 << 20)
+	fs.Var(&maxUpload, "max-upload", "largest file upload_file accepts")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -58,7 +68,18 @@ func serve(args []string, stderr io.Writer) error {
 	for _, p := range posture.Problems {
 		log.Warn("sandbox", "problem", p)
 	}
-	srv := tools.NewServer(tools.Options{Engine: eng, Posture: posture, Logger: log})
+	if *maxSessions < 1 || sessionTTL <= 0 || maxSessionTTL < sessionTTL || maxUpload < 1 {
+		return usageError{fmt.Errorf("--max-sessions must be at least 1, --session-ttl positive and at most --max-session-ttl, --max-upload positive")}
+	}
+	sessions := eng.NewSessions(engine.SessionConfig{
+		MaxSessions:  *maxSessions,
+		DefaultTTL:   time.Duration(sessionTTL),
+		MaxTTL:       time.Duration(maxSessionTTL),
+		MemoryBudget: int64(sessionsMemory),
+	})
+	// Every session's processes, cgroups and files go when the server does.
+	defer sessions.Shutdown()
+	srv := tools.NewServer(tools.Options{Engine: eng, Posture: posture, Sessions: sessions, MaxUploadBytes: int64(maxUpload), Logger: log})
 	if *httpAddr == "" {
 		log.Info("serving MCP on stdio", "backend", posture.Backend, "posture", posture.Posture, "python", posture.Python.Version)
 		// Run returns nil on a clean EOF from the client.

@@ -161,6 +161,10 @@ type Result struct {
 	Message string `json:"message,omitempty"`
 	// Sandbox is the backend that ran the code; "none" means unsandboxed.
 	Sandbox string `json:"sandbox"`
+	// Figures are the matplotlib figures the run left open, as PNG.
+	Figures []Figure `json:"figures,omitempty"`
+	// ReturnText is a text rendering of a pandas return value.
+	ReturnText string `json:"return_text,omitempty"`
 	// Resource use, for the audit trail.
 	PeakMemoryBytes int64 `json:"peak_memory_bytes,omitempty"`
 	CPUTimeMS       int64 `json:"cpu_time_ms,omitempty"`
@@ -394,6 +398,18 @@ var pythonKeywords = map[string]bool{
 	"else": true, "except": true, "finally": true, "for": true, "from": true, "global": true, "if": true,
 	"import": true, "in": true, "is": true, "lambda": true, "nonlocal": true, "not": true, "or": true,
 	"pass": true, "raise": true, "return": true, "try": true, "while": true, "with": true, "yield": true,
+}
+
+// Figure is one matplotlib figure a run produced.
+type Figure struct {
+	Width    int  `json:"width"`
+	Height   int  `json:"height"`
+	Bytes    int  `json:"bytes"`
+	TooLarge bool `json:"too_large,omitempty"`
+	// URI is where a figure too large to inline can be read (resources/read).
+	URI string `json:"uri,omitempty"`
+	// PNG is the image; tools return it as image content, not as JSON.
+	PNG []byte `json:"-"`
 }
 
 // decodeReturn decodes the worker's JSON value, keeping numbers exact. The

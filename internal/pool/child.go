@@ -44,14 +44,20 @@ type child struct {
 
 func (c *child) Control() net.Conn { return c.ctrl }
 
-// alive reports whether the child is still waiting for work.
+// alive reports whether the child's pid 1 still runs. The pidfd answers
+// at once; the reaper may not have noticed yet.
 func (c *child) alive() bool {
 	select {
 	case <-c.ended:
 		return false
 	default:
+	}
+	if c.pidfd <= 0 {
 		return true
 	}
+	fds := []unix.PollFd{{Fd: int32(c.pidfd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n == 0
 }
 
 // attach routes the child's output to the run's writers.
@@ -257,4 +263,36 @@ func setupError(line []byte) string {
 		return clip([]byte(m.Message))
 	}
 	return fmt.Sprintf("%q", clip(line))
+}
+
+// OpenWorkspace implements sandbox.Sessioner.
+func (c *child) OpenWorkspace() (*os.File, error) {
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/root/work", c.hostPID), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("pool: open workspace: %w", os.NewSyscallError("open", err))
+	}
+	// The pid could have been reused had the child died in between: the
+	// pidfd says whether the process we opened through is still ours.
+	if !c.alive() {
+		unix.Close(fd)
+		return nil, errors.New("pool: the session's worker has exited")
+	}
+	return os.NewFile(uintptr(fd), "work"), nil
+}
+
+// Interrupt implements sandbox.Sessioner.
+func (c *child) Interrupt() error {
+	return os.NewSyscallError("pidfd_send_signal", unix.PidfdSendSignal(c.pidfd, unix.SIGINT, nil, 0))
+}
+
+// MemoryCurrent is the memory the child uses now (0 without a cgroup).
+func (c *child) MemoryCurrent() int64 {
+	if c.cg == nil {
+		return 0
+	}
+	st, err := c.cg.Stats()
+	if err != nil {
+		return 0
+	}
+	return st.MemoryCurrentBytes
 }

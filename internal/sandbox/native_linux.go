@@ -437,3 +437,20 @@ func RlimitTriples(l Limits, cg cgroup.Info) [][3]uint64 {
 	}
 	return out
 }
+
+func (s *nativeSandbox) OpenWorkspace() (*os.File, error) {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return nil, errors.New("sandbox: not started")
+	}
+	return openWorkspace(s.cmd.Process.Pid)
+}
+
+func (s *nativeSandbox) Interrupt() error {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return errors.New("sandbox: not started")
+	}
+	return s.cmd.Process.Signal(syscall.SIGINT)
+}
+
+// MemoryCurrent is the memory the sandbox uses now (0 without a cgroup).
+func (s *nativeSandbox) MemoryCurrent() int64 { return memoryCurrent(s.cg) }

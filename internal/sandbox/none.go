@@ -128,3 +128,14 @@ func (s *noneSandbox) Close() error {
 	})
 	return err
 }
+
+func (s *noneSandbox) OpenWorkspace() (*os.File, error) {
+	return os.Open(filepath.Join(s.dir, "work"))
+}
+
+func (s *noneSandbox) Interrupt() error {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return fmt.Errorf("sandbox: not started")
+	}
+	return s.cmd.Process.Signal(syscall.SIGINT)
+}

@@ -1,9 +1,11 @@
 package sandbox
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -71,4 +73,30 @@ func FinalFigures(cg *cgroup.Group, e *Exit) {
 		}
 	}
 	e.OOMKilled = cg.OOMKilled()
+}
+
+// openWorkspace opens /work of the sandbox whose pid 1 is pid, through
+// /proc/<pid>/root, without following a symlink at /work itself.
+func openWorkspace(pid int) (*os.File, error) {
+	if pid <= 0 {
+		return nil, errors.New("sandbox: no process to reach the workspace through")
+	}
+	path := "/proc/" + strconv.Itoa(pid) + "/root/work"
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: open workspace: %w", os.NewSyscallError("open", err))
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
+// memoryCurrent reads a cgroup's memory usage, 0 when there is none.
+func memoryCurrent(cg *cgroup.Group) int64 {
+	if cg == nil {
+		return 0
+	}
+	st, err := cg.Stats()
+	if err != nil {
+		return 0
+	}
+	return st.MemoryCurrentBytes
 }

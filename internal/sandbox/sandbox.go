@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"syscall"
 	"time"
 )
@@ -104,6 +105,19 @@ type Ender interface {
 	// WaitEnded blocks until every process of the sandbox is gone and its
 	// output copied, and returns Exit without Code and Signal.
 	WaitEnded() Exit
+}
+
+// Sessioner is implemented by sandboxes that can host a session: the
+// server can reach their /work, and can interrupt a run without killing
+// the worker.
+type Sessioner interface {
+	// OpenWorkspace opens the sandbox's /work for the server
+	// (O_RDONLY|O_DIRECTORY). The descriptor keeps the workspace reachable
+	// only for as long as it is open; the caller closes it.
+	OpenWorkspace() (*os.File, error)
+	// Interrupt sends SIGINT to the worker: Python raises
+	// KeyboardInterrupt in the running code, and the worker lives on.
+	Interrupt() error
 }
 
 // Exit says how a sandbox ended.

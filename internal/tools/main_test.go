@@ -82,3 +82,8 @@ func text(res *mcp.CallToolResult) string {
 	}
 	return s
 }
+
+func readHostFile(p string) (string, error) {
+	b, err := os.ReadFile(p)
+	return string(b), err
+}

@@ -21,16 +21,16 @@ type RunPythonInput struct {
 	Code           string         `json:"code" jsonschema:"Python 3 source code to run. The value of the last expression statement is returned as return_value, like a notebook cell. Top-level await works. Print to show output."`
 	TimeoutSeconds float64        `json:"timeout_seconds,omitempty" jsonschema:"Wall-clock limit in seconds (default 30; the server's maximum applies). Every process the code started is killed when it passes."`
 	Inputs         map[string]any `json:"inputs,omitempty" jsonschema:"JSON values to pass in: each key becomes a global variable of that name before the code runs."`
-	SessionID      string         `json:"session_id,omitempty" jsonschema:"Reserved: not supported yet. Omit it."`
+	SessionID      string         `json:"session_id,omitempty" jsonschema:"Run in this session (from create_session): its variables, imports and files persist between calls. Omit for a fresh sandbox."`
 	Dependencies   []string       `json:"dependencies,omitempty" jsonschema:"Reserved: not supported yet. Omit it; only the standard library and the interpreter's preinstalled packages are available."`
 	PythonVersion  string         `json:"python_version,omitempty" jsonschema:"Reserved: not supported yet. Omit it; check_environment names the interpreter."`
 }
 
 const runPythonDescription = `Run Python 3 code in a fresh, isolated sandbox and return its output.
 
-Each call starts from a clean interpreter: no variables, files or processes survive between calls. The sandbox has no network access, cannot see the host's files, and has limited memory, processes and time (see check_environment). /tmp and the working directory /work are writable scratch space that is discarded afterwards.
+Without session_id each call starts from a clean interpreter: no variables, files or processes survive between calls. With a session_id from create_session the code runs in that session, where variables, imports and files in /work persist. The sandbox has no network access, cannot see the host's files, and has limited memory, processes and time (see check_environment). /tmp and the working directory /work are writable scratch space that is discarded afterwards.
 
-The result has status (success, error, timeout, memory_limit, output_limit, killed or cancelled), exit_code, stdout, stderr (tracebacks use your code's own line numbers), return_value (the JSON value of the last expression, or its repr if it is not JSON-serialisable, or null), and duration_ms. Use inputs to pass data in as global variables instead of pasting it into the code.`
+The result has status (success, error, timeout, memory_limit, output_limit, killed or cancelled), exit_code, stdout, stderr (tracebacks use your code's own line numbers), return_value (the JSON value of the last expression, or its repr if it is not JSON-serialisable, or null), and duration_ms. Use inputs to pass data in as global variables instead of pasting it into the code. matplotlib figures left open (or shown with plt.show()) come back as PNG images.`
 
 func (s *server) addRunPython(srv *mcp.Server) {
 	mcp.AddTool(srv, &mcp.Tool{
@@ -46,7 +46,16 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 	if msg != "" {
 		return errorResult(msg), nil, nil
 	}
-	res, err := s.eng.Run(ctx, run)
+	var res *engine.Result
+	var err error
+	if in.SessionID != "" {
+		res, err = s.sessions.Run(ctx, in.SessionID, run)
+		if err != nil && !errors.Is(err, engine.ErrBusy) {
+			return sessionError(err), nil, nil
+		}
+	} else {
+		res, err = s.eng.Run(ctx, run)
+	}
 	switch {
 	case errors.Is(err, engine.ErrBusy):
 		return errorResult(fmt.Sprintf("The server is busy (%v). Nothing was run; try again shortly.", err)), nil, nil
@@ -56,10 +65,9 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 		s.log.Error("run failed", "err", err)
 		return errorResult(fmt.Sprintf("The sandbox could not run the code: %v. Nothing was run; run check_environment to see whether the sandbox works on this server.", err)), nil, nil
 	}
-	return &mcp.CallToolResult{
-		IsError: res.Status != engine.StatusSuccess,
-		Content: []mcp.Content{&mcp.TextContent{Text: summary(res)}},
-	}, res, nil
+	content := []mcp.Content{&mcp.TextContent{Text: summary(res)}}
+	content = append(content, s.figureContent(res, in.SessionID, s.runNumber(in.SessionID))...)
+	return &mcp.CallToolResult{IsError: res.Status != engine.StatusSuccess, Content: content}, res, nil
 }
 
 // checkRunInput validates everything the client sent. The message, when
@@ -67,8 +75,6 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 func (s *server) checkRunInput(in RunPythonInput) (engine.RunRequest, string) {
 	var run engine.RunRequest
 	switch {
-	case in.SessionID != "":
-		return run, "session_id is not supported by this server yet: every run_python call runs in a fresh sandbox. Remove session_id and pass the state you need via inputs."
 	case len(in.Dependencies) > 0:
 		return run, "dependencies are not supported by this server yet: only the standard library and the interpreter's preinstalled packages can be imported (check_environment names the interpreter). Remove dependencies."
 	case in.PythonVersion != "":
@@ -157,3 +163,16 @@ func summary(r *engine.Result) string {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// runNumber numbers a session's runs for figure file names.
+func (s *server) runNumber(sessionID string) int {
+	if sessionID == "" {
+		return 0
+	}
+	for _, i := range s.sessions.List() {
+		if i.ID == sessionID {
+			return i.Runs
+		}
+	}
+	return 0
+}

@@ -91,7 +91,7 @@ func TestRunPythonBadInput(t *testing.T) {
 		{"timeout over max", map[string]any{"code": "1", "timeout_seconds": 10000}, "maximum"},
 		{"bad input name", map[string]any{"code": "1", "inputs": map[string]any{"not valid": 1}}, "not a valid Python variable name"},
 		{"keyword input name", map[string]any{"code": "1", "inputs": map[string]any{"class": 1}}, "not a valid Python variable name"},
-		{"session_id", map[string]any{"code": "1", "session_id": "abc"}, "session_id is not supported"},
+		{"unknown session", map[string]any{"code": "1", "session_id": "abc"}, "create_session"},
 		{"dependencies", map[string]any{"code": "1", "dependencies": []any{"numpy"}}, "dependencies are not supported"},
 		{"python_version", map[string]any{"code": "1", "python_version": "3.12"}, "python_version is not supported"},
 		{"unknown field", map[string]any{"code": "1", "bogus": true}, "bogus"},

@@ -28,14 +28,26 @@ type Options struct {
 	// Posture, when set, is the posture measured at startup. When nil it is
 	// measured on first use.
 	Posture *engine.Posture
-	Logger  *slog.Logger
+	// Sessions serves create_session and friends; nil starts a manager
+	// with defaults (and the caller should Shutdown it through the server's
+	// cleanup).
+	Sessions *engine.Sessions
+	// MaxUploadBytes caps one upload_file; MaxInlineBytes is the largest
+	// file or figure returned inline; MaxDownloadBytes the largest
+	// resources/read. Zero means the defaults (16 MiB, 1 MiB, 64 MiB).
+	MaxUploadBytes, MaxInlineBytes, MaxDownloadBytes int64
+	Logger                                           *slog.Logger
 }
 
 // server holds what the handlers share.
 type server struct {
-	eng     *engine.Engine
-	log     *slog.Logger
-	posture func(context.Context) *engine.Posture
+	eng      *engine.Engine
+	sessions *engine.Sessions
+	figures  *figureStore
+	log      *slog.Logger
+	posture  func(context.Context) *engine.Posture
+
+	maxUpload, maxInline, maxDownload int64
 }
 
 // NewServer returns an MCP server with every pysandbox tool registered.
@@ -44,7 +56,20 @@ func NewServer(opts Options) *mcp.Server {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &server{eng: opts.Engine, log: log}
+	s := &server{eng: opts.Engine, log: log, sessions: opts.Sessions, figures: newFigureStore(),
+		maxUpload: opts.MaxUploadBytes, maxInline: opts.MaxInlineBytes, maxDownload: opts.MaxDownloadBytes}
+	if s.sessions == nil {
+		s.sessions = opts.Engine.NewSessions(engine.SessionConfig{})
+	}
+	if s.maxUpload <= 0 {
+		s.maxUpload = 16 << 20
+	}
+	if s.maxInline <= 0 {
+		s.maxInline = 1 << 20
+	}
+	if s.maxDownload <= 0 {
+		s.maxDownload = 64 << 20
+	}
 	var once sync.Once
 	p := opts.Posture
 	s.posture = func(ctx context.Context) *engine.Posture {
@@ -57,13 +82,17 @@ func NewServer(opts Options) *mcp.Server {
 	}
 	srv := mcp.NewServer(&mcp.Implementation{Name: "pysandbox", Title: "pysandbox: sandboxed Python", Version: Version}, &mcp.ServerOptions{
 		Instructions: "pysandbox runs Python 3 code in a fresh, isolated Linux sandbox for every call: no network, no access to the host's files, " +
-			"limited memory, processes and time. Use run_python to compute, analyse data or test code; check_environment to see the sandbox's " +
-			"limits and Python version; validate_script to check code without running it.",
+			"limited memory, processes and time. Use run_python to compute, analyse data or test code; create_session for multi-step work that keeps " +
+			"variables and files between calls (upload_file, list_files, download_file move files in and out; plots come back as images); " +
+			"check_environment to see the sandbox's limits and Python version; validate_script to check code without running it.",
 		Logger: log,
 	})
 	s.addRunPython(srv)
 	s.addCheckEnvironment(srv)
 	s.addValidateScript(srv)
+	s.addSessionTools(srv)
+	s.addFileTools(srv)
+	s.addFigureResources(srv)
 	return srv
 }
 

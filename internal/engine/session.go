@@ -1,0 +1,552 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/pysandbox/pysandbox/internal/sandbox"
+	"github.com/pysandbox/pysandbox/internal/worker"
+	"github.com/pysandbox/pysandbox/internal/workspace"
+)
+
+// SessionConfig configures sessions.
+type SessionConfig struct {
+	// MaxSessions caps the sessions alive at once.
+	MaxSessions int
+	// DefaultTTL is the idle time after which a session expires, when
+	// create_session names none; MaxTTL caps what it may ask for.
+	DefaultTTL, MaxTTL time.Duration
+	// MemoryBudget caps the memory limits of all sessions together: each
+	// session may use the per-run memory limit.
+	MemoryBudget int64
+}
+
+// Sessions manages long-lived workers that keep their state between runs:
+// the third way of running code, next to one-shot cold and pooled runs.
+//
+// A session whose worker dies (os._exit, the memory limit, a signal, a
+// timeout it would not stop for) is marked dead, not restarted: restarting
+// with empty state would let an agent believe its variables still exist.
+// The next call on it says how it died and that a new session is needed.
+type Sessions struct {
+	e   *Engine
+	cfg SessionConfig
+
+	mu    sync.Mutex
+	live  map[string]*Session
+	gone  map[string]string // id → why it ended, for clear errors (bounded)
+	order []string          // gone ids, oldest first
+	quit  chan struct{}
+	wg    sync.WaitGroup
+}
+
+// Session is one long-lived sandboxed worker and its workspace.
+type Session struct {
+	ID      string
+	Created time.Time
+	TTL     time.Duration
+
+	sb   sandbox.Sandbox
+	conn *worker.Conn
+	ws   *workspace.Dir
+	out  *router
+	errs *router
+
+	runMu sync.Mutex // one run at a time
+
+	mu       sync.Mutex
+	lastUsed time.Time
+	runs     int
+	dead     string // why it ended; "" while alive
+	wsUsers  sync.WaitGroup
+}
+
+// SessionInfo is what list_sessions and create_session report.
+type SessionInfo struct {
+	ID          string    `json:"session_id"`
+	Created     time.Time `json:"created"`
+	LastUsed    time.Time `json:"last_used"`
+	ExpiresAt   time.Time `json:"expires_at"`
+	MemoryBytes int64     `json:"memory_bytes"`
+	Runs        int       `json:"runs"`
+}
+
+// Errors that tell the agent what to do next.
+var (
+	ErrNoSession       = errors.New("no such session")
+	ErrTooManySessions = errors.New("too many sessions")
+)
+
+// SessionGoneError says why a session no longer exists.
+type SessionGoneError struct {
+	ID, Why string
+}
+
+func (e *SessionGoneError) Error() string {
+	return fmt.Sprintf("session %s has ended: %s; its state is lost. Create a new session with create_session", e.ID, e.Why)
+}
+
+// NewSessions starts the session manager and its idle reaper.
+func (e *Engine) NewSessions(cfg SessionConfig) *Sessions {
+	if cfg.MaxSessions <= 0 {
+		cfg.MaxSessions = 8
+	}
+	if cfg.DefaultTTL <= 0 {
+		cfg.DefaultTTL = 10 * time.Minute
+	}
+	if cfg.MaxTTL < cfg.DefaultTTL {
+		cfg.MaxTTL = max(cfg.DefaultTTL, 24*time.Hour)
+	}
+	if cfg.MemoryBudget <= 0 {
+		cfg.MemoryBudget = int64(cfg.MaxSessions) * max(e.cfg.Limits.MemoryBytes, 1)
+	}
+	s := &Sessions{e: e, cfg: cfg, live: map[string]*Session{}, gone: map[string]string{}, quit: make(chan struct{})}
+	s.wg.Add(1)
+	go s.reaper()
+	return s
+}
+
+// Config returns the effective configuration.
+func (s *Sessions) Config() SessionConfig { return s.cfg }
+
+func newID() string {
+	var b [9]byte
+	rand.Read(b[:])
+	return "s-" + hex.EncodeToString(b[:])
+}
+
+// Create starts a session. ttl 0 means the default.
+func (s *Sessions) Create(ctx context.Context, ttl time.Duration) (*SessionInfo, error) {
+	if ttl <= 0 {
+		ttl = s.cfg.DefaultTTL
+	}
+	ttl = min(ttl, s.cfg.MaxTTL)
+	s.mu.Lock()
+	n := len(s.live)
+	s.mu.Unlock()
+	if n >= s.cfg.MaxSessions {
+		return nil, fmt.Errorf("%w: %d of %d are open; close one with close_session (list_sessions shows them)", ErrTooManySessions, n, s.cfg.MaxSessions)
+	}
+	if int64(n+1)*s.e.cfg.Limits.MemoryBytes > s.cfg.MemoryBudget {
+		return nil, fmt.Errorf("%w: the sessions' memory budget (%d MiB) is used by %d sessions; close one with close_session", ErrTooManySessions, s.cfg.MemoryBudget>>20, n)
+	}
+	sess := &Session{ID: newID(), Created: time.Now(), TTL: ttl, out: newRouter(), errs: newRouter()}
+	sess.lastUsed = sess.Created
+	spec := s.e.spec(false, sess.out, sess.errs)
+	sb, err := s.e.cfg.Backend.Start(ctx, spec)
+	if err != nil {
+		return nil, fmt.Errorf("engine: start session: %w", err)
+	}
+	sess.sb = sb
+	fail := func(err error) (*SessionInfo, error) {
+		sb.Close()
+		return nil, err
+	}
+	ssr, ok := sb.(sandbox.Sessioner)
+	if !ok {
+		return fail(fmt.Errorf("engine: the %s backend cannot host sessions", s.e.cfg.Backend.Kind()))
+	}
+	sess.conn = worker.NewConn(sb.Control())
+	if _, err := sess.conn.Ready(ctx); err != nil {
+		return fail(fmt.Errorf("engine: session worker did not start: %w", err))
+	}
+	f, err := ssr.OpenWorkspace()
+	if err != nil {
+		return fail(err)
+	}
+	if sess.ws, err = workspace.Open(f); err != nil {
+		f.Close()
+		return fail(fmt.Errorf("engine: %w", err))
+	}
+	s.mu.Lock()
+	if len(s.live) >= s.cfg.MaxSessions {
+		s.mu.Unlock()
+		sess.ws.Close()
+		return fail(fmt.Errorf("%w: %d of %d are open; close one with close_session", ErrTooManySessions, len(s.live), s.cfg.MaxSessions))
+	}
+	s.live[sess.ID] = sess
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go s.watch(sess)
+	info := sess.info()
+	return &info, nil
+}
+
+// watch notices a worker that dies between runs.
+func (s *Sessions) watch(sess *Session) {
+	defer s.wg.Done()
+	exit := sess.sb.Wait()
+	sess.mu.Lock()
+	if sess.dead == "" {
+		sess.dead = describeExit(exit, s.e.cfg.Limits.MemoryBytes)
+	}
+	why := sess.dead
+	sess.mu.Unlock()
+	s.remove(sess, why)
+}
+
+// describeExit says in words how a session's worker ended.
+func describeExit(exit sandbox.Exit, memLimit int64) string {
+	switch {
+	case exit.OOMKilled:
+		return fmt.Sprintf("its worker was killed for exceeding the %d MiB memory limit", memLimit>>20)
+	case exit.Signal != 0:
+		return "its worker was killed by signal " + exit.Signal.String()
+	default:
+		return fmt.Sprintf("its worker exited with code %d", exit.Code)
+	}
+}
+
+// remove forgets a session (keeping why it ended) and releases everything
+// it held on the host.
+func (s *Sessions) remove(sess *Session, why string) {
+	s.mu.Lock()
+	if s.live[sess.ID] == sess {
+		delete(s.live, sess.ID)
+		s.gone[sess.ID] = why
+		s.order = append(s.order, sess.ID)
+		if len(s.order) > 1024 {
+			delete(s.gone, s.order[0])
+			s.order = s.order[1:]
+		}
+	}
+	s.mu.Unlock()
+	sess.mu.Lock()
+	if sess.dead == "" {
+		sess.dead = why
+	}
+	sess.mu.Unlock()
+	sess.sb.Kill()
+	// File operations in flight finish first: the workspace descriptor
+	// keeps the session's tmpfs alive until it is closed.
+	sess.wsUsers.Wait()
+	if sess.ws != nil {
+		sess.ws.Close()
+	}
+	sess.conn.Close()
+	sess.sb.Close()
+}
+
+// get returns a live session or an error that says what to do.
+func (s *Sessions) get(id string) (*Session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sess, ok := s.live[id]; ok {
+		return sess, nil
+	}
+	if why, ok := s.gone[id]; ok {
+		return nil, &SessionGoneError{ID: id, Why: why}
+	}
+	return nil, fmt.Errorf("%w %q (it never existed, or ended long ago)", ErrNoSession, id)
+}
+
+// Close ends a session and deletes its workspace.
+func (s *Sessions) Close(id string) error {
+	sess, err := s.get(id)
+	if err != nil {
+		return err
+	}
+	s.remove(sess, "it was closed with close_session")
+	sess.sb.Wait()
+	return nil
+}
+
+// List reports every live session.
+func (s *Sessions) List() []SessionInfo {
+	s.mu.Lock()
+	all := make([]*Session, 0, len(s.live))
+	for _, sess := range s.live {
+		all = append(all, sess)
+	}
+	s.mu.Unlock()
+	out := make([]SessionInfo, 0, len(all))
+	for _, sess := range all {
+		out = append(out, sess.info())
+	}
+	return out
+}
+
+func (sess *Session) info() SessionInfo {
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	i := SessionInfo{ID: sess.ID, Created: sess.Created.UTC(), LastUsed: sess.lastUsed.UTC(), ExpiresAt: sess.lastUsed.Add(sess.TTL).UTC(), Runs: sess.runs}
+	if m, ok := sess.sb.(interface{ MemoryCurrent() int64 }); ok {
+		i.MemoryBytes = m.MemoryCurrent()
+	}
+	return i
+}
+
+func (sess *Session) touch() {
+	sess.mu.Lock()
+	sess.lastUsed = time.Now()
+	sess.mu.Unlock()
+}
+
+// reaper closes sessions idle for longer than their TTL.
+func (s *Sessions) reaper() {
+	defer s.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.quit:
+			return
+		case now := <-t.C:
+			s.mu.Lock()
+			var expired []*Session
+			for _, sess := range s.live {
+				sess.mu.Lock()
+				idle := now.Sub(sess.lastUsed) > sess.TTL
+				sess.mu.Unlock()
+				// A session in the middle of a run is not idle.
+				if idle && sess.runMu.TryLock() {
+					sess.runMu.Unlock()
+					expired = append(expired, sess)
+				}
+			}
+			s.mu.Unlock()
+			for _, sess := range expired {
+				s.remove(sess, fmt.Sprintf("it expired after %s without use", sess.TTL))
+			}
+		}
+	}
+}
+
+// Shutdown closes every session; nothing of them is left on the host.
+func (s *Sessions) Shutdown() {
+	select {
+	case <-s.quit:
+		return
+	default:
+		close(s.quit)
+	}
+	s.mu.Lock()
+	all := make([]*Session, 0, len(s.live))
+	for _, sess := range s.live {
+		all = append(all, sess)
+	}
+	s.mu.Unlock()
+	for _, sess := range all {
+		s.remove(sess, "the server shut down")
+	}
+	s.wg.Wait()
+}
+
+// Run runs code in a session: globals, imports and files persist. Calls on
+// one session are serialised.
+func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result, error) {
+	for k := range req.Inputs {
+		if !IsIdentifier(k) {
+			return nil, fmt.Errorf("engine: input name %q is not a Python identifier", k)
+		}
+	}
+	sess, err := s.get(id)
+	if err != nil {
+		return nil, err
+	}
+	sess.runMu.Lock()
+	defer sess.runMu.Unlock()
+	sess.mu.Lock()
+	dead := sess.dead
+	sess.mu.Unlock()
+	if dead != "" {
+		return nil, &SessionGoneError{ID: id, Why: dead}
+	}
+	sess.touch()
+	defer sess.touch()
+
+	start := time.Now()
+	timeout := s.e.timeout(req.Timeout)
+	stdout := newCapture(s.e.cfg.MaxOutput, req.Stdout)
+	stderr := newCapture(s.e.cfg.MaxOutput, req.Stderr)
+	sess.out.begin(stdout)
+	sess.errs.begin(stderr)
+	defer sess.out.begin(nil)
+	defer sess.errs.begin(nil)
+
+	// At the deadline (or on cancellation) the run is interrupted with
+	// SIGINT, which keeps the session and its state; a worker that does not
+	// answer within the grace period is killed, and the session with it.
+	const grace = 3 * time.Second
+	interrupted := make(chan string, 1)
+	timer := time.AfterFunc(timeout, func() {
+		select {
+		case interrupted <- "timeout":
+		default:
+		}
+		sess.sb.(sandbox.Sessioner).Interrupt()
+	})
+	defer timer.Stop()
+	stopCancel := context.AfterFunc(ctx, func() {
+		select {
+		case interrupted <- "cancelled":
+		default:
+		}
+		sess.sb.(sandbox.Sessioner).Interrupt()
+	})
+	defer stopCancel()
+	callCtx, cancel := context.WithTimeout(context.Background(), timeout+grace)
+	defer cancel()
+	go func() {
+		select {
+		case <-ctx.Done():
+			// After a cancellation the worker gets the same grace period.
+			select {
+			case <-time.After(grace):
+				cancel()
+			case <-callCtx.Done():
+			}
+		case <-callCtx.Done():
+		}
+	}()
+
+	res, runErr := sess.conn.Run(callCtx, worker.Request{
+		Code: req.Code, Inputs: req.Inputs, Filename: req.Filename, MaxReturnBytes: 64 << 10,
+	})
+	var why string
+	select {
+	case why = <-interrupted:
+	default:
+	}
+	if runErr == nil {
+		s.syncOutput(sess)
+	}
+	sess.mu.Lock()
+	sess.runs++
+	sess.mu.Unlock()
+
+	var exit sandbox.Exit
+	if runErr != nil {
+		// The worker died, or would not stop: the session ends here.
+		sess.sb.Kill()
+		exit = sess.sb.Wait()
+	}
+	r := s.e.finish(ctx, callCtx, start, stdout, stderr, res, runErr, exit, timeout)
+	// A SIGINT that raced with the run's normal end interrupted nothing.
+	interruptedRun := res != nil && res.Error != nil && res.Error.Type == "KeyboardInterrupt"
+	switch {
+	case why == "timeout" && interruptedRun:
+		r.Status, r.ExitCode = StatusTimeout, -1
+		r.Message = fmt.Sprintf("the run exceeded its %s timeout and was interrupted (KeyboardInterrupt); the session and its state are kept", timeout)
+	case why == "cancelled" && interruptedRun:
+		r.Status, r.ExitCode = StatusCancelled, -1
+		r.Message = "the run was cancelled and interrupted (KeyboardInterrupt); the session and its state are kept"
+	case runErr != nil:
+		whyDead := describeExit(exit, s.e.cfg.Limits.MemoryBytes)
+		switch {
+		case why == "timeout":
+			r.Status, r.ExitCode = StatusTimeout, -1
+			whyDead = fmt.Sprintf("it did not stop within %s of its %s timeout and was killed", grace, timeout)
+		case why == "cancelled":
+			r.Status, r.ExitCode = StatusCancelled, -1
+			whyDead = "the run was cancelled and the worker did not stop, so it was killed"
+		}
+		r.Message = "the session has ended: " + whyDead + "; its state is lost. Create a new session with create_session"
+		sess.mu.Lock()
+		sess.dead = whyDead
+		sess.mu.Unlock()
+		go s.remove(sess, whyDead)
+	}
+	return r, nil
+}
+
+// syncOutput waits until every byte the run wrote to stdout and stderr has
+// been read: the worker writes a marker after flushing, and the routers
+// stop at it.
+func (s *Sessions) syncOutput(sess *Session) {
+	var b [16]byte
+	rand.Read(b[:])
+	marker := "pysandbox-sync-" + hex.EncodeToString(b[:])
+	o, e := sess.out.expect(marker), sess.errs.expect(marker)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := sess.conn.Sync(ctx, marker); err != nil {
+		return
+	}
+	for _, c := range []<-chan struct{}{o, e} {
+		select {
+		case <-c:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// Workspace lends the session's workspace to f; closing the session waits
+// for f to return.
+func (s *Sessions) Workspace(id string, f func(*workspace.Dir) error) error {
+	sess, err := s.get(id)
+	if err != nil {
+		return err
+	}
+	sess.wsUsers.Add(1)
+	defer sess.wsUsers.Done()
+	sess.mu.Lock()
+	dead := sess.dead
+	sess.mu.Unlock()
+	if dead != "" {
+		return &SessionGoneError{ID: id, Why: dead}
+	}
+	sess.touch()
+	return f(sess.ws)
+}
+
+// router sends a session's output stream to the current run's capture and,
+// once asked, stops at a marker the worker writes after the run's output.
+// Output between runs (from threads or processes the code left running)
+// is dropped.
+type router struct {
+	mu      sync.Mutex
+	dst     io.Writer
+	marker  []byte
+	pending []byte
+	seen    chan struct{}
+}
+
+func newRouter() *router { return &router{} }
+
+func (r *router) begin(dst io.Writer) {
+	r.mu.Lock()
+	r.dst, r.marker, r.pending, r.seen = dst, nil, nil, nil
+	r.mu.Unlock()
+}
+
+func (r *router) expect(marker string) <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.marker, r.pending = []byte(marker), nil
+	r.seen = make(chan struct{})
+	return r.seen
+}
+
+func (r *router) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.dst == nil {
+		return len(p), nil
+	}
+	if r.marker == nil {
+		r.dst.Write(p)
+		return len(p), nil
+	}
+	r.pending = append(r.pending, p...)
+	if i := bytes.Index(r.pending, r.marker); i >= 0 {
+		r.dst.Write(r.pending[:i])
+		r.dst, r.marker, r.pending = nil, nil, nil
+		close(r.seen)
+		return len(p), nil
+	}
+	// Keep only what could still be the start of the marker.
+	if keep := len(r.marker) - 1; len(r.pending) > keep {
+		r.dst.Write(r.pending[:len(r.pending)-keep])
+		r.pending = append(r.pending[:0], r.pending[len(r.pending)-keep:]...)
+	}
+	return len(p), nil
+}

@@ -1,0 +1,213 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pysandbox/pysandbox/internal/workspace"
+)
+
+func newSessions(t *testing.T, mod func(*Config), cfg SessionConfig) *Sessions {
+	t.Helper()
+	e := newEngine(t, func(c *Config) {
+		c.MaxTimeout = time.Minute
+		if mod != nil {
+			mod(c)
+		}
+		if escPooled {
+			poolize(t, c)
+		}
+	})
+	s := e.NewSessions(cfg)
+	t.Cleanup(s.Shutdown)
+	return s
+}
+
+func create(t *testing.T, s *Sessions) string {
+	t.Helper()
+	info, err := s.Create(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.ID
+}
+
+func srun(t *testing.T, s *Sessions, id, code string) *Result {
+	t.Helper()
+	r, err := s.Run(context.Background(), id, RunRequest{Code: code})
+	if err != nil {
+		t.Fatalf("run %q: %v", code, err)
+	}
+	return r
+}
+
+func TestSessionStatePersists(t *testing.T) {
+	s := newSessions(t, nil, SessionConfig{})
+	id := create(t, s)
+	srun(t, s, id, "import json\nx = 1\nopen('notes.txt', 'w').write('kept')")
+	srun(t, s, id, "x += 1")
+	r := srun(t, s, id, "print('x is', x)\n[x, json.dumps([1]), open('/work/notes.txt').read()]")
+	if r.Status != StatusSuccess || r.Stdout != "x is 2\n" || fmt.Sprint(r.ReturnValue) != "[2 [1] kept]" {
+		t.Fatalf("%+v", r)
+	}
+	// Each run's output is its own.
+	r = srun(t, s, id, "print('only this')")
+	if r.Stdout != "only this\n" {
+		t.Errorf("stdout %q carries earlier output", r.Stdout)
+	}
+	list := s.List()
+	if len(list) != 1 || list[0].Runs != 4 || list[0].ID != id {
+		t.Errorf("list %+v", list)
+	}
+}
+
+func TestSessionsAreIsolated(t *testing.T) {
+	s := newSessions(t, nil, SessionConfig{})
+	a, b := create(t, s), create(t, s)
+	srun(t, s, a, "secret = 'a'\nopen('/work/a.txt', 'w').write('a')\nopen('/tmp/a.tmp', 'w').write('a')")
+	r := srun(t, s, b, "import os\n[('secret' in globals()), os.listdir('/work'), os.listdir('/tmp'), os.readlink('/proc/self/ns/pid')]")
+	got := fmt.Sprint(r.ReturnValue)
+	if !strings.HasPrefix(got, "[false [] [] ") {
+		t.Errorf("session b sees session a: %s", got)
+	}
+}
+
+func TestSessionOutputFloodIsCapped(t *testing.T) {
+	s := newSessions(t, func(c *Config) { c.MaxOutput = 4096 }, SessionConfig{})
+	id := create(t, s)
+	r := srun(t, s, id, "for i in range(20000): print('line', i)")
+	if r.Status != StatusOutputLimit || !r.StdoutTruncated || !strings.HasSuffix(r.Stdout, "line 19999\n") {
+		t.Fatalf("status %s truncated %v tail %q", r.Status, r.StdoutTruncated, r.Stdout[max(0, len(r.Stdout)-40):])
+	}
+	if r := srun(t, s, id, "print('next')"); r.Stdout != "next\n" {
+		t.Errorf("next run's stdout %q", r.Stdout)
+	}
+}
+
+func TestSessionTimeoutKeepsState(t *testing.T) {
+	s := newSessions(t, nil, SessionConfig{})
+	id := create(t, s)
+	srun(t, s, id, "x = 41")
+	start := time.Now()
+	r, err := s.Run(context.Background(), id, RunRequest{Code: "import time\ntime.sleep(60)", Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != StatusTimeout || time.Since(start) > 5*time.Second {
+		t.Fatalf("status %s after %s: %+v", r.Status, time.Since(start), r)
+	}
+	if r := srun(t, s, id, "x + 1"); fmt.Sprint(r.ReturnValue) != "42" {
+		t.Errorf("state lost after a timeout: %+v", r)
+	}
+}
+
+func TestSessionCrashIsReported(t *testing.T) {
+	s := newSessions(t, nil, SessionConfig{})
+	id := create(t, s)
+	r := srun(t, s, id, "import os\nos._exit(3)")
+	if r.Status == StatusSuccess || !strings.Contains(r.Message, "session has ended") {
+		t.Fatalf("%+v", r)
+	}
+	_, err := s.Run(context.Background(), id, RunRequest{Code: "1"})
+	var gone *SessionGoneError
+	if !errors.As(err, &gone) || !strings.Contains(err.Error(), "code 3") || !strings.Contains(err.Error(), "create_session") {
+		t.Fatalf("next call: %v", err)
+	}
+	// The server keeps serving: a new session works.
+	if r := srun(t, s, create(t, s), "1 + 1"); fmt.Sprint(r.ReturnValue) != "2" {
+		t.Errorf("%+v", r)
+	}
+}
+
+func TestSessionMemoryKill(t *testing.T) {
+	s := newSessions(t, func(c *Config) { c.Limits.MemoryBytes = 128 << 20 }, SessionConfig{})
+	id := create(t, s)
+	r := srun(t, s, id, "x = []\nwhile True: x.append(bytearray(10**7))")
+	if r.Status != StatusMemoryLimit {
+		t.Fatalf("%+v", r)
+	}
+	// A MemoryError (RLIMIT_AS) leaves the worker alive; an OOM kill does
+	// not. Either way the result says memory_limit, and the next call says
+	// what happened.
+	if _, err := s.Run(context.Background(), id, RunRequest{Code: "1"}); err != nil && !strings.Contains(err.Error(), "memory") {
+		t.Errorf("next call: %v", err)
+	}
+}
+
+func TestSessionTTLExpiry(t *testing.T) {
+	s := newSessions(t, nil, SessionConfig{})
+	info, err := s.Create(context.Background(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pidNS := sessionPidNS(t, s, info.ID)
+	time.Sleep(2500 * time.Millisecond)
+	_, err = s.Run(context.Background(), info.ID, RunRequest{Code: "1"})
+	if err == nil || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("after the TTL: %v", err)
+	}
+	waitGone(t, pidNS)
+}
+
+func TestSessionCloseAndShutdownCleanUp(t *testing.T) {
+	s := newSessions(t, nil, SessionConfig{})
+	a, b := create(t, s), create(t, s)
+	nsA, nsB := sessionPidNS(t, s, a), sessionPidNS(t, s, b)
+	before := escMounts(t)
+	if err := s.Close(a); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, nsA)
+	if _, err := s.Run(context.Background(), a, RunRequest{Code: "1"}); err == nil || !strings.Contains(err.Error(), "closed") {
+		t.Errorf("run after close: %v", err)
+	}
+	if err := s.Workspace(a, func(*workspace.Dir) error { return nil }); err == nil {
+		t.Error("workspace of a closed session still reachable")
+	}
+	s.Shutdown()
+	waitGone(t, nsB)
+	if after := escMounts(t); after != before {
+		t.Errorf("host mounts %d → %d", before, after)
+	}
+	if _, err := s.Run(context.Background(), "s-nonexistent", RunRequest{Code: "1"}); !errors.Is(err, ErrNoSession) {
+		t.Errorf("unknown id: %v", err)
+	}
+}
+
+func TestMaxSessions(t *testing.T) {
+	s := newSessions(t, nil, SessionConfig{MaxSessions: 2})
+	create(t, s)
+	create(t, s)
+	if _, err := s.Create(context.Background(), 0); !errors.Is(err, ErrTooManySessions) || !strings.Contains(err.Error(), "close_session") {
+		t.Fatalf("third session: %v", err)
+	}
+}
+
+// sessionPidNS is the pid namespace of a session's worker, seen from the
+// host, for leftover checks.
+func sessionPidNS(t *testing.T, s *Sessions, id string) string {
+	t.Helper()
+	r := srun(t, s, id, "import os\nos.readlink('/proc/self/ns/pid')")
+	ns, _ := r.ReturnValue.(string)
+	if ns == "" {
+		t.Fatalf("%+v", r)
+	}
+	return ns
+}
+
+func waitGone(t *testing.T, ns string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(escHostProcs(ns)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("processes of %s still alive: %v", ns, escHostProcs(ns))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	_ = os.Getpid
+}

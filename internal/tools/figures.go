@@ -1,0 +1,112 @@
+package tools
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/workspace"
+)
+
+// FigureTemplate serves figures of one-shot runs that were too large to
+// return inline (a session's go to its workspace instead).
+const FigureTemplate = "pysandbox://figures/{id}"
+
+const figurePrefix = "pysandbox://figures/"
+
+// figureStore keeps the most recent oversized figures in memory, bounded
+// in count and bytes: a one-shot run has no workspace to leave them in.
+type figureStore struct {
+	mu    sync.Mutex
+	byID  map[string][]byte
+	order []string
+	bytes int
+}
+
+const (
+	maxStoredFigures     = 32
+	maxStoredFigureBytes = 64 << 20
+)
+
+func newFigureStore() *figureStore { return &figureStore{byID: map[string][]byte{}} }
+
+func (f *figureStore) put(png []byte) string {
+	var b [12]byte
+	rand.Read(b[:])
+	id := hex.EncodeToString(b[:]) + ".png"
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.byID[id] = png
+	f.order = append(f.order, id)
+	f.bytes += len(png)
+	for len(f.order) > maxStoredFigures || f.bytes > maxStoredFigureBytes {
+		old := f.order[0]
+		f.order = f.order[1:]
+		f.bytes -= len(f.byID[old])
+		delete(f.byID, old)
+	}
+	return figurePrefix + id
+}
+
+func (f *figureStore) get(uri string) ([]byte, bool) {
+	id, ok := strings.CutPrefix(uri, figurePrefix)
+	if !ok {
+		return nil, false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	png, ok := f.byID[id]
+	return png, ok
+}
+
+func (s *server) addFigureResources(srv *mcp.Server) {
+	srv.AddResourceTemplate(&mcp.ResourceTemplate{
+		Name:        "figure",
+		Title:       "A plot too large to return inline",
+		URITemplate: FigureTemplate,
+		MIMEType:    "image/png",
+		Description: "A matplotlib figure from a run_python call without a session, kept for a limited time.",
+	}, func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+		png, ok := s.figures.get(req.Params.URI)
+		if !ok {
+			return nil, mcp.ResourceNotFoundError(req.Params.URI)
+		}
+		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, MIMEType: "image/png", Blob: png}}}, nil
+	})
+}
+
+// figureContent turns a run's figures into image content, or into links
+// for those too large to inline: in a session's workspace (figures/), or
+// in the in-memory store for one-shot runs.
+func (s *server) figureContent(res *engine.Result, sessionID string, run int) []mcp.Content {
+	var out []mcp.Content
+	for i := range res.Figures {
+		fig := &res.Figures[i]
+		if len(fig.PNG) == 0 {
+			continue
+		}
+		if !fig.TooLarge && int64(len(fig.PNG)) <= s.maxInline {
+			out = append(out, &mcp.ImageContent{Data: fig.PNG, MIMEType: "image/png"})
+			continue
+		}
+		if sessionID != "" {
+			p := fmt.Sprintf("figures/run%d-figure%d.png", run, i+1)
+			err := s.sessions.Workspace(sessionID, func(d *workspace.Dir) error { return d.Write(p, fig.PNG, int64(len(fig.PNG))+1) })
+			if err == nil {
+				fig.URI = fileURI(sessionID, p)
+			}
+		}
+		if fig.URI == "" {
+			fig.URI = s.figures.put(fig.PNG)
+		}
+		size := int64(len(fig.PNG))
+		out = append(out, &mcp.ResourceLink{URI: fig.URI, Name: fmt.Sprintf("figure %d (%dx%d)", i+1, fig.Width, fig.Height), MIMEType: "image/png", Size: &size})
+	}
+	return out
+}

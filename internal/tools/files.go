@@ -1,0 +1,276 @@
+package tools
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"net/url"
+	"path"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/workspace"
+)
+
+// FileTemplate is the resource template every session file is readable at.
+// The path is one template variable, so a nested path is percent-encoded
+// ("data%2Fout.csv"), as RFC 6570 simple expansion does.
+const FileTemplate = "pysandbox://sessions/{session_id}/files/{path}"
+
+const filePrefix = "pysandbox://sessions/"
+
+// fileURI is the resource URI of a session file.
+func fileURI(sessionID, p string) string {
+	return filePrefix + url.PathEscape(sessionID) + "/files/" + url.PathEscape(p)
+}
+
+// parseFileURI splits a session file URI; it accepts the path encoded or not.
+func parseFileURI(uri string) (sessionID, p string, ok bool) {
+	rest, found := strings.CutPrefix(uri, filePrefix)
+	if !found {
+		return "", "", false
+	}
+	id, rawPath, found := strings.Cut(rest, "/files/")
+	if !found || id == "" || rawPath == "" {
+		return "", "", false
+	}
+	id, err1 := url.PathUnescape(id)
+	p, err2 := url.PathUnescape(rawPath)
+	if err1 != nil || err2 != nil {
+		return "", "", false
+	}
+	return id, p, true
+}
+
+// UploadFileInput is upload_file's input.
+type UploadFileInput struct {
+	SessionID     string `json:"session_id" jsonschema:"The session to upload into."`
+	Path          string `json:"path" jsonschema:"Where to write, relative to the session's working directory /work, e.g. data/input.csv. Parent directories are created."`
+	Content       string `json:"content,omitempty" jsonschema:"The file's content as UTF-8 text. Use content_base64 instead for binary files."`
+	ContentBase64 string `json:"content_base64,omitempty" jsonschema:"The file's content, base64-encoded (for binary files)."`
+}
+
+// FileOutput describes one file written or read.
+type FileOutput struct {
+	Path     string `json:"path"`
+	Size     int64  `json:"size"`
+	MIMEType string `json:"mime_type,omitempty"`
+	URI      string `json:"uri"`
+	// Inline is true when download_file returned the content itself, false
+	// when it returned a link to read with resources/read.
+	Inline bool `json:"inline"`
+}
+
+// ListFilesInput is list_files' input.
+type ListFilesInput struct {
+	SessionID string `json:"session_id" jsonschema:"The session whose files to list."`
+	Path      string `json:"path,omitempty" jsonschema:"A directory relative to /work to list (default: all of /work)."`
+}
+
+// ListFilesOutput is list_files' result.
+type ListFilesOutput struct {
+	Files     []workspace.FileInfo `json:"files"`
+	Truncated bool                 `json:"truncated"`
+}
+
+// DownloadFileInput is download_file's input.
+type DownloadFileInput struct {
+	SessionID string `json:"session_id" jsonschema:"The session to read from."`
+	Path      string `json:"path" jsonschema:"The file, relative to the session's working directory /work."`
+}
+
+func (s *server) addFileTools(srv *mcp.Server) {
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:  "upload_file",
+		Title: "Upload a file into a session",
+		Description: fmt.Sprintf("Write a file into a session's working directory (/work), creating parent directories; an existing file is replaced. "+
+			"Pass text as content, or binary data as content_base64. At most %d MiB per file; the workspace as a whole is capped too. Code in the session then opens it by its relative path.", s.maxUpload>>20),
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: ptr(true), OpenWorldHint: ptr(false)},
+	}, s.uploadFile)
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:        "list_files",
+		Title:       "List a session's files",
+		Description: fmt.Sprintf("List the files in a session's working directory (/work), recursively: path, type, size and modification time. Symbolic links are listed, not followed. At most %d entries.", maxListEntries),
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
+	}, s.listFiles)
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:  "download_file",
+		Title: "Download a file from a session",
+		Description: fmt.Sprintf("Read a file from a session's working directory (/work). Files up to %d KiB come back inline (text as text, anything else as base64); larger ones as a resource link to read with resources/read. "+
+			"Every session file is also a resource: %s.", s.maxInline>>10, FileTemplate),
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
+	}, s.downloadFile)
+	srv.AddResourceTemplate(&mcp.ResourceTemplate{
+		Name:        "session-file",
+		Title:       "A file in a session's working directory",
+		URITemplate: FileTemplate,
+		Description: "A file in a pysandbox session's /work. The path is percent-encoded as one segment (data%2Fout.csv).",
+	}, s.readFileResource)
+}
+
+const maxListEntries = 1000
+
+func (s *server) uploadFile(ctx context.Context, req *mcp.CallToolRequest, in UploadFileInput) (*mcp.CallToolResult, *FileOutput, error) {
+	p, err := workspace.CleanPath(in.Path)
+	if err != nil {
+		return errorResult(err.Error()), nil, nil
+	}
+	var data []byte
+	switch {
+	case in.Content != "" && in.ContentBase64 != "":
+		return errorResult("pass either content (text) or content_base64 (binary), not both."), nil, nil
+	case in.ContentBase64 != "":
+		if int64(base64.StdEncoding.DecodedLen(len(in.ContentBase64))) > s.maxUpload+3 {
+			return errorResult(fmt.Sprintf("the file is larger than the %d MiB upload limit.", s.maxUpload>>20)), nil, nil
+		}
+		if data, err = base64.StdEncoding.DecodeString(in.ContentBase64); err != nil {
+			return errorResult(fmt.Sprintf("content_base64 is not valid base64: %v.", err)), nil, nil
+		}
+	default:
+		data = []byte(in.Content)
+	}
+	if int64(len(data)) > s.maxUpload {
+		return errorResult(fmt.Sprintf("the file is %d bytes, above the %d MiB upload limit.", len(data), s.maxUpload>>20)), nil, nil
+	}
+	err = s.sessions.Workspace(in.SessionID, func(d *workspace.Dir) error { return d.Write(p, data, s.maxUpload) })
+	if err != nil {
+		return fileError(err, p), nil, nil
+	}
+	out := &FileOutput{Path: p, Size: int64(len(data)), MIMEType: mimeType(p, data), URI: fileURI(in.SessionID, p)}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("wrote %s (%d bytes) to /work/%s", p, len(data), p)}}}, out, nil
+}
+
+func (s *server) listFiles(ctx context.Context, req *mcp.CallToolRequest, in ListFilesInput) (*mcp.CallToolResult, *ListFilesOutput, error) {
+	dir := in.Path
+	if dir != "" && dir != "." {
+		var err error
+		if dir, err = workspace.CleanPath(dir); err != nil {
+			return errorResult(err.Error()), nil, nil
+		}
+	}
+	out := &ListFilesOutput{}
+	err := s.sessions.Workspace(in.SessionID, func(d *workspace.Dir) error {
+		var err error
+		out.Files, out.Truncated, err = d.List(dir, maxListEntries)
+		return err
+	})
+	if err != nil {
+		return fileError(err, dir), nil, nil
+	}
+	if out.Files == nil {
+		out.Files = []workspace.FileInfo{}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d entries in /work", len(out.Files))
+	if out.Truncated {
+		fmt.Fprintf(&b, " (truncated at %d)", maxListEntries)
+	}
+	b.WriteString("\n")
+	for _, f := range out.Files {
+		fmt.Fprintf(&b, "%-7s %10d  %s  %s\n", f.Type, f.Size, f.ModTime.Format("2006-01-02T15:04:05Z07:00"), f.Path)
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: b.String()}}}, out, nil
+}
+
+func (s *server) downloadFile(ctx context.Context, req *mcp.CallToolRequest, in DownloadFileInput) (*mcp.CallToolResult, *FileOutput, error) {
+	p, err := workspace.CleanPath(in.Path)
+	if err != nil {
+		return errorResult(err.Error()), nil, nil
+	}
+	var data []byte
+	var info workspace.FileInfo
+	err = s.sessions.Workspace(in.SessionID, func(d *workspace.Dir) error {
+		var err error
+		data, info, err = d.Read(p, s.maxInline)
+		return err
+	})
+	uri := fileURI(in.SessionID, p)
+	if errors.Is(err, workspace.ErrTooLarge) {
+		mt := mimeType(p, nil)
+		out := &FileOutput{Path: p, Size: info.Size, MIMEType: mt, URI: uri}
+		return &mcp.CallToolResult{Content: []mcp.Content{
+			&mcp.TextContent{Text: fmt.Sprintf("%s is %d bytes, too large to return inline; read it with resources/read at %s", p, info.Size, uri)},
+			&mcp.ResourceLink{URI: uri, Name: path.Base(p), MIMEType: mt, Size: &info.Size},
+		}}, out, nil
+	}
+	if err != nil {
+		return fileError(err, p), nil, nil
+	}
+	mt := mimeType(p, data)
+	out := &FileOutput{Path: p, Size: int64(len(data)), MIMEType: mt, URI: uri, Inline: true}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.EmbeddedResource{Resource: contents(uri, mt, data)}}}, out, nil
+}
+
+// readFileResource serves resources/read for session files.
+func (s *server) readFileResource(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+	uri := req.Params.URI
+	id, raw, ok := parseFileURI(uri)
+	if !ok {
+		return nil, mcp.ResourceNotFoundError(uri)
+	}
+	p, err := workspace.CleanPath(raw)
+	if err != nil {
+		return nil, mcp.ResourceNotFoundError(uri)
+	}
+	var data []byte
+	err = s.sessions.Workspace(id, func(d *workspace.Dir) error {
+		var err error
+		data, _, err = d.Read(p, s.maxDownload)
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, workspace.ErrTooLarge) {
+			return nil, fmt.Errorf("%s is larger than the %d MiB this server returns; have the session split or compress it", p, s.maxDownload>>20)
+		}
+		return nil, mcp.ResourceNotFoundError(uri)
+	}
+	return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{contents(uri, mimeType(p, data), data)}}, nil
+}
+
+// contents is text when the data is UTF-8 text, a blob otherwise.
+func contents(uri, mt string, data []byte) *mcp.ResourceContents {
+	if isText(data) {
+		return &mcp.ResourceContents{URI: uri, MIMEType: mt, Text: string(data)}
+	}
+	return &mcp.ResourceContents{URI: uri, MIMEType: mt, Blob: data}
+}
+
+func isText(data []byte) bool {
+	return utf8.Valid(data) && !bytes.ContainsRune(data, 0)
+}
+
+func mimeType(p string, data []byte) string {
+	if mt := mime.TypeByExtension(path.Ext(p)); mt != "" {
+		return mt
+	}
+	if data != nil {
+		return http.DetectContentType(data)
+	}
+	return "application/octet-stream"
+}
+
+// fileError turns a file operation's failure into advice.
+func fileError(err error, p string) *mcp.CallToolResult {
+	switch {
+	case errors.Is(err, workspace.ErrNotFound):
+		return errorResult(fmt.Sprintf("%s does not exist in /work; list_files shows what does.", p))
+	case errors.Is(err, workspace.ErrNotRegular):
+		return errorResult(fmt.Sprintf("%s is not a regular file (a directory, pipe or device); only regular files can be read.", p))
+	case errors.Is(err, workspace.ErrSymlink):
+		return errorResult(fmt.Sprintf("%s goes through a symbolic link; links are not followed for file transfers. Use the real path.", p))
+	case errors.Is(err, workspace.ErrFull):
+		return errorResult(fmt.Sprintf("The session's workspace is full: %v. Delete files in the session (os.remove) or use a new session.", err))
+	case errors.Is(err, workspace.ErrTooLarge):
+		return errorResult(fmt.Sprintf("%s: %v", p, err))
+	}
+	if r := sessionError(err); r != nil {
+		return r
+	}
+	return errorResult(err.Error())
+}

@@ -1,0 +1,183 @@
+package tools
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+func newSession(t *testing.T, cs *mcp.ClientSession) string {
+	t.Helper()
+	res, out := call(t, cs, "create_session", map[string]any{"ttl_seconds": 120})
+	if res.IsError {
+		t.Fatalf("create_session: %s", text(res))
+	}
+	id, _ := out["session_id"].(string)
+	if id == "" || out["expires_at"] == nil {
+		t.Fatalf("create_session output %v", out)
+	}
+	t.Cleanup(func() { cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "close_session", Arguments: map[string]any{"session_id": id}}) })
+	return id
+}
+
+func TestSessionWorkflow(t *testing.T) {
+	cs := connect(t, nil)
+	id := newSession(t, cs)
+
+	// Upload text and binary, nested.
+	res, _ := call(t, cs, "upload_file", map[string]any{"session_id": id, "path": "data/in.csv", "content": "a,b\n1,2\n3,4\n"})
+	if res.IsError {
+		t.Fatalf("upload text: %s", text(res))
+	}
+	bin := []byte{0, 1, 2, 255, 254, 'P', 'K'}
+	res, _ = call(t, cs, "upload_file", map[string]any{"session_id": id, "path": "blob.bin", "content_base64": base64.StdEncoding.EncodeToString(bin)})
+	if res.IsError {
+		t.Fatalf("upload binary: %s", text(res))
+	}
+
+	// Analyse in two steps: state persists.
+	res, out := call(t, cs, "run_python", map[string]any{"session_id": id, "code": "import csv\nrows = list(csv.DictReader(open('data/in.csv')))\nlen(rows)"})
+	if res.IsError || out["return_value"] != 2.0 {
+		t.Fatalf("run 1: %s", text(res))
+	}
+	res, out = call(t, cs, "run_python", map[string]any{"session_id": id, "code": "total = sum(int(r['a']) + int(r['b']) for r in rows)\nopen('out/total.txt', 'w') if False else None\nimport os\nos.makedirs('out', exist_ok=True)\nopen('out/total.txt', 'w').write(str(total))\ntotal"})
+	if res.IsError || out["return_value"] != 10.0 {
+		t.Fatalf("run 2: %s", text(res))
+	}
+
+	// List.
+	res, out = call(t, cs, "list_files", map[string]any{"session_id": id})
+	if res.IsError {
+		t.Fatal(text(res))
+	}
+	var paths []string
+	for _, f := range out["files"].([]any) {
+		paths = append(paths, f.(map[string]any)["path"].(string))
+	}
+	if got := strings.Join(paths, ","); got != "blob.bin,data,data/in.csv,out,out/total.txt" {
+		t.Errorf("list_files: %s", got)
+	}
+
+	// Download text (embedded text resource) and binary (blob).
+	res, out = call(t, cs, "download_file", map[string]any{"session_id": id, "path": "out/total.txt"})
+	er, ok := res.Content[0].(*mcp.EmbeddedResource)
+	if res.IsError || !ok || er.Resource.Text != "10" || out["inline"] != true {
+		t.Fatalf("download text: %s %v", text(res), out)
+	}
+	res, _ = call(t, cs, "download_file", map[string]any{"session_id": id, "path": "blob.bin"})
+	er, ok = res.Content[0].(*mcp.EmbeddedResource)
+	if !ok || !bytes.Equal(er.Resource.Blob, bin) {
+		t.Fatalf("download binary: %#v", res.Content[0])
+	}
+
+	// The same file through the resource template.
+	tl, err := cs.ListResourceTemplates(context.Background(), nil)
+	if err != nil || len(tl.ResourceTemplates) == 0 {
+		t.Fatalf("resource templates: %v %v", err, tl)
+	}
+	found := false
+	for _, rt := range tl.ResourceTemplates {
+		found = found || rt.URITemplate == FileTemplate
+	}
+	if !found {
+		t.Errorf("template %s not listed", FileTemplate)
+	}
+	rr, err := cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: fileURI(id, "data/in.csv")})
+	if err != nil || rr.Contents[0].Text != "a,b\n1,2\n3,4\n" {
+		t.Fatalf("resources/read: %v %+v", err, rr)
+	}
+	if _, err := cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: fileURI(id, "nope.txt")}); err == nil {
+		t.Error("resources/read of a missing file succeeded")
+	}
+
+	// list_sessions, then close: files gone, id refused with advice.
+	res, out = call(t, cs, "list_sessions", map[string]any{})
+	if res.IsError || len(out["sessions"].([]any)) != 1 {
+		t.Fatalf("list_sessions: %s", text(res))
+	}
+	res, _ = call(t, cs, "close_session", map[string]any{"session_id": id})
+	if res.IsError {
+		t.Fatal(text(res))
+	}
+	res, _ = call(t, cs, "run_python", map[string]any{"session_id": id, "code": "1"})
+	if !res.IsError || !strings.Contains(text(res), "create_session") {
+		t.Errorf("run on a closed session: %s", text(res))
+	}
+	res, _ = call(t, cs, "download_file", map[string]any{"session_id": id, "path": "out/total.txt"})
+	if !res.IsError {
+		t.Error("download from a closed session succeeded")
+	}
+}
+
+func TestLargeDownloadIsALink(t *testing.T) {
+	cs := connect(t, nil)
+	id := newSession(t, cs)
+	call(t, cs, "run_python", map[string]any{"session_id": id, "code": "open('big.bin', 'wb').write(b'x' * (3 << 20))"})
+	res, out := call(t, cs, "download_file", map[string]any{"session_id": id, "path": "big.bin"})
+	var link *mcp.ResourceLink
+	for _, c := range res.Content {
+		if l, ok := c.(*mcp.ResourceLink); ok {
+			link = l
+		}
+	}
+	if res.IsError || link == nil || out["inline"] != false || out["size"] != float64(3<<20) {
+		t.Fatalf("%s %v", text(res), out)
+	}
+	rr, err := cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: link.URI})
+	if err != nil || len(rr.Contents[0].Text)+len(rr.Contents[0].Blob) != 3<<20 {
+		t.Fatalf("reading the link: %v", err)
+	}
+}
+
+// Paths are hostile, and so is code in the session, which can plant links.
+func TestFilePathAttacks(t *testing.T) {
+	cs := connect(t, nil)
+	id := newSession(t, cs)
+	for _, p := range []string{"/etc/passwd", "../x", "a/../../x", "a\x00b", "", "..", "./../../etc/shadow"} {
+		for _, tool := range []string{"upload_file", "download_file"} {
+			res, _ := call(t, cs, tool, map[string]any{"session_id": id, "path": p, "content": "x"})
+			if !res.IsError {
+				t.Errorf("%s %q accepted", tool, p)
+			}
+		}
+	}
+	// Code in the session plants links to host files and directories.
+	res, _ := call(t, cs, "run_python", map[string]any{"session_id": id, "code": `
+import os
+os.symlink('/etc/passwd', 'passwd')
+os.symlink('/etc', 'etc')
+os.symlink('../../../../etc/hostname', 'rel')
+os.symlink('/proc/self/root/etc/passwd', 'magic')
+os.symlink('/tmp', 'up')
+`})
+	if res.IsError {
+		t.Fatal(text(res))
+	}
+	for _, p := range []string{"passwd", "etc/passwd", "rel", "magic", "etc/shadow"} {
+		res, _ := call(t, cs, "download_file", map[string]any{"session_id": id, "path": p})
+		if !res.IsError || strings.Contains(text(res), "root:") {
+			t.Errorf("download %s: %s", p, text(res))
+		}
+		if rr, err := cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: fileURI(id, p)}); err == nil {
+			t.Errorf("resources/read %s returned %q", p, rr.Contents[0].Text)
+		}
+	}
+	// Uploading through a planted link must not write outside.
+	res, _ = call(t, cs, "upload_file", map[string]any{"session_id": id, "path": "up/evil.txt", "content": "x"})
+	if !res.IsError {
+		t.Error("upload through a symlinked directory succeeded")
+	}
+	res, _ = call(t, cs, "upload_file", map[string]any{"session_id": id, "path": "passwd", "content": "owned"})
+	if !res.IsError {
+		// Replacing the link itself with a file inside /work is fine; the
+		// host file must be untouched either way.
+		t.Log("upload over a final symlink replaced the link")
+	}
+	if host, _ := readHostFile("/etc/passwd"); strings.Contains(host, "owned") {
+		t.Fatal("the host's /etc/passwd was modified")
+	}
+}
