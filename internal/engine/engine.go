@@ -52,6 +52,9 @@ type Config struct {
 	MaxTimeout     time.Duration
 	// MaxOutput is the number of bytes kept per stream (head and tail).
 	MaxOutput int
+	// MaxFigureBytes is the PNG size figures are scaled down to fit, so
+	// they can be returned inline (default 1 MiB).
+	MaxFigureBytes int
 	// MaxConcurrent runs execute at once; up to MaxQueue more wait.
 	MaxConcurrent int
 	MaxQueue      int
@@ -82,6 +85,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if cfg.MaxConcurrent <= 0 {
 		cfg.MaxConcurrent = 16
+	}
+	if cfg.MaxFigureBytes <= 0 {
+		cfg.MaxFigureBytes = 1 << 20
 	}
 	if cfg.MaxQueue < 0 {
 		cfg.MaxQueue = 0
@@ -268,6 +274,7 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 			Inputs:         req.Inputs,
 			Filename:       req.Filename,
 			MaxReturnBytes: 64 << 10,
+			MaxFigureBytes: e.cfg.MaxFigureBytes,
 		})
 	}
 	if err != nil {
@@ -359,6 +366,12 @@ func (e *Engine) finish(ctx, runCtx context.Context, start time.Time, stdout, st
 			r.Status = StatusSuccess
 		} else {
 			r.Status = StatusError
+		}
+	}
+	if res != nil {
+		r.ReturnText = res.ReturnText
+		for _, f := range res.Figures {
+			r.Figures = append(r.Figures, Figure{Width: f.Width, Height: f.Height, Bytes: len(f.PNG), TooLarge: f.TooLarge, PNG: f.PNG})
 		}
 	}
 	if r.Status == StatusSuccess && (r.StdoutTruncated || r.StderrTruncated) {

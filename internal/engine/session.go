@@ -409,6 +409,7 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 
 	res, runErr := sess.conn.Run(callCtx, worker.Request{
 		Code: req.Code, Inputs: req.Inputs, Filename: req.Filename, MaxReturnBytes: 64 << 10,
+		MaxFigureBytes: s.e.cfg.MaxFigureBytes,
 	})
 	var why string
 	select {

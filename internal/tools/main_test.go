@@ -24,6 +24,12 @@ func TestMain(m *testing.M) {
 // SDK client session to it over in-memory transports.
 func connect(t *testing.T, mod func(*engine.Config)) *mcp.ClientSession {
 	t.Helper()
+	return connectWith(t, mod, nil)
+}
+
+// connectWith is connect with the tools' options adjusted too.
+func connectWith(t *testing.T, mod func(*engine.Config), opt func(*Options)) *mcp.ClientSession {
+	t.Helper()
 	ctx := context.Background()
 	py, err := interp.Find(ctx, "")
 	if err != nil {
@@ -46,7 +52,11 @@ func connect(t *testing.T, mod func(*engine.Config)) *mcp.ClientSession {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := NewServer(Options{Engine: eng, Logger: slog.New(slog.DiscardHandler)})
+	opts := Options{Engine: eng, Logger: slog.New(slog.DiscardHandler)}
+	if opt != nil {
+		opt(&opts)
+	}
+	srv := NewServer(opts)
 	st, ct := mcp.NewInMemoryTransports()
 	ss, err := srv.Connect(ctx, st, nil)
 	if err != nil {

@@ -34,7 +34,8 @@ type Options struct {
 	Sessions *engine.Sessions
 	// MaxUploadBytes caps one upload_file; MaxInlineBytes is the largest
 	// file or figure returned inline; MaxDownloadBytes the largest
-	// resources/read. Zero means the defaults (16 MiB, 1 MiB, 64 MiB).
+	// resources/read. Zero means the defaults (16 MiB, the engine's
+	// MaxFigureBytes, 64 MiB).
 	MaxUploadBytes, MaxInlineBytes, MaxDownloadBytes int64
 	Logger                                           *slog.Logger
 }
@@ -65,7 +66,8 @@ func NewServer(opts Options) *mcp.Server {
 		s.maxUpload = 16 << 20
 	}
 	if s.maxInline <= 0 {
-		s.maxInline = 1 << 20
+		// Figures are scaled down to this size; files follow the same cap.
+		s.maxInline = int64(opts.Engine.Config().MaxFigureBytes)
 	}
 	if s.maxDownload <= 0 {
 		s.maxDownload = 64 << 20

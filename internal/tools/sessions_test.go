@@ -20,7 +20,9 @@ func newSession(t *testing.T, cs *mcp.ClientSession) string {
 	if id == "" || out["expires_at"] == nil {
 		t.Fatalf("create_session output %v", out)
 	}
-	t.Cleanup(func() { cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "close_session", Arguments: map[string]any{"session_id": id}}) })
+	t.Cleanup(func() {
+		cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "close_session", Arguments: map[string]any{"session_id": id}})
+	})
 	return id
 }
 
@@ -180,4 +182,80 @@ os.symlink('/tmp', 'up')
 	if host, _ := readHostFile("/etc/passwd"); strings.Contains(host, "owned") {
 		t.Fatal("the host's /etc/passwd was modified")
 	}
+}
+
+func TestPlotsComeBackAsImages(t *testing.T) {
+	cs := connect(t, nil)
+	code := "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.title('squares')\nplt.show()\n"
+	// One-shot.
+	res, out := call(t, cs, "run_python", map[string]any{"code": code})
+	if res.IsError || strings.Contains(out["stderr"].(string), "non-interactive") {
+		t.Fatalf("%s", text(res))
+	}
+	img := firstImage(res)
+	if img == nil || !bytes.HasPrefix(img.Data, []byte("\x89PNG")) || img.MIMEType != "image/png" {
+		t.Fatalf("no PNG image in %#v", res.Content)
+	}
+	if figs, _ := out["figures"].([]any); len(figs) != 1 {
+		t.Errorf("figures %v", out["figures"])
+	}
+	// In a session, and closed afterwards: the next run returns none.
+	id := newSession(t, cs)
+	res, _ = call(t, cs, "run_python", map[string]any{"session_id": id, "code": code + "fig2 = plt.figure()\nplt.bar([1, 2], [3, 4])\n"})
+	n := 0
+	for _, c := range res.Content {
+		if _, ok := c.(*mcp.ImageContent); ok {
+			n++
+		}
+	}
+	if n != 2 {
+		t.Fatalf("%d images, want 2", n)
+	}
+	res, _ = call(t, cs, "run_python", map[string]any{"session_id": id, "code": "plt.get_fignums()"})
+	if firstImage(res) != nil || !strings.Contains(text(res), "[]") {
+		t.Errorf("figures not closed after the run: %s", text(res))
+	}
+}
+
+// A figure larger than the inline cap comes back as a link, in the
+// session's workspace or, for a one-shot run, in the server's figure store.
+func TestLargePlotIsALink(t *testing.T) {
+	cs := connectWith(t, nil, func(o *Options) { o.MaxInlineBytes = 2048 })
+	code := "import matplotlib.pyplot as plt\nplt.plot(range(100))\n"
+	for _, session := range []bool{false, true} {
+		args := map[string]any{"code": code}
+		if session {
+			args["session_id"] = newSession(t, cs)
+		}
+		res, out := call(t, cs, "run_python", args)
+		if res.IsError || firstImage(res) != nil {
+			t.Fatalf("session %v: %s", session, text(res))
+		}
+		var link *mcp.ResourceLink
+		for _, c := range res.Content {
+			if l, ok := c.(*mcp.ResourceLink); ok {
+				link = l
+			}
+		}
+		figs, _ := out["figures"].([]any)
+		if link == nil || len(figs) != 1 || figs[0].(map[string]any)["uri"] != link.URI {
+			t.Fatalf("session %v: no link: %s %v", session, text(res), out["figures"])
+		}
+		if session != strings.HasPrefix(link.URI, filePrefix) {
+			t.Errorf("session %v: link %s", session, link.URI)
+		}
+		rr, err := cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: link.URI})
+		if err != nil || !bytes.HasPrefix(rr.Contents[0].Blob, []byte("\x89PNG")) {
+			t.Fatalf("reading %s: %v", link.URI, err)
+		}
+	}
+}
+
+func firstImage(res *mcp.CallToolResult) *mcp.ImageContent {
+	for _, c := range res.Content {
+		if img, ok := c.(*mcp.ImageContent); ok {
+			return img
+		}
+	}
+	return nil
 }
