@@ -52,3 +52,26 @@ func BenchmarkRunHelloParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkSessionRoundTrip is one run_python call on a live session doing
+// `x += 1`: the Python work is ~50 ns, so ns/op is the round trip's own
+// cost (request, compile, run, output sync, reply).
+func BenchmarkSessionRoundTrip(b *testing.B) {
+	e := newEngine(b, nil)
+	s := e.NewSessions(SessionConfig{})
+	defer s.Shutdown()
+	info, err := s.Create(context.Background(), 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := s.Run(ctx, info.ID, RunRequest{Code: "x = 0"}); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		r, err := s.Run(ctx, info.ID, RunRequest{Code: "x += 1"})
+		if err != nil || r.Status != StatusSuccess {
+			b.Fatalf("%v %+v", err, r)
+		}
+	}
+}

@@ -407,8 +407,16 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 		}
 	}()
 
+	// Each run has its own name, so a traceback through a function defined
+	// in an earlier run shows that run's lines.
+	filename := req.Filename
+	if filename == "" {
+		sess.mu.Lock()
+		filename = fmt.Sprintf("<cell %d>", sess.runs+1)
+		sess.mu.Unlock()
+	}
 	res, runErr := sess.conn.Run(callCtx, worker.Request{
-		Code: req.Code, Inputs: req.Inputs, Filename: req.Filename, MaxReturnBytes: 64 << 10,
+		Code: req.Code, Inputs: req.Inputs, Filename: filename, MaxReturnBytes: 64 << 10,
 		MaxFigureBytes: s.e.cfg.MaxFigureBytes,
 	})
 	var why string

@@ -96,24 +96,44 @@ func (c *Conn) Ready(ctx context.Context) (*Ready, error) {
 // Run executes code in the worker. Op and ID of req are set by Run. A
 // non-nil error means the exchange itself failed; errors in the user's code
 // are reported in the Result.
+//
+// In a serving worker, runs share one session (see the package comment). To
+// stop a run that takes too long without losing the session, send SIGINT to
+// the worker and keep waiting: the run ends with a KeyboardInterrupt error.
+// Cancelling ctx instead makes the Conn unusable.
 func (c *Conn) Run(ctx context.Context, req Request) (*Result, error) {
 	req.Op = OpRun
 	var res Result
-	if err := c.call(ctx, &req, OpResult, &res); err != nil {
+	if err := c.callChecked(ctx, &req, OpResult, &res, res.check); err != nil {
 		return nil, err
-	}
-	switch res.Status {
-	case "success", "error":
-	default:
-		return nil, c.fail(fmt.Errorf("worker: bad result status %q", clip(res.Status)))
-	}
-	if res.ExitCode < 0 || res.ExitCode > 255 {
-		return nil, c.fail(fmt.Errorf("worker: bad exit code %d", res.ExitCode))
 	}
 	if len(res.ReturnValue) == 0 {
 		res.ReturnValue = json.RawMessage("null")
 	}
 	return &res, nil
+}
+
+// check rejects results no well-behaved worker sends.
+func (res *Result) check() error {
+	switch res.Status {
+	case "success", "error":
+	default:
+		return fmt.Errorf("worker: bad result status %q", clip(res.Status))
+	}
+	if res.ExitCode < 0 || res.ExitCode > 255 {
+		return fmt.Errorf("worker: bad exit code %d", res.ExitCode)
+	}
+	if len(res.Figures) > MaxFigures || res.FiguresOmitted < 0 {
+		return fmt.Errorf("worker: bad figure count %d (+%d omitted)", len(res.Figures), res.FiguresOmitted)
+	}
+	total := 0
+	for i, f := range res.Figures {
+		total += len(f.PNG)
+		if f.Width < 0 || f.Height < 0 || !(f.DPI >= 0) || len(f.PNG) > MaxFigurePNGBytes || total > MaxFiguresTotalBytes {
+			return fmt.Errorf("worker: bad figure %d (%dx%d, dpi %g, %d bytes)", i, f.Width, f.Height, f.DPI, len(f.PNG))
+		}
+	}
+	return nil
 }
 
 // Validate compiles code without running it.
@@ -134,6 +154,37 @@ func (c *Conn) Probe(ctx context.Context) (*Probe, error) {
 		return nil, err
 	}
 	return &p, nil
+}
+
+// Sync writes marker and a newline to the worker's stdout and stderr, after
+// everything Python code in the worker has printed so far, and returns once
+// both are written. Reading either stream up to the marker line then yields
+// all the output produced before the call (output written directly to the
+// file descriptors by threads or child processes may still interleave).
+// The marker must be 16 to 128 characters of [A-Za-z0-9_-], and should be
+// unpredictable to the user's code.
+func (c *Conn) Sync(ctx context.Context, marker string) error {
+	if !ValidMarker(marker) {
+		return fmt.Errorf("worker: invalid sync marker %q", clip(marker))
+	}
+	var s Synced
+	req := Request{Op: OpSync, Marker: marker}
+	return c.call(ctx, &req, OpSynced, &s)
+}
+
+// ValidMarker reports whether marker can be used with Sync.
+func ValidMarker(marker string) bool {
+	if len(marker) < 16 || len(marker) > 128 {
+		return false
+	}
+	for i := 0; i < len(marker); i++ {
+		switch b := marker[i]; {
+		case 'a' <= b && b <= 'z', 'A' <= b && b <= 'Z', '0' <= b && b <= '9', b == '_', b == '-':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // lock waits for the turn to use the connection. It fails without touching
@@ -165,6 +216,12 @@ func (c *Conn) fail(err error) error {
 // call sends req (assigning its ID) and decodes the matching reply of type
 // wantOp into reply.
 func (c *Conn) call(ctx context.Context, req *Request, wantOp string, reply any) error {
+	return c.callChecked(ctx, req, wantOp, reply, nil)
+}
+
+// callChecked is call, then check (if not nil) on the decoded reply; an
+// error from check makes the Conn unusable.
+func (c *Conn) callChecked(ctx context.Context, req *Request, wantOp string, reply any, check func() error) error {
 	if err := c.lock(ctx); err != nil {
 		return err
 	}
@@ -220,6 +277,11 @@ func (c *Conn) call(ctx context.Context, req *Request, wantOp string, reply any)
 	}
 	if err := json.Unmarshal(line, reply); err != nil {
 		return c.fail(fmt.Errorf("worker: bad %s reply: %w", wantOp, err))
+	}
+	if check != nil {
+		if err := check(); err != nil {
+			return c.fail(err)
+		}
 	}
 	return nil
 }

@@ -135,6 +135,10 @@ func TestHostileReplies(t *testing.T) {
 		{"bad status", `b'{"op":"result","id":"1","status":"pwned"}\n'`, "bad result status"},
 		{"bad exit code", `b'{"op":"result","id":"1","status":"error","exit_code":-5}\n'`, "bad exit code"},
 		{"bad field type", `b'{"op":"result","id":"1","status":1}\n'`, "bad result reply"},
+		{"figure not base64", `b'{"op":"result","id":"1","status":"success","figures":[{"png":"!!"}]}\n'`, "bad result reply"},
+		{"negative figure size", `b'{"op":"result","id":"1","status":"success","figures":[{"png":"","width":-1,"height":1,"dpi":1}]}\n'`, "bad figure 0"},
+		{"too many figures", `b'{"op":"result","id":"1","status":"success","figures":[' + b','.join([b'{"png":""}'] * 17) + b']}\n'`, "bad figure count"},
+		{"negative figures omitted", `b'{"op":"result","id":"1","status":"success","figures_omitted":-1}\n'`, "bad figure count"},
 		{"deep nesting", `b'{"op":"result","id":"1","status":"success","return_value":' + b'[' * 100000 + b'\n'`, "bad reply"},
 		{"too long", `b'{"op":"result","id":"1","x":"' + b'x' * (2 << 20)`, "message too long"},
 	} {
@@ -170,6 +174,25 @@ func TestBadReadyMessage(t *testing.T) {
 		}
 		if _, err := w.conn.Run(testContext(t), Request{Code: "1"}); err == nil {
 			t.Errorf("%s: Run succeeded after a bad greeting", c.script)
+		}
+	}
+}
+
+func TestValidMarker(t *testing.T) {
+	for m, want := range map[string]bool{
+		"0123456789abcdef":       true,
+		strings.Repeat("A", 128): true,
+		"A-B_C-D_0123456789-z":   true,
+		"0123456789abcde":        false,
+		strings.Repeat("A", 129): false,
+		"0123456789abcdef\n":     false,
+		"0123456789 abcdef":      false,
+		"0123456789abcdef.":      false,
+		"0123456789abcdéf":       false,
+		"":                       false,
+	} {
+		if got := ValidMarker(m); got != want {
+			t.Errorf("ValidMarker(%q) = %v, want %v", m, got, want)
 		}
 	}
 }

@@ -14,6 +14,33 @@
 // (started with --oneshot) exits after its first "run" with the run's exit
 // code; otherwise it keeps reading requests until the socket is closed.
 //
+// A worker that is not one-shot is a session: every run executes in the same
+// __main__ module, so globals and imports persist from one run to the next,
+// like cells of a notebook. SIGINT sent to the worker during a run raises
+// KeyboardInterrupt in the user's code, which ends that run with an error
+// result (type "KeyboardInterrupt") and keeps the session; a SIGINT that
+// arrives while the worker is not running user code (idle, or building a
+// reply) is ignored. One that lands in an import is held back until the
+// import is done, for up to about a second (worker.py's IMPORT_GRACE): an
+// import cut short leaves the module broken for the rest of the session. A
+// MemoryError leaves the globals as they are, memory included; the worker
+// keeps room to read and compile a next run that frees it ("del big").
+// Tracebacks find source lines by file name, so give every run its own
+// Filename (e.g. "<cell 3>"): a function defined by an earlier run under
+// the same name would be shown with the later run's lines. The working
+// directory comes first on sys.path, as with `python -c`, so modules
+// written there can be imported.
+//
+// Output and the reply travel on different channels: a run's reply follows
+// everything the run printed through sys.stdout/sys.stderr, but output
+// written later by threads or child processes the run left behind can
+// arrive any time. OpSync writes a marker line to both fd 1 and fd 2 after
+// flushing Python's buffers, so the reader of a long-lived pipe can tell
+// where the output up to a point ends.
+//
+// After each run the worker renders the open matplotlib figures (only if
+// the user code imported matplotlib.pyplot) and closes them; see Figure.
+//
 // User code runs inside the worker process, so it can reach the control
 // socket too: the sandbox, not the worker, is the security boundary, and
 // everything the worker sends is untrusted input to the Go side.
@@ -29,6 +56,7 @@ const (
 	OpRun      = "run"      // execute code, reply with OpResult
 	OpValidate = "validate" // compile only, reply with OpValidated
 	OpProbe    = "probe"    // report the isolation facts seen from inside, reply with OpProbed
+	OpSync     = "sync"     // write Request.Marker plus "\n" to fd 1 and fd 2, reply with OpSynced
 )
 
 // Ops sent by the worker.
@@ -37,6 +65,7 @@ const (
 	OpResult    = "result"
 	OpValidated = "validated"
 	OpProbed    = "probed"
+	OpSynced    = "synced"
 	OpError     = "error" // the request could not be handled; see ErrorReply
 )
 
@@ -53,7 +82,31 @@ type Request struct {
 	// MaxReturnBytes caps the JSON size of the return value; larger values
 	// are replaced by a truncated repr.
 	MaxReturnBytes int `json:"max_return_bytes,omitempty"`
+	// MaxFigureBytes is the PNG size a figure is scaled down to fit, by
+	// rendering it at a lower dpi (OpRun); DefaultMaxFigureBytes when zero.
+	// Values above MaxFigurePNGBytes act as MaxFigurePNGBytes.
+	MaxFigureBytes int `json:"max_figure_bytes,omitempty"`
+	// Marker is written as a line of its own to stdout and stderr (OpSync):
+	// 16 to 128 characters of [A-Za-z0-9_-].
+	Marker string `json:"marker,omitempty"`
 }
+
+// Figure limits applied by the worker.
+const (
+	// DefaultMaxFigureBytes is the default for Request.MaxFigureBytes.
+	DefaultMaxFigureBytes = 1 << 20
+	// MaxFigurePNGBytes is the most PNG data sent for one figure; a larger
+	// one is reported with Omitted set and no data.
+	MaxFigurePNGBytes = 8 << 20
+	// MaxFiguresTotalBytes bounds the PNG data of all figures of one result
+	// (before base64); figures beyond it are reported with Omitted set.
+	MaxFiguresTotalBytes = 32 << 20
+	// MaxFigures is the most figures in one result; the rest are counted in
+	// Result.FiguresOmitted.
+	MaxFigures = 16
+	// MinFigureDPI is the lowest resolution a figure is scaled down to.
+	MinFigureDPI = 20
+)
 
 // Ready is the worker's first message.
 type Ready struct {
@@ -78,9 +131,39 @@ type Result struct {
 	// string, and ReturnRepr is true.
 	ReturnValue json.RawMessage `json:"return_value"`
 	ReturnRepr  bool            `json:"return_repr,omitempty"`
+	// ReturnText is a plain-text table when the return value is a pandas
+	// object (DataFrame, Series): its to_string(max_rows=60, max_cols=20),
+	// at most 64 KiB. ReturnValue then holds its repr.
+	ReturnText string `json:"return_text,omitempty"`
 	// Error describes the exception when Status is "error". The formatted
 	// traceback has also been written to stderr, as Python would.
 	Error *Exception `json:"error,omitempty"`
+	// Figures are the matplotlib figures open when the run ended (also when
+	// it failed, except with MemoryError), in figure-number order. The
+	// worker closes them, so the next run starts with none. A figure that
+	// could not be rendered is missing, with a note on stderr.
+	Figures []Figure `json:"figures,omitempty"`
+	// FiguresOmitted counts the figures beyond MaxFigures, not rendered.
+	FiguresOmitted int `json:"figures_omitted,omitempty"`
+}
+
+// Figure is a matplotlib figure rendered as PNG.
+type Figure struct {
+	// PNG is the image; empty when Omitted.
+	PNG []byte `json:"png"`
+	// Width and Height are the image size in pixels.
+	Width  int `json:"width"`
+	Height int `json:"height"`
+	// DPI is the resolution the figure was rendered at: its own, or lower
+	// to fit Request.MaxFigureBytes.
+	DPI float64 `json:"dpi"`
+	// TooLarge is set when the PNG is larger than Request.MaxFigureBytes
+	// even at the lowest resolution tried: better offered as a file or link
+	// than shown inline.
+	TooLarge bool `json:"too_large,omitempty"`
+	// Omitted is set when the PNG exceeded MaxFigurePNGBytes or the
+	// result's MaxFiguresTotalBytes and was left out (TooLarge is set too).
+	Omitted bool `json:"omitted,omitempty"`
 }
 
 // Exception describes an exception raised by user code.
@@ -126,6 +209,13 @@ type Probe struct {
 	ProcessesSeen int                 `json:"processes_seen"` // numeric entries in /proc
 	RootWritable  bool                `json:"root_writable"`
 	TmpWritable   bool                `json:"tmp_writable"`
+}
+
+// Synced is the reply to OpSync, sent once the marker has been written to
+// both fd 1 and fd 2.
+type Synced struct {
+	Op string `json:"op"`
+	ID string `json:"id"`
 }
 
 // ErrorReply is the worker's answer to a request it could not handle (an

@@ -5,6 +5,10 @@ stream socket (the control channel), fd 1/2 the user's stdout/stderr and
 stdin /dev/null. Messages are one JSON object per line; the protocol is
 documented in protocol.go next to this file.
 
+A serving worker (not --oneshot) is a session: globals and imports persist
+from one run to the next, and SIGINT interrupts the current run (as a
+KeyboardInterrupt in user code) without ending the worker.
+
 Security: user code runs in this very process, so it can reach everything
 the worker can, including the control socket. This file is therefore not a
 security boundary: the sandbox around the process is, and the Go side treats
@@ -26,20 +30,33 @@ for _stream in (sys.stdout, sys.stderr):
         pass
 del _stream
 
+import _thread
 import ast
+import binascii
 import builtins
 import io
 import json
 import keyword
 import linecache
 import os
+import signal
 import socket
+import time
 import traceback
 import types
 import warnings
 
 CONTROL_FD = 3
 DEFAULT_MAX_RETURN_BYTES = 64 * 1024
+# Figures (matplotlib): see _capture_figures.
+DEFAULT_MAX_FIGURE_BYTES = 1 << 20
+MAX_FIGURE_PNG_BYTES = 8 << 20  # never sent, whatever max_figure_bytes says
+MAX_FIGURES_TOTAL_BYTES = 32 << 20  # all figures of one reply, before base64
+MAX_FIGURES = 16
+MIN_FIGURE_DPI = 20
+FIGURE_RETRIES = 3
+MAX_RETURN_TEXT_BYTES = 64 * 1024
+_MARKER_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 # Cap on the exception text echoed in a reply; the full traceback is on
 # stderr anyway, and the Go side rejects oversized lines.
 MAX_ERROR_CHARS = 256 * 1024
@@ -55,23 +72,30 @@ _WORKER_FILE = sys._getframe().f_code.co_filename
 _PID = os.getpid()
 
 # Released when user code runs out of memory, so that formatting and sending
-# the reply has room to allocate.
+# the reply has room to allocate. There are two: in a session the user's
+# globals may keep the memory full after a failed run, so the first may not
+# be taken back; the second then gives room to read and compile the next
+# run's code (which may free that memory).
 _RESERVE_BYTES = 1 << 20
-_reserve = None
+_RESERVES = 2
+_reserves = []
 
 
 def _take_reserve():
-    global _reserve
-    if _reserve is None:
+    """Take back the reserves released, as far as memory allows."""
+    while len(_reserves) < _RESERVES:
         try:
-            _reserve = bytearray(_RESERVE_BYTES)
+            _reserves.append(bytearray(_RESERVE_BYTES))
         except MemoryError:
-            pass
+            return
 
 
 def _release_reserve():
-    global _reserve
-    _reserve = None
+    """Free one reserve; False if there was none left."""
+    if not _reserves:
+        return False
+    _reserves.pop()
+    return True
 
 
 # Bound at import so user code that monkeypatches json cannot break replies
@@ -99,6 +123,127 @@ def _write_stderr(text):
     try:
         sys.stderr.write(text)
     except Exception:
+        pass
+
+
+# plt.show() has nothing to show on the headless backend (the Go side sets
+# MPLBACKEND=Agg): figures are sent with the result instead, so its warning
+# would only be noise. A filter costs nothing; importing matplotlib would.
+warnings.filterwarnings(
+    "ignore",
+    message=r"(Matplotlib is currently using \S+, which is a non-GUI backend"
+    r"|FigureCanvas\w* is non-interactive)",
+    category=UserWarning,
+)
+
+
+# ---------------------------------------------------------------- interrupts
+#
+# The Go side sends SIGINT to stop a run that is taking too long without
+# losing a session's state. It must raise KeyboardInterrupt in the code being
+# run, and nowhere else: not while the worker is idle, nor while it builds or
+# sends a reply (a SIGINT meant for a run may arrive just after the run
+# ended). So the handler only raises while _guarded runs a function, and
+# only in frames that are not the worker's own; one that lands in a worker
+# frame during a run is kept pending and raised before the next piece of user
+# code starts (_check_interrupt).
+#
+# An import cut short stays broken for the rest of the session (a package
+# without some of its submodules fails every later import of it), so an
+# interrupt that lands in one is delivered again a little later, once the
+# import is done, unless the import takes longer than IMPORT_GRACE seconds:
+# the Go side gives up and kills the worker a few seconds after its SIGINT.
+
+IMPORT_GRACE = 1.0
+_REDELIVER_DELAY = 0.02
+_MAIN_THREAD = _thread.get_ident()
+_interruptible = False
+_interrupt_pending = False
+_guard_seq = 0  # identifies the current _guarded call
+_deferred_since = None
+
+
+def _guarded(f, *args):
+    """Call f(*args), which SIGINT may interrupt. Returns (True, result) or
+    (False, exception); never raises. Not reentrant: f must not call it."""
+    global _interruptible, _interrupt_pending, _guard_seq, _deferred_since
+    try:
+        _interrupt_pending = False
+        _deferred_since = None
+        _guard_seq += 1
+        _interruptible = True
+        result = f(*args)
+        _interruptible = _interrupt_pending = False
+        return True, result
+    except BaseException as e:  # includes SystemExit and KeyboardInterrupt
+        _interruptible = _interrupt_pending = False
+        return False, e
+
+
+def _check_interrupt():
+    global _interrupt_pending
+    if _interrupt_pending:
+        _interrupt_pending = False
+        raise KeyboardInterrupt
+
+
+def _in_import(frame):
+    depth = 0
+    while frame is not None and depth < 1000:
+        if frame.f_code.co_filename.startswith("<frozen importlib."):
+            return True
+        frame = frame.f_back
+        depth += 1
+    return False
+
+
+def _redeliver(seq):
+    # A thread of its own: sleeps, then signals the main thread again (a
+    # real signal, which also ends a blocking call) if the same run is still
+    # going.
+    time.sleep(_REDELIVER_DELAY)
+    if _interruptible and _guard_seq == seq:
+        try:
+            signal.pthread_kill(_MAIN_THREAD, signal.SIGINT)
+        except Exception:
+            pass
+
+
+def _on_sigint(signum, frame):
+    global _interrupt_pending, _deferred_since
+    if not _interruptible:
+        return
+    if _in_import(frame):
+        now = time.monotonic()
+        if _deferred_since is None:
+            _deferred_since = now
+        if now - _deferred_since < IMPORT_GRACE:
+            try:
+                _thread.start_new_thread(_redeliver, (_guard_seq,))
+                return
+            except Exception:  # no threads: interrupt now
+                pass
+    if frame is None or frame.f_code.co_filename != _WORKER_FILE:
+        raise KeyboardInterrupt
+    _interrupt_pending = True
+
+
+def _install_sigint_handler():
+    try:
+        signal.signal(signal.SIGINT, _on_sigint)
+    except Exception:  # not the main thread
+        pass
+
+
+def _restore_sigint_handler():
+    # User code that put Python's default handler back (it raises anywhere,
+    # including while the reply is sent) gets ours again as soon as it is
+    # done, which behaves the same in user code. Any other handler, or
+    # SIG_IGN, is the user's choice and stays for the session.
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_sigint)
+    except BaseException:
         pass
 
 
@@ -139,47 +284,65 @@ async def _drive(codes, g):
     # (tasks, queues, ...) still work in the final expression.
     value = None
     for code in codes:
+        _check_interrupt()
         value = eval(code, g)
         if code.co_flags & CO_COROUTINE:
             value = await value
     return value
 
 
-def _execute(source, filename, inputs, codes):
-    """Run user code; return (value, exception). Appends to codes."""
-    # A fresh module registered as __main__ so pickle, dataclasses and
-    # `import __main__` see the user's namespace, not the worker's.
-    main = types.ModuleType("__main__")
+def _execute(source, filename, inputs, codes, main):
+    """Run user code in main (a fresh module if None) and return the value
+    of its last expression; user exceptions propagate. Appends to codes.
+    Called through _guarded."""
+    # The module is registered as __main__ so pickle, dataclasses and
+    # `import __main__` see the user's namespace, not the worker's. A session
+    # keeps one for all its runs: globals and imports persist, like in a REPL.
+    if main is None:
+        main = types.ModuleType("__main__")
     g = main.__dict__
     g["__builtins__"] = builtins
     g.update(inputs)
     sys.modules["__main__"] = main
     sys.argv = [filename]
+    # A session may still hold the memory that made its last run fail: the
+    # reserve gives room to compile code that frees it (`del big`), and is
+    # taken back, if possible, before that code runs.
+    _release_reserve()
     _register_source(source, filename)
-    try:
-        codes.extend(_compile_user_code(source, filename))
-        if any(c.co_flags & CO_COROUTINE for c in codes):
-            import asyncio  # slow to import; only top-level await needs it
+    codes.extend(_compile_user_code(source, filename))
+    _take_reserve()
+    if any(c.co_flags & CO_COROUTINE for c in codes):
+        import asyncio  # slow to import; only top-level await needs it
 
-            return asyncio.run(_drive(codes, g)), None
-        value = None
-        for code in codes:
-            value = eval(code, g)
-        return value, None
-    except BaseException as e:  # includes SystemExit and KeyboardInterrupt
-        return None, e
+        return asyncio.run(_drive(codes, g))
+    value = None
+    for code in codes:
+        _check_interrupt()
+        value = eval(code, g)
+    return value
 
 
 def _user_traceback(tb, codes):
-    """Drop the worker's (and asyncio's) frames above the user's code."""
+    """Drop the worker's (and asyncio's) frames above the user's code, and
+    the SIGINT handler's below it."""
     t = tb
     while t is not None:
         if any(t.tb_frame.f_code is c for c in codes):
-            return t
+            break
         t = t.tb_next
-    # The error did not come from user code (e.g. a SyntaxError from
-    # compiling it): like Python for a script, show no frames at all.
-    return None
+    else:
+        # The error did not come from user code (e.g. a SyntaxError from
+        # compiling it): like Python for a script, show no frames at all.
+        return None
+    start = t
+    while t.tb_next is not None:
+        if t.tb_next.tb_frame.f_code is _on_sigint.__code__:
+            # Python's own handler, written in C, leaves no frame either.
+            t.tb_next = None
+            break
+        t = t.tb_next
+    return start
 
 
 def _clear_frames(tb):
@@ -277,9 +440,9 @@ def _bounded_json(value, limit):
 
 def _repr_json(value, limit, truncate):
     """repr(value) as a JSON string of at most limit bytes."""
-    try:
-        text = repr(value)
-    except BaseException:
+    # A __repr__ that hangs can be interrupted.
+    ok, text = _guarded(repr, value)
+    if not ok:
         text = object.__repr__(value)
     if not truncate and len(text) <= limit:
         s = _dumps(text)
@@ -326,15 +489,22 @@ def _check_inputs(inputs):
     return None
 
 
-def _run(sock, req, rid):
-    """Handle a "run" request; returns the exit code."""
+def _positive_int(value, default):
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return default
+
+
+def _run(sock, req, rid, session=None):
+    """Handle a "run" request; returns the exit code. session is the
+    __main__ module kept across runs, or None for a fresh one."""
     fallback = _memory_fallback(rid)
     source = req.get("code", "")
     filename = req.get("filename") or "<code>"
     inputs = req.get("inputs") or {}
-    limit = req.get("max_return_bytes")
-    if not isinstance(limit, int) or limit <= 0:
-        limit = DEFAULT_MAX_RETURN_BYTES
+    limit = _positive_int(req.get("max_return_bytes"), DEFAULT_MAX_RETURN_BYTES)
+    max_figure = min(_positive_int(req.get("max_figure_bytes"), DEFAULT_MAX_FIGURE_BYTES),
+                     MAX_FIGURE_PNG_BYTES)
     if not isinstance(source, str) or not isinstance(filename, str):
         _send_error(sock, rid, "code and filename must be strings")
         return 1
@@ -349,11 +519,17 @@ def _run(sock, req, rid):
                      "error": {"type": "ValueError", "message": problem, "traceback": text}})
         return 1
 
+    _refresh_cwd_imports()
     codes = []
-    value, exc = _execute(source, filename, inputs, codes)
+    ok, value = _guarded(_execute, source, filename, inputs, codes, session)
+    _restore_sigint_handler()
+    exc = None
+    if not ok:
+        exc, value = value, None
 
     try:
-        if isinstance(exc, MemoryError):
+        out_of_memory = isinstance(exc, MemoryError)
+        if out_of_memory:
             _release_reserve()
         reply = {"op": "result", "id": rid, "status": "success", "exit_code": 0}
         if exc is not None:
@@ -366,14 +542,29 @@ def _run(sock, req, rid):
             ret, is_repr = "null", False
         else:
             ret, is_repr = _encode_return(value, limit)
+            ok, text = _guarded(_return_text, value)
+            if ok and text is not None:
+                reply["return_text"] = text
+            del text
         del value
         if is_repr:
             reply["return_repr"] = True
-        head = _dumps(reply, separators=(",", ":"))
-        data = (head[:-1] + ',"return_value":' + ret + "}\n").encode("ascii")
+        # Partial plots help debugging too, but after a MemoryError rendering
+        # would only fail again.
+        if not out_of_memory and os.getpid() == _PID:
+            figures, omitted = _capture_figures(max_figure)
+            if figures:
+                reply["figures"] = figures
+            if omitted:
+                reply["figures_omitted"] = omitted
+            del figures
         exit_code = reply["exit_code"]
+        head = _dumps(reply, separators=(",", ":"))
+        del reply
+        data = (head[:-1] + ',"return_value":' + ret + "}\n").encode("ascii")
     except MemoryError:
         data, exit_code = fallback, 1
+    _restore_sigint_handler()
     _flush_output()
     if os.getpid() != _PID:
         # User code forked and the child fell through to here: end it the way
@@ -381,6 +572,119 @@ def _run(sock, req, rid):
         os._exit(exit_code)
     sock.sendall(data)
     return exit_code
+
+
+def _refresh_cwd_imports():
+    # The directory listing the import system caches for the working
+    # directory is only refreshed when the directory's mtime changes, which
+    # has a granularity of a few milliseconds: make modules the user just
+    # wrote there importable for sure.
+    try:
+        finder = sys.path_importer_cache.get(os.getcwd())
+        if finder is not None:
+            finder.invalidate_caches()
+    except Exception:
+        pass
+
+
+def _return_text(value):
+    """A plain-text table for pandas objects (DataFrame, Series), or None.
+
+    Checked by module name so that pandas is never imported here.
+    """
+    if value is None:
+        return None
+    mod = getattr(type(value), "__module__", None)
+    if not isinstance(mod, str) or not (mod == "pandas" or mod.startswith("pandas.")):
+        return None
+    to_string = getattr(value, "to_string", None)
+    if not callable(to_string):
+        return None
+    try:
+        text = to_string(max_rows=60, max_cols=20)
+    except TypeError:  # Series.to_string has no max_cols
+        text = to_string(max_rows=60)
+    if not isinstance(text, str):
+        return None
+    data = text.encode("utf-8", "replace")
+    if len(data) <= MAX_RETURN_TEXT_BYTES:
+        return text
+    tail = TRUNCATED.encode("utf-8")
+    return data[: MAX_RETURN_TEXT_BYTES - len(tail)].decode("utf-8", "ignore") + TRUNCATED
+
+
+# ---------------------------------------------------------------- figures
+
+
+def _figure_note(text):
+    _write_stderr("pysandbox: %s\n" % " ".join(text.split()))
+
+
+def _png_size(data):
+    if data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
+        raise ValueError("savefig did not produce a PNG")
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def _render_png(fig, dpi):
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+def _render_figure(plt, num, max_bytes, budget):
+    """One figure as a reply entry; data beyond budget is left out."""
+    fig = plt.figure(num)
+    dpi = float(fig.dpi or 100)
+    data = _render_png(fig, dpi)
+    tries = 0
+    while len(data) > max_bytes and tries < FIGURE_RETRIES and dpi > MIN_FIGURE_DPI:
+        # The PNG size grows about with the pixel count, i.e. with dpi².
+        dpi = max(MIN_FIGURE_DPI, int(dpi * (max_bytes / float(len(data))) ** 0.5 * 0.9))
+        data = _render_png(fig, dpi)
+        tries += 1
+    width, height = _png_size(data)
+    entry = {"width": width, "height": height, "dpi": dpi, "too_large": len(data) > max_bytes}
+    if len(data) > MAX_FIGURE_PNG_BYTES or len(data) > budget:
+        entry["too_large"] = True
+        entry["omitted"] = True
+        return entry, 0
+    entry["png"] = binascii.b2a_base64(data, newline=False).decode("ascii")
+    return entry, len(data)
+
+
+def _capture_figures(max_bytes):
+    """Render and close every open pyplot figure. Returns (entries, number
+    left out beyond MAX_FIGURES). Never raises: a failure is a note on
+    stderr, never a failed run."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return [], 0
+    ok, nums = _guarded(lambda: sorted(plt.get_fignums()))
+    if not ok:
+        _figure_note("could not list figures: %s: %s" % (_type_name(type(nums)), _safe_str(nums)))
+        nums = []
+    figures, omitted, budget = [], 0, MAX_FIGURES_TOTAL_BYTES
+    for num in nums:
+        if len(figures) >= MAX_FIGURES:
+            omitted += 1
+            continue
+        ok, r = _guarded(_render_figure, plt, num, max_bytes, budget)
+        if ok:
+            entry, size = r
+            figures.append(entry)
+            budget -= size
+        elif isinstance(r, KeyboardInterrupt):
+            _figure_note("figure capture interrupted")
+            break
+        else:
+            _figure_note("could not render figure %s: %s: %s" % (num, _type_name(type(r)), _safe_str(r)))
+        del r
+    try:
+        plt.close("all")  # not interruptible: a run must not leak figures into the next
+    except BaseException as e:
+        _figure_note("could not close figures: %s: %s" % (_type_name(type(e)), _safe_str(e)))
+    return figures, omitted
 
 
 # ---------------------------------------------------------------- validate
@@ -501,6 +805,15 @@ def _setup():
     # user code cannot import this file's neighbours by accident.
     here = os.path.dirname(os.path.abspath(_WORKER_FILE))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    # Like `python -c`, the working directory (/work) comes first, so user
+    # code can import the modules it or the user wrote there; "" follows
+    # later changes of directory, as it does in Python.
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = None
+    if cwd is None or os.path.abspath(cwd) != here:
+        sys.path.insert(0, "")
     sys.argv = ["<code>"]
     sock = socket.socket(fileno=CONTROL_FD)
     # Programs started by user code must not inherit the control channel.
@@ -847,55 +1160,162 @@ def _loopback_up(struct):
 
 
 
+class _LineReader:
+    """Reads the control channel line by line.
+
+    Unlike a buffered file, it loses nothing when an exception (such as a
+    KeyboardInterrupt from a handler user code installed) interrupts a read.
+    """
+
+    def __init__(self, sock):
+        self._sock = sock
+        self._buf = bytearray()
+        self._scanned = 0  # no newline in _buf[:_scanned]
+        # Reading must not need much memory: a session can have filled it.
+        self._chunk = bytearray(1 << 16)
+
+    def readline(self):
+        """The next line with its newline; at EOF what is left, then b""."""
+        while True:
+            i = self._buf.find(b"\n", self._scanned)
+            if i >= 0:
+                line = bytes(self._buf[: i + 1])
+                del self._buf[: i + 1]
+                self._scanned = 0
+                return line
+            self._scanned = len(self._buf)
+            n = self._sock.recv_into(self._chunk)
+            if not n:
+                line = bytes(self._buf)
+                del self._buf[:]
+                self._scanned = 0
+                return line
+            with memoryview(self._chunk) as view:
+                self._buf += view[:n]
+
+
+def _valid_marker(marker):
+    return (isinstance(marker, str) and 16 <= len(marker) <= 128
+            and all(c in _MARKER_CHARS for c in marker))
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)  # retried by Python on EINTR (PEP 475)
+        view = view[n:]
+
+
+def _sync(sock, req, rid):
+    """Handle a "sync" request: mark the end of everything written so far
+    on fd 1 and fd 2, so the Go side can tell where a run's output ends."""
+    marker = req.get("marker")
+    if not _valid_marker(marker):
+        _send_error(sock, rid, "marker must be 16 to 128 characters of [A-Za-z0-9_-]")
+        return
+    _flush_output()
+    data = (marker + "\n").encode("ascii")
+    try:
+        for fd in (1, 2):
+            _write_all(fd, data)
+    except OSError as e:
+        _send_error(sock, rid, "sync: cannot write to fd %d: %s" % (fd, e))
+        return
+    _send(sock, {"op": "synced", "id": rid})
+
+
 def _serve(sock, oneshot):
     """Answer requests until the Go side hangs up (or, one-shot, until the
     first run is done). Returns the exit code."""
     _take_reserve()
-    rfile = sock.makefile("rb")
+    _install_sigint_handler()
+    reader = _LineReader(sock)
+    # A serving worker is a session: one __main__ for all its runs.
+    session = None if oneshot else types.ModuleType("__main__")
     v = sys.version_info
     _send(sock, {"op": "ready", "python": sys.version.split()[0],
                  "version": [v[0], v[1]], "pid": _PID})
     while True:
         try:
-            line = rfile.readline()
+            line = reader.readline()
+        except KeyboardInterrupt:
+            # Only if user code installed a handler that raises: a SIGINT
+            # meant for a run that had just ended. Nothing was lost.
+            continue
+        except MemoryError:
+            # User code's globals hold the memory. Nothing was lost either:
+            # try again with the reserve freed.
+            if not _release_reserve():
+                _write_stderr("pysandbox worker: out of memory\n")
+                return 1
+            continue
         except OSError as e:
             _write_stderr("pysandbox worker: control channel: %s\n" % (e,))
             return 1
         if not line:
             return 0  # the Go side hung up
         try:
-            req = _loads(line)
-        except ValueError:
-            req = None
-        if not isinstance(req, dict):
-            _send_error(sock, "", "request is not a JSON object")
-            continue
-        rid = req.get("id")
-        if not isinstance(rid, str):
-            rid = ""
-        op = req.get("op")
-        if op == "run":
-            code = _run(sock, req, rid)
-            if oneshot:
-                _flush_output()
-                sock.close()
-                return code
-            # Each run gets a fresh namespace; let the last one be freed now
-            # rather than at the next run, in case it is what filled memory.
-            sys.modules["__main__"] = types.ModuleType("__main__")
+            code = _handle(sock, line, session)
+        except MemoryError:
+            # Not enough left even to set up the request or its reply.
+            _release_reserve()
+            code = None
+            try:
+                rid, op = _request_fields(line)
+                if op == "run":
+                    code = 1
+                    _flush_output()
+                    sock.sendall(_memory_fallback(rid))
+                else:
+                    _send_error(sock, rid, "out of memory")
+            except BaseException:
+                return 1
+        if oneshot and code is not None:
+            _flush_output()
+            sock.close()
+            return code
+        if code is not None:
             _take_reserve()
-        elif op == "validate":
-            valid, err = _validate(req)
-            msg = {"op": "validated", "id": rid, "valid": valid}
-            if err is not None:
-                msg["syntax_error"] = err
-            _send(sock, msg)
-        elif op == "probe":
-            msg = _probe()
-            msg["op"], msg["id"] = "probed", rid
-            _send(sock, msg)
-        else:
-            _send_error(sock, rid, "unknown op %r" % (op,))
+
+
+def _request_fields(line):
+    try:
+        req = _loads(line)
+        rid, op = req.get("id"), req.get("op")
+    except Exception:
+        rid, op = None, None
+    return (rid if isinstance(rid, str) else ""), op
+
+
+def _handle(sock, line, session):
+    """Answer one request. Returns the exit code of a run, else None."""
+    try:
+        req = _loads(line)
+    except ValueError:
+        req = None
+    if not isinstance(req, dict):
+        _send_error(sock, "", "request is not a JSON object")
+        return None
+    rid = req.get("id")
+    if not isinstance(rid, str):
+        rid = ""
+    op = req.get("op")
+    if op == "run":
+        return _run(sock, req, rid, session)
+    elif op == "sync":
+        _sync(sock, req, rid)
+    elif op == "validate":
+        valid, err = _validate(req)
+        msg = {"op": "validated", "id": rid, "valid": valid}
+        if err is not None:
+            msg["syntax_error"] = err
+        _send(sock, msg)
+    elif op == "probe":
+        msg = _probe()
+        msg["op"], msg["id"] = "probed", rid
+        _send(sock, msg)
+    else:
+        _send_error(sock, rid, "unknown op %r" % (op,))
 
 
 def main():

@@ -320,12 +320,12 @@ func coreCases(t *testing.T, w *testWorker) {
 		res, _, _ := w.run(t, Request{Code: "1", Inputs: map[string]json.RawMessage{"not valid": json.RawMessage("1")}})
 		wantError(t, res, "ValueError", 1)
 	})
-	t.Run("fresh main namespace", func(t *testing.T) {
+	t.Run("session main namespace", func(t *testing.T) {
 		w.run(t, Request{Code: "leftover = 1"})
 		res, _, _ := w.run(t, Request{Code: "import sys, __main__\n" +
 			"(__name__, '__file__' in globals(), 'leftover' in globals(), __main__.__dict__ is globals(), sys.argv)"})
 		wantSuccess(t, res)
-		jsonEqual(t, res.ReturnValue, `["__main__",false,false,true,["<code>"]]`)
+		jsonEqual(t, res.ReturnValue, `["__main__",false,true,true,["<code>"]]`)
 	})
 	t.Run("worker not importable", func(t *testing.T) {
 		res, _, _ := w.run(t, Request{Code: "import worker"})
@@ -713,6 +713,12 @@ func TestMemoryErrorSmallObjects(t *testing.T) {
 		if !strings.Contains(res.Error.Traceback, "line 3, in <module>") {
 			t.Errorf("run %d: traceback %q", i, res.Error.Traceback)
 		}
+		// The session keeps x, and with it all the memory: the worker must
+		// still read and compile the code that frees it, and then take its
+		// reserve again.
+		res, _, _ = w.run(t, Request{Code: "n = len(x)\ndel x\nn > 1000"})
+		wantSuccess(t, res)
+		jsonEqual(t, res.ReturnValue, "true")
 	}
 	res, _, _ := w.run(t, Request{Code: "sum(range(10))"})
 	wantSuccess(t, res)
