@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 #   bubblewrap  the bwrap backend's tests
 #   passwd      useradd/userdel, for the unprivileged-user test
 #   python3-pandas  the warm pool's preloading tests
+#   python3-matplotlib  figures returned as images
 need=()
-for pkg in python3 bubblewrap passwd python3-pandas; do
+for pkg in python3 bubblewrap passwd python3-pandas python3-matplotlib; do
 	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -232,3 +232,42 @@ func TestServeMalformedInput(t *testing.T) {
 		}
 	}
 }
+
+// A session over stdio against the built binary (warm pool on, as a user
+// gets it): state persists, files go in and out, and the server cleans up.
+func TestServeSessions(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.Command(binary(t), "serve", "--log-level", "error")
+	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	callOK := func(name string, args map[string]any) map[string]any {
+		t.Helper()
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+		if err != nil || res.IsError {
+			msg := ""
+			if res != nil && len(res.Content) > 0 {
+				if tc, ok := res.Content[0].(*mcp.TextContent); ok {
+					msg = tc.Text
+				}
+			}
+			t.Fatalf("%s: %v %s", name, err, msg)
+		}
+		out, _ := res.StructuredContent.(map[string]any)
+		return out
+	}
+	id := callOK("create_session", map[string]any{})["session_id"].(string)
+	callOK("upload_file", map[string]any{"session_id": id, "path": "in.txt", "content": "21"})
+	callOK("run_python", map[string]any{"session_id": id, "code": "n = int(open('in.txt').read())"})
+	if rv := callOK("run_python", map[string]any{"session_id": id, "code": "open('out.txt', 'w').write(str(n * 2))\nn * 2"})["return_value"]; rv != 42.0 {
+		t.Fatalf("return_value %v", rv)
+	}
+	if out := callOK("download_file", map[string]any{"session_id": id, "path": "out.txt"}); out["size"] != 2.0 {
+		t.Fatalf("download %v", out)
+	}
+	callOK("close_session", map[string]any{"session_id": id})
+}

@@ -87,13 +87,13 @@ func poolize(t testing.TB, c *Config) {
 	c.Backend = p
 }
 
-// TestEscapePooled runs every escape test again, against warm-pool
-// children: they must hold exactly as cold sandboxes do.
+// TestEscapePooled runs every escape test, and the session tests, again
+// against warm-pool children: they must hold exactly as cold sandboxes do.
 func TestEscapePooled(t *testing.T) {
 	if escPooled || testing.Short() {
 		t.Skip("already the pooled run, or -short")
 	}
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestEscape([^P]|P[^o])", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run", "^(TestEscape([^P]|P[^o])|TestSession|TestMaxSessions)", "-test.count=1")
 	cmd.Env = append(os.Environ(), "PYSANDBOX_TEST_POOLED=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -124,6 +124,19 @@ func TestSessionCrashIsReported(t *testing.T) {
 	}
 }
 
+func TestSessionSegfaultIsReported(t *testing.T) {
+	s := newSessions(t, nil, SessionConfig{})
+	id := create(t, s)
+	srun(t, s, id, "x = 1")
+	r := srun(t, s, id, "import ctypes\nctypes.string_at(0)")
+	if r.Status != StatusKilled || !strings.Contains(r.Message, "segmentation fault") {
+		t.Fatalf("%+v", r)
+	}
+	if _, err := s.Run(context.Background(), id, RunRequest{Code: "x"}); err == nil || !strings.Contains(err.Error(), "segmentation fault") {
+		t.Fatalf("next call: %v", err)
+	}
+}
+
 func TestSessionMemoryKill(t *testing.T) {
 	s := newSessions(t, func(c *Config) { c.Limits.MemoryBytes = 128 << 20 }, SessionConfig{})
 	id := create(t, s)

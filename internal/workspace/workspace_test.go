@@ -275,6 +275,17 @@ func TestChown(t *testing.T) {
 	if err := os.Chown(ws, id, id); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Chown(filepath.Join(ws, "pre"), id, id); err != nil {
+		t.Fatal(err)
+	}
+	// A root server writes as the workspace's owner: where the owner may
+	// not write (a root-only directory), neither does the server.
+	if err := os.Mkdir(filepath.Join(ws, "rootonly"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Write("rootonly/x", []byte("x"), 10); err == nil {
+		t.Error("wrote into a directory the workspace owner cannot write")
+	}
 	old := syscall.Umask(0o077) // modes must not depend on the umask
 	defer syscall.Umask(old)
 	mustWrite(t, d, "pre/new/deeper/file.csv", "a,b\n")
@@ -295,7 +306,7 @@ func TestChown(t *testing.T) {
 	}
 	// What existed before keeps its owner and mode.
 	st, _ := os.Lstat(filepath.Join(ws, "pre"))
-	if sys := st.Sys().(*syscall.Stat_t); sys.Uid != 0 || st.Mode().Perm() != 0o700 {
+	if sys := st.Sys().(*syscall.Stat_t); sys.Uid != id || st.Mode().Perm() != 0o700 {
 		t.Errorf("pre-existing dir changed: %d %v", sys.Uid, st.Mode())
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -58,7 +59,34 @@ func (d *Dir) Write(path string, content []byte, maxBytes int64) error {
 		return d.writeError(c, os.NewSyscallError("fstat", err))
 	}
 	own := owner{uid: int(rst.Uid), gid: int(rst.Gid)}
+	if os.Geteuid() == 0 && own.uid != 0 {
+		// A root server creates as the workspace's owner: a sandbox's
+		// filesystem may not map root at all (a warm-pool child's maps only
+		// its own user), and then creating as root fails with EOVERFLOW.
+		// It also drops root's override of file permissions for the work.
+		return asOwner(own, func() error { return d.write(c, content, own) })
+	}
+	return d.write(c, content, own)
+}
 
+// asOwner runs f with the filesystem identity of o. setfsuid and setfsgid
+// (the raw system calls) change only the calling thread, which is locked
+// for the duration and is not returned to the scheduler's pool if the old
+// identity cannot be restored.
+func asOwner(o owner, f func() error) error {
+	runtime.LockOSThread()
+	prevGID, _ := unix.SetfsgidRetGid(o.gid)
+	prevUID, _ := unix.SetfsuidRetUid(o.uid)
+	err := f()
+	unix.SetfsuidRetUid(prevUID)
+	unix.SetfsgidRetGid(prevGID)
+	if uid, _ := unix.SetfsuidRetUid(-1); uid == prevUID {
+		runtime.UnlockOSThread()
+	}
+	return err
+}
+
+func (d *Dir) write(c string, content []byte, own owner) error {
 	elems := strings.Split(c, "/")
 	name := elems[len(elems)-1]
 	parent, err := d.parents(c, elems[:len(elems)-1], own)
