@@ -259,3 +259,29 @@ func firstImage(res *mcp.CallToolResult) *mcp.ImageContent {
 	}
 	return nil
 }
+
+// The README's walkthrough, call for call.
+func TestReadmeWalkthrough(t *testing.T) {
+	cs := connect(t, nil)
+	id := newSession(t, cs)
+	res, _ := call(t, cs, "upload_file", map[string]any{"session_id": id, "path": "data/sales.csv", "content": "month,units\n1,10\n2,14\n3,9\n"})
+	if res.IsError {
+		t.Fatal(text(res))
+	}
+	res, out := call(t, cs, "run_python", map[string]any{"session_id": id, "code": "import pandas as pd\ndf = pd.read_csv('data/sales.csv')\ndf.describe()"})
+	if res.IsError || !strings.Contains(out["return_text"].(string), "mean") {
+		t.Fatalf("describe: %s %v", text(res), out["return_text"])
+	}
+	res, _ = call(t, cs, "run_python", map[string]any{"session_id": id, "code": "df['units'].plot(kind='bar')\nimport matplotlib.pyplot as plt\nplt.savefig('chart.png')\nplt.show()"})
+	if res.IsError || firstImage(res) == nil {
+		t.Fatalf("plot: %s", text(res))
+	}
+	res, _ = call(t, cs, "download_file", map[string]any{"session_id": id, "path": "chart.png"})
+	er, ok := res.Content[0].(*mcp.EmbeddedResource)
+	if res.IsError || !ok || !bytes.HasPrefix(er.Resource.Blob, []byte("\x89PNG")) || er.Resource.MIMEType != "image/png" {
+		t.Fatalf("download chart: %s", text(res))
+	}
+	if res, _ := call(t, cs, "close_session", map[string]any{"session_id": id}); res.IsError {
+		t.Fatal(text(res))
+	}
+}
