@@ -96,6 +96,29 @@ func bench(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout, "(pandas is not installed for "+*baselinePy+": pandas comparison skipped; apt-get install python3-pandas)")
 	}
 
+	// A session's round trip: `x += 1` is ~50 ns of Python, so this is
+	// the cost of a call on a live session.
+	sessions := eng.NewSessions(engine.SessionConfig{MaxSessions: 1})
+	defer sessions.Shutdown()
+	info, err := sessions.Create(ctx, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := sessions.Run(ctx, info.ID, engine.RunRequest{Code: "x = 0"}); err != nil {
+		return err
+	}
+	sess, err := measure(*n, func() error {
+		r, err := sessions.Run(ctx, info.ID, engine.RunRequest{Code: "x += 1"})
+		if err == nil && r.Status != engine.StatusSuccess {
+			err = fmt.Errorf("session run ended %s", r.Status)
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	row("session: `x += 1` round trip", sess, base, "of python3 -c pass")
+
 	total := max(*n*4, 200)
 	var done atomic.Int64
 	var firstErr error
