@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pysandbox/pysandbox/internal/sandbox"
 	"github.com/pysandbox/pysandbox/internal/workspace"
 )
 
@@ -199,6 +200,12 @@ func TestMaxSessions(t *testing.T) {
 	if _, err := s.Create(context.Background(), 0); !errors.Is(err, ErrTooManySessions) || !strings.Contains(err.Error(), "close_session") {
 		t.Fatalf("third session: %v", err)
 	}
+	// The memory budget: room for one session of 256 MiB, not two.
+	s2 := newSessions(t, nil, SessionConfig{MemoryBudget: 300 << 20})
+	create(t, s2)
+	if _, err := s2.Create(context.Background(), 0); !errors.Is(err, ErrTooManySessions) || !strings.Contains(err.Error(), "memory budget") {
+		t.Fatalf("second session over the memory budget: %v", err)
+	}
 }
 
 // sessionPidNS is the pid namespace of a session's worker, seen from the
@@ -223,4 +230,26 @@ func waitGone(t *testing.T, ns string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	_ = os.Getpid
+}
+
+// Sessions work on the bwrap backend too: state, interrupts, files.
+func TestSessionOnBwrap(t *testing.T) {
+	b, err := sandbox.NewBwrap()
+	if err != nil {
+		t.Skipf("bwrap not available: %v", err)
+	}
+	e := newEngine(t, func(c *Config) { c.Backend = b; c.MaxTimeout = time.Minute })
+	s := e.NewSessions(SessionConfig{})
+	defer s.Shutdown()
+	id := create(t, s)
+	srun(t, s, id, "x = 20")
+	if r, _ := s.Run(context.Background(), id, RunRequest{Code: "import time\ntime.sleep(30)", Timeout: time.Second}); r == nil || r.Status != StatusTimeout {
+		t.Fatalf("timeout: %+v", r)
+	}
+	if err := s.Workspace(id, func(d *workspace.Dir) error { return d.Write("n.txt", []byte("22"), 10) }); err != nil {
+		t.Fatal(err)
+	}
+	if r := srun(t, s, id, "x + int(open('n.txt').read())"); fmt.Sprint(r.ReturnValue) != "42" {
+		t.Fatalf("%+v", r)
+	}
 }

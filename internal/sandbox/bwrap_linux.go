@@ -1027,3 +1027,33 @@ func runBwrapShim(setup *os.File) error {
 	err = unix.Exec(cfg.Bwrap, cfg.Argv, []string{})
 	return fmt.Errorf("bwrap shim: exec %s: %w", cfg.Bwrap, os.NewSyscallError("execve", err))
 }
+
+// OpenWorkspace implements Sessioner: /work is reached through the
+// sandbox's pid 1 (bwrap's reaper), which shares the worker's mounts.
+func (s *bwrapSandbox) OpenWorkspace() (*os.File, error) {
+	s.mu.Lock()
+	pid := s.initPid
+	s.mu.Unlock()
+	return openWorkspace(pid)
+}
+
+// Interrupt implements Sessioner. Under bwrap the worker is not pid 1 but
+// the reaper's only child.
+func (s *bwrapSandbox) Interrupt() error {
+	s.mu.Lock()
+	pid := s.initPid
+	s.mu.Unlock()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	if err != nil {
+		return fmt.Errorf("sandbox: find the worker: %w", err)
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) == 0 {
+		return errors.New("sandbox: the worker has exited")
+	}
+	worker, err := strconv.Atoi(fields[0])
+	if err != nil {
+		return fmt.Errorf("sandbox: find the worker: %w", err)
+	}
+	return os.NewSyscallError("kill", unix.Kill(worker, unix.SIGINT))
+}
