@@ -1190,7 +1190,13 @@ for p in os.listdir('/proc'):
 	if !slices.Contains(got1.Cmds, "sleep 60") || !slices.Contains(got1.Cmds, "sleep 61") {
 		t.Fatalf("run 1 did not get its background processes going: %q", got1.Cmds)
 	}
-	if left := escHostProcs(got1.NS); len(left) > 0 {
+	// A killed process can take a moment to disappear from /proc; one
+	// that really outlived the run is still there after half a second.
+	left := escHostProcs(got1.NS)
+	for deadline := time.Now().Add(500 * time.Millisecond); len(left) > 0 && time.Now().Before(deadline); left = escHostProcs(got1.NS) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(left) > 0 {
 		t.Errorf("run 1's processes outlived it on the host: %v", left)
 	}
 
