@@ -3,7 +3,6 @@ package sandbox
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -203,8 +202,12 @@ func (b *Bwrap) plan(spec *Spec) (*bwrapPlan, error) {
 	add := func(args ...string) { p.options = append(p.options, args...) }
 
 	// --unshare-all is user (try), ipc, pid, net, uts and cgroup (try);
-	// --unshare-user makes the user namespace mandatory. Never --share-net.
+	// --unshare-user makes the user namespace mandatory. --share-net only
+	// for an installer that must reach a package index (Spec.HostNetwork).
 	add("--unshare-all", "--unshare-user")
+	if spec.HostNetwork {
+		add("--share-net")
+	}
 	if b.disableUserns {
 		add("--disable-userns")
 	}
@@ -243,6 +246,19 @@ func (b *Bwrap) plan(spec *Spec) (*bwrapPlan, error) {
 			add("--ro-bind", f, f)
 		}
 	}
+	for _, bd := range spec.Binds {
+		if err := validBind(bd); err != nil {
+			return nil, err
+		}
+		if bd.Writable {
+			add("--bind", bd.Source, bd.Target)
+		} else {
+			add("--ro-bind", bd.Source, bd.Target)
+		}
+	}
+	if spec.HostNetwork {
+		add("--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf")
+	}
 	add("--proc", "/proc", "--dev", "/dev",
 		// bwrap's /dev is a tmpfs the sandbox user owns: give /dev/shm a
 		// capped tmpfs of its own, then make /dev itself read-only.
@@ -254,6 +270,9 @@ func (b *Bwrap) plan(spec *Spec) (*bwrapPlan, error) {
 		"--size", size, "--perms", "0755", "--tmpfs", "/work")
 	fd := bwrapFDFirstData
 	for _, f := range append(etcFiles(), spec.Files...) {
+		if spec.HostNetwork && f.Path == "/etc/resolv.conf" {
+			continue // the host's, bound above
+		}
 		if !filepath.IsAbs(f.Path) || filepath.Clean(f.Path) != f.Path || f.Path == "/" {
 			return nil, fmt.Errorf("sandbox: file path %q is not a clean absolute path", f.Path)
 		}
@@ -271,21 +290,14 @@ func (b *Bwrap) plan(spec *Spec) (*bwrapPlan, error) {
 	return p, nil
 }
 
-// seccompBytes encodes the filter as the struct sock_filter array bwrap's
-// --seccomp reads: u16 code, u8 jt, u8 jf, u32 k, in native byte order
-// (little-endian on every architecture seccomp.Program supports).
+// seccompBytes is the filter as the struct sock_filter array bwrap's
+// --seccomp reads.
 func seccompBytes() ([]byte, error) {
 	prog, err := seccomp.Program()
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	out := make([]byte, 0, 8*len(prog))
-	for _, ins := range prog {
-		out = binary.NativeEndian.AppendUint16(out, ins.Op)
-		out = append(out, ins.Jt, ins.Jf)
-		out = binary.NativeEndian.AppendUint32(out, ins.K)
-	}
-	return out, nil
+	return seccomp.Encode(prog), nil
 }
 
 // memfile returns data in an anonymous memory file positioned at its start,

@@ -59,8 +59,10 @@ func runInit(setup *os.File) error {
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 		return fmt.Errorf("sandbox init: %w", os.NewSyscallError("sethostname", err))
 	}
-	if err := loopbackUp(); err != nil {
-		return err
+	if !cfg.HostNetwork {
+		if err := loopbackUp(); err != nil {
+			return err
+		}
 	}
 	for _, rl := range cfg.Rlimits {
 		lim := unix.Rlimit{Cur: rl.Cur, Max: rl.Max}

@@ -53,6 +53,9 @@ type initConfig struct {
 	// own uid from the extra mapped range before the child leaves for a
 	// user namespace of its own (where those capabilities are gone).
 	KeepSetID bool `json:"keep_setid,omitempty"`
+	// HostNetwork: the sandbox kept the host's network namespace, so lo
+	// must not be touched and the host's resolver configuration is used.
+	HostNetwork bool `json:"host_network,omitempty"`
 	// Zygote relaxes the seccomp filter for a warm-pool zygote (see
 	// seccomp.Zygote); its children install the strict one themselves.
 	Zygote bool `json:"zygote,omitempty"`
@@ -68,8 +71,11 @@ type bindMount struct {
 	Source string `json:"source"`
 	Target string `json:"target"`
 	Dir    bool   `json:"dir"`
-	// Writable keeps the bind writable (device nodes such as /dev/null).
+	// Writable keeps the bind writable (device nodes such as /dev/null,
+	// an installer's output directory).
 	Writable bool `json:"writable,omitempty"`
+	// Device keeps device nodes usable (nodev is not set).
+	Device bool `json:"device,omitempty"`
 }
 
 type rlimit struct {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -131,6 +132,9 @@ func (n *Native) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 		Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID |
 			syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
 		Pdeathsig: syscall.SIGKILL,
+	}
+	if spec.HostNetwork {
+		attr.Cloneflags &^= syscall.CLONE_NEWNET
 	}
 	if n.root {
 		// Root inside maps to root outside only for the init, which needs to
@@ -264,7 +268,8 @@ func (n *Native) config(spec *Spec) (*initConfig, error) {
 		if err != nil {
 			return fmt.Errorf("sandbox: bind source: %w", err)
 		}
-		cfg.Binds = append(cfg.Binds, bindMount{Source: hostPath, Target: target, Dir: fi.IsDir(), Writable: writable})
+		dev := fi.Mode()&os.ModeDevice != 0
+		cfg.Binds = append(cfg.Binds, bindMount{Source: hostPath, Target: target, Dir: fi.IsDir(), Writable: writable, Device: dev})
 		return nil
 	}
 	for _, p := range systemDirs(spec.Prefix) {
@@ -288,6 +293,22 @@ func (n *Native) config(spec *Spec) (*initConfig, error) {
 			if err := add(p, p, false); err != nil {
 				return nil, err
 			}
+		}
+	}
+	for _, b := range spec.Binds {
+		if err := validBind(b); err != nil {
+			return nil, err
+		}
+		if err := add(b.Source, b.Target, b.Writable); err != nil {
+			return nil, err
+		}
+	}
+	if spec.HostNetwork {
+		cfg.HostNetwork = true
+		// The host's resolver, instead of the generated "no network" file.
+		cfg.Etc = slices.DeleteFunc(cfg.Etc, func(f File) bool { return f.Path == "/etc/resolv.conf" })
+		if err := add("/etc/resolv.conf", "/etc/resolv.conf", false); err != nil {
+			return nil, err
 		}
 	}
 	for _, d := range []string{"null", "zero", "full", "random", "urandom"} {

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -195,5 +197,89 @@ func assertNamespaceEmpty(t *testing.T, pidNS string) {
 			t.Fatalf("processes of the sandbox (%s) left on the host: %v", pidNS, left)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func startSpec(t *testing.T, spec *Spec) (Exit, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	spec.Python, spec.Prefix, spec.Stdout, spec.Stderr = "/usr/bin/python3", "/usr", &out, &errb
+	if spec.Env == nil {
+		spec.Env = []string{"PATH=/usr/bin:/bin"}
+	}
+	spec.Limits = small
+	sb, err := NewNative().Start(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	e := sb.Wait()
+	return e, out.String(), errb.String()
+}
+
+func TestNativeExtraBinds(t *testing.T) {
+	ro, rw := t.TempDir(), t.TempDir()
+	os.WriteFile(ro+"/in.txt", []byte("read me"), 0o644)
+	// The sandbox user is another host uid when the server is root.
+	os.Chmod(rw, 0o777)
+	e, out, errOut := startSpec(t, &Spec{
+		Args: []string{"-I", "-c", `
+print(open('/opt/ro/in.txt').read())
+try:
+    open('/opt/ro/new', 'w')
+except OSError as e:
+    print('ro:', e.strerror)
+open('/opt/rw/out.txt', 'w').write('written inside')
+`},
+		Binds: []Bind{{Source: ro, Target: "/opt/ro"}, {Source: rw, Target: "/opt/rw", Writable: true}},
+	})
+	if e.Code != 0 || out != "read me\nro: Read-only file system\n" {
+		t.Fatalf("exit %+v stdout %q stderr %q", e, out, errOut)
+	}
+	if b, _ := os.ReadFile(rw + "/out.txt"); string(b) != "written inside" {
+		t.Errorf("writable bind: %q", b)
+	}
+}
+
+func TestNativeBindValidation(t *testing.T) {
+	for _, b := range []Bind{
+		{Source: "relative", Target: "/opt/x"},
+		{Source: "/tmp", Target: "/proc/x"},
+		{Source: "/tmp", Target: "/work"},
+		{Source: "/tmp", Target: "/opt/../etc"},
+		{Source: "/tmp", Target: "/"},
+	} {
+		if _, err := NewNative().Start(context.Background(), &Spec{Python: "/usr/bin/python3", Prefix: "/usr", Binds: []Bind{b}, Limits: small}); err == nil {
+			t.Errorf("bind %+v accepted", b)
+		}
+	}
+}
+
+// HostNetwork is for installers that must reach an index: the host's
+// loopback is reachable then, and only then.
+func TestNativeHostNetwork(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("hello"))
+			c.Close()
+		}
+	}()
+	code := "import socket\ntry:\n    print(socket.create_connection(('127.0.0.1', " + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port) + "), timeout=5).recv(5).decode())\nexcept OSError as e:\n    print('refused', e.errno)"
+	_, out, _ := startSpec(t, &Spec{Args: []string{"-I", "-c", code}, HostNetwork: true})
+	if out != "hello\n" {
+		t.Errorf("with HostNetwork: %q", out)
+	}
+	_, out, _ = startSpec(t, &Spec{Args: []string{"-I", "-c", code}})
+	if !strings.HasPrefix(out, "refused") {
+		t.Errorf("without HostNetwork: %q", out)
 	}
 }

@@ -162,10 +162,27 @@ func bind(root string, b bindMount, fd int) error {
 	if err := mount(src, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return err
 	}
-	if b.Writable {
+	switch {
+	case b.Device:
 		return nil
+	case b.Writable:
+		return setAttrs(target, true, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
 	}
 	return setReadOnly(target, true)
+}
+
+// setAttrs adds mount attributes to a mount (and, when recursive, to every
+// mount below it).
+func setAttrs(path string, recursive bool, attrs uint64) error {
+	var flags uint
+	if recursive {
+		flags = unix.AT_RECURSIVE
+	}
+	attr := unix.MountAttr{Attr_set: attrs}
+	if err := unix.MountSetattr(unix.AT_FDCWD, path, flags, &attr); err != nil && err != unix.ENOSYS {
+		return fmt.Errorf("sandbox init: attributes of %s: %w", path, os.NewSyscallError("mount_setattr", err))
+	}
+	return nil
 }
 
 // setReadOnly makes a mount (and, when recursive, every mount below it)

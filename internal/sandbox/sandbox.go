@@ -22,6 +22,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -73,6 +75,12 @@ type Spec struct {
 	Files []File
 	// Limits apply to the whole sandbox.
 	Limits Limits
+	// Binds are extra host paths made visible inside (a dependency
+	// environment, read-only; an installer's output directory, writable).
+	Binds []Bind
+	// HostNetwork keeps the host's network namespace, for an installer that
+	// must reach a package index. Every other layer stays.
+	HostNetwork bool
 	// Imports are the top-level modules the code imports, as a hint for the
 	// warm pool's choice of zygote; backends may ignore it.
 	Imports []string
@@ -81,6 +89,29 @@ type Spec struct {
 	Zygote bool
 	// Stdout and Stderr receive the sandbox's output as it is written.
 	Stdout, Stderr io.Writer
+}
+
+// Bind makes a host path visible inside the sandbox.
+type Bind struct {
+	Source   string // absolute host path
+	Target   string // absolute path inside
+	Writable bool
+}
+
+// validBind checks a bind: both paths absolute and clean, and the target
+// not on top of what the sandbox itself needs.
+func validBind(b Bind) error {
+	for _, p := range []string{b.Source, b.Target} {
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" {
+			return fmt.Errorf("sandbox: bind path %q is not a clean absolute path", p)
+		}
+	}
+	for _, reserved := range []string{"/proc", "/dev", "/tmp", "/work", "/etc", "/usr", "/.pysandbox"} {
+		if b.Target == reserved || strings.HasPrefix(b.Target, reserved+"/") && reserved != "/.pysandbox" {
+			return fmt.Errorf("sandbox: bind target %q would cover %s", b.Target, reserved)
+		}
+	}
+	return nil
 }
 
 // Sandbox is a started sandbox.
