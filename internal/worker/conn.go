@@ -25,8 +25,11 @@ var Source []byte
 // Command returns the argv that starts the worker: python is the interpreter,
 // scriptPath where Source was placed. A one-shot worker exits after its first
 // run with that run's exit code.
-func Command(python, scriptPath string, oneshot bool) []string {
+func Command(python, scriptPath string, oneshot bool, sites ...string) []string {
 	argv := []string{python, "-I", "-B", scriptPath}
+	for _, s := range sites {
+		argv = append(argv, "--site", s)
+	}
 	if oneshot {
 		argv = append(argv, "--oneshot")
 	}

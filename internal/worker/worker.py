@@ -814,6 +814,12 @@ def _setup():
         cwd = None
     if cwd is None or os.path.abspath(cwd) != here:
         sys.path.insert(0, "")
+    # Dependency environments (--site DIR, read-only --target installs)
+    # come right after the working directory, ahead of the interpreter's
+    # own site-packages, so a requested version wins over a preinstalled one.
+    args = sys.argv[1:]
+    sites = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--site"]
+    sys.path[1:1] = [d for d in sites if os.path.isabs(d)]
     sys.argv = ["<code>"]
     sock = socket.socket(fileno=CONTROL_FD)
     # Programs started by user code must not inherit the control channel.
