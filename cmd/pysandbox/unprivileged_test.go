@@ -18,6 +18,8 @@ func asUser(t *testing.T, uid, gid uint32, stdin string, args ...string) (string
 	t.Helper()
 	cmd := exec.Command(binary(t), args...)
 	cmd.Dir = binDir
+	// A home the user cannot write to: the server must still serve runs
+	// (dependencies are then disabled, with the reason).
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + binDir, "LANG=C.UTF-8"}
 	cmd.Stdin = strings.NewReader(stdin)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid, Groups: []uint32{}}}

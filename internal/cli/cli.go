@@ -9,10 +9,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/pysandbox/pysandbox/internal/deps"
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/pool"
@@ -27,6 +30,7 @@ Usage:
   pysandbox run [flags] FILE|-            run a script in the sandbox, streaming its output
   pysandbox check [flags]                 print the sandbox posture; exit 1 if the backend cannot work here
   pysandbox bench [flags]                 measure latency against spawning python3 directly
+  pysandbox cache ls|prune [flags]        list or prune the cached dependency environments
   pysandbox version
 
 Run 'pysandbox COMMAND -h' for the flags of a command.
@@ -57,6 +61,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 	case "bench":
 		err = bench(rest, stdout, stderr)
+	case "cache":
+		err = cacheCmd(rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "pysandbox", version)
 		return 0
@@ -117,18 +123,43 @@ type options struct {
 	poolSize      int
 	preload       string
 	poolMemory    size
+
+	cacheDir       string
+	cacheSize      size
+	indexURL       string
+	extraIndexURLs listFlag
+	findLinks      listFlag
+	noIndex        bool
+	allowSdist     bool
+	installTimeout duration
+}
+
+// listFlag is a flag that may be given more than once.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+// defaultCacheDir is where dependency environments are cached.
+func defaultCacheDir() string {
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "pysandbox")
+	}
+	return filepath.Join(os.TempDir(), "pysandbox-cache")
 }
 
 func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *options) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o := &options{
-		timeout:    duration(30 * time.Second),
-		maxTimeout: duration(300 * time.Second),
-		memory:     512 << 20,
-		maxOutput:  1 << 20,
-		tmpSize:    256 << 20,
-		poolMemory: 1 << 30,
+		timeout:        duration(30 * time.Second),
+		maxTimeout:     duration(300 * time.Second),
+		memory:         512 << 20,
+		maxOutput:      1 << 20,
+		tmpSize:        256 << 20,
+		poolMemory:     1 << 30,
+		cacheSize:      2 << 30,
+		installTimeout: duration(5 * time.Minute),
 	}
 	fs.StringVar(&o.sandbox, "sandbox", "native", "sandbox backend: native, bwrap, or none (no isolation at all)")
 	fs.StringVar(&o.python, "python", "", "interpreter: a path, or a version such as 3.12 (default /usr/bin/python3)")
@@ -144,6 +175,14 @@ func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *option
 	fs.IntVar(&o.poolSize, "pool-size", 4, "warm pool: sandboxes kept ready, forked from a zygote with the interpreter started (native backend; 0 turns the pool off)")
 	fs.StringVar(&o.preload, "preload", "", "warm pool: comma-separated modules imported once in the zygote, e.g. numpy,pandas (a missing one is a warning)")
 	fs.Var(&o.poolMemory, "pool-memory", "warm pool: memory budget of the zygote and its idle sandboxes")
+	fs.StringVar(&o.cacheDir, "cache-dir", defaultCacheDir(), "dependencies: where installed environments are cached")
+	fs.Var(&o.cacheSize, "cache-size", "dependencies: size cap of the cache (least recently used environments go first)")
+	fs.StringVar(&o.indexURL, "index-url", "", "dependencies: package index (PEP 503) for pip/uv (default: their own, PyPI)")
+	fs.Var(&o.extraIndexURLs, "extra-index-url", "dependencies: an additional index (repeatable)")
+	fs.Var(&o.findLinks, "find-links", "dependencies: a local wheelhouse directory or URL (repeatable)")
+	fs.BoolVar(&o.noIndex, "no-index", false, "dependencies: use only --find-links (offline)")
+	fs.BoolVar(&o.allowSdist, "allow-sdist", false, "dependencies: allow building source distributions, which runs their build code (in the installer's sandbox)")
+	fs.Var(&o.installTimeout, "install-timeout", "dependencies: time limit of one install")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: pysandbox %s\n\nFlags:\n", synopsis)
 		fs.PrintDefaults()
@@ -198,9 +237,25 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 	if err != nil {
 		return nil, noop, err
 	}
+	cache, err := o.depsCache(backend, log)
+	var noDeps string
+	if err != nil {
+		var ue usageError
+		if errors.As(err, &ue) {
+			return nil, noop, err
+		}
+		// Runs without dependencies need no cache: serve them, and say why
+		// the others cannot be.
+		noDeps = err.Error()
+		log.Warn("dependencies disabled", "err", err)
+		cache = nil
+	}
 	cfg := engine.Config{
-		Backend: backend,
-		Python:  py,
+		Backend:      backend,
+		Python:       py,
+		Interpreters: interp.Discover(ctx),
+		Deps:         cache,
+		NoDepsReason: noDeps,
 		Limits: sandbox.Limits{
 			MemoryBytes: int64(o.memory),
 			MaxProcs:    o.maxProcs,
@@ -243,6 +298,35 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 		return nil, noop, err
 	}
 	return eng, func() { p.Close() }, nil
+}
+
+// limits are the per-run limits the flags describe.
+func (o *options) limits() sandbox.Limits {
+	return sandbox.Limits{MemoryBytes: int64(o.memory), MaxProcs: o.maxProcs, TmpBytes: int64(o.tmpSize)}
+}
+
+// depsCache opens the dependency cache; installs run in backend's sandboxes.
+func (o *options) depsCache(backend sandbox.Backend, log *slog.Logger) (*deps.Cache, error) {
+	for _, fl := range o.findLinks {
+		if !strings.Contains(fl, "://") && !filepath.IsAbs(fl) {
+			return nil, usageError{fmt.Errorf("--find-links %q: give an absolute directory or a URL", fl)}
+		}
+	}
+	if o.noIndex && len(o.findLinks) == 0 {
+		return nil, usageError{errors.New("--no-index needs at least one --find-links wheelhouse")}
+	}
+	return deps.New(deps.Config{
+		Dir:      o.cacheDir,
+		MaxBytes: int64(o.cacheSize),
+		Index: deps.IndexConfig{
+			IndexURL: o.indexURL, ExtraIndexURLs: o.extraIndexURLs, FindLinks: o.findLinks,
+			NoIndex: o.noIndex, AllowSdist: o.allowSdist,
+		},
+		Backend: backend,
+		Limits:  o.limits(),
+		Timeout: time.Duration(o.installTimeout),
+		Logger:  log,
+	})
 }
 
 // parsePreload checks --preload: module names only, since the zygote

@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pysandbox/pysandbox/internal/deps"
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/sandbox"
 	"github.com/pysandbox/pysandbox/internal/worker"
@@ -44,8 +45,16 @@ const workerPath = "/.pysandbox/worker.py"
 // Config configures an Engine.
 type Config struct {
 	Backend sandbox.Backend
-	Python  *interp.Interpreter
-	Limits  sandbox.Limits
+	// Python is the default interpreter; Interpreters are all that a run
+	// may select with python_version or requires-python (default: Python).
+	Python       *interp.Interpreter
+	Interpreters []*interp.Interpreter
+	// Deps builds and caches dependency environments; nil refuses runs
+	// that need dependencies.
+	Deps *deps.Cache
+	// NoDepsReason says why Deps is nil, for the agent.
+	NoDepsReason string
+	Limits       sandbox.Limits
 	// DefaultTimeout applies when a request names none; MaxTimeout caps
 	// what a request may ask for.
 	DefaultTimeout time.Duration
@@ -147,6 +156,12 @@ type RunRequest struct {
 	Filename string        // shown in tracebacks; "<code>" when empty
 	// Stdout and Stderr, when set, also receive the output live, uncapped.
 	Stdout, Stderr io.Writer
+	// Dependencies are PEP 508 requirements, merged with the code's PEP 723
+	// block; PythonVersion selects an interpreter ("3.12").
+	Dependencies  []string
+	PythonVersion string
+	// Progress, when set, receives installer progress lines.
+	Progress func(string)
 }
 
 // Result is the outcome of a run; its JSON form is the tool's output.
@@ -186,16 +201,7 @@ func (e *Engine) timeout(d time.Duration) time.Duration {
 
 // spec is the sandbox spec for one worker.
 func (e *Engine) spec(oneshot bool, stdout, stderr io.Writer) *sandbox.Spec {
-	return &sandbox.Spec{
-		Python: e.cfg.Python.Path,
-		Prefix: e.cfg.Python.Prefix,
-		Args:   worker.Command(e.cfg.Python.Path, workerPath, oneshot)[1:],
-		Env:    workerEnv(),
-		Files:  []sandbox.File{{Path: workerPath, Content: worker.Source}},
-		Limits: e.cfg.Limits,
-		Stdout: stdout,
-		Stderr: stderr,
-	}
+	return e.specFor(nil, oneshot, stdout, stderr)
 }
 
 // RunSpec is the sandbox spec of a one-shot run (output writers unset):
@@ -236,6 +242,15 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 	defer e.release()
 
 	start := time.Now()
+	renv, err := e.resolve(ctx, req.Code, req.PythonVersion, req.Dependencies, req.Progress)
+	if err != nil {
+		if r, ok := e.installResult(err); ok {
+			r.DurationMS = time.Since(start).Milliseconds()
+			return r, nil
+		}
+		return nil, err
+	}
+	defer renv.close()
 	timeout := e.timeout(req.Timeout)
 	// The deadline covers everything from here: sandbox start included.
 	runCtx, cancel := context.WithTimeout(ctx, timeout)
@@ -243,7 +258,7 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 
 	stdout := newCapture(e.cfg.MaxOutput, req.Stdout)
 	stderr := newCapture(e.cfg.MaxOutput, req.Stderr)
-	spec := e.spec(true, stdout, stderr)
+	spec := e.specFor(renv, true, stdout, stderr)
 	spec.Imports = ImportsOf(req.Code)
 	sb, err := e.cfg.Backend.Start(runCtx, spec)
 	if err != nil {

@@ -93,7 +93,7 @@ func TestEscapePooled(t *testing.T) {
 	if escPooled || testing.Short() {
 		t.Skip("already the pooled run, or -short")
 	}
-	cmd := exec.Command(os.Args[0], "-test.run", "^(TestEscape([^P]|P[^o])|TestSession|TestMaxSessions)", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run", "^(TestEscape([^P]|P[^o])|TestSession|TestMaxSessions|TestRunWithDependencies|TestPythonVersionSelection|TestUnknownPackage)", "-test.count=1")
 	cmd.Env = append(os.Environ(), "PYSANDBOX_TEST_POOLED=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {

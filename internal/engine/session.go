@@ -8,9 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
+	"github.com/pysandbox/pysandbox/internal/deps"
+	"github.com/pysandbox/pysandbox/internal/pep"
 	"github.com/pysandbox/pysandbox/internal/sandbox"
 	"github.com/pysandbox/pysandbox/internal/worker"
 	"github.com/pysandbox/pysandbox/internal/workspace"
@@ -60,6 +65,12 @@ type Session struct {
 	errs *router
 
 	runMu sync.Mutex // one run at a time
+
+	// renv is the session's interpreter and dependency environment (held
+	// in the cache as in use while the session lives); reqs are all its
+	// requirements, install_package's included.
+	renv *runEnv
+	reqs []string
 
 	mu       sync.Mutex
 	lastUsed time.Time
@@ -122,8 +133,21 @@ func newID() string {
 	return "s-" + hex.EncodeToString(b[:])
 }
 
+// CreateOptions are a session's optional settings.
+type CreateOptions struct {
+	// Dependencies are installed (or found in the cache) first and are
+	// importable in every run; PythonVersion selects the interpreter.
+	Dependencies  []string
+	PythonVersion string
+	Progress      func(string)
+}
+
 // Create starts a session. ttl 0 means the default.
-func (s *Sessions) Create(ctx context.Context, ttl time.Duration) (*SessionInfo, error) {
+func (s *Sessions) Create(ctx context.Context, ttl time.Duration, opts ...CreateOptions) (*SessionInfo, error) {
+	var o CreateOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
 	if ttl <= 0 {
 		ttl = s.cfg.DefaultTTL
 	}
@@ -137,10 +161,20 @@ func (s *Sessions) Create(ctx context.Context, ttl time.Duration) (*SessionInfo,
 	if int64(n+1)*s.e.cfg.Limits.MemoryBytes > s.cfg.MemoryBudget {
 		return nil, fmt.Errorf("%w: the sessions' memory budget (%d MiB) is used by %d sessions; close one with close_session", ErrTooManySessions, s.cfg.MemoryBudget>>20, n)
 	}
-	sess := &Session{ID: newID(), Created: time.Now(), TTL: ttl, out: newRouter(), errs: newRouter()}
+	renv, err := s.e.resolve(ctx, "", o.PythonVersion, o.Dependencies, o.Progress)
+	if err != nil {
+		return nil, err
+	}
+	sess := &Session{ID: newID(), Created: time.Now(), TTL: ttl, out: newRouter(), errs: newRouter(), renv: renv}
 	sess.lastUsed = sess.Created
-	spec := s.e.spec(false, sess.out, sess.errs)
+	if renv.env != nil {
+		sess.reqs = renv.env.Requirements
+	}
+	spec := s.e.specFor(renv, false, sess.out, sess.errs)
 	sb, err := s.e.cfg.Backend.Start(ctx, spec)
+	if err != nil {
+		renv.close()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("engine: start session: %w", err)
 	}
@@ -232,6 +266,9 @@ func (s *Sessions) remove(sess *Session, why string) {
 	}
 	sess.conn.Close()
 	sess.sb.Close()
+	if sess.renv != nil {
+		sess.renv.close()
+	}
 }
 
 // get returns a live session or an error that says what to do.
@@ -558,4 +595,59 @@ func (r *router) Write(p []byte) (int, error) {
 		r.pending = append(r.pending[:0], r.pending[len(r.pending)-keep:]...)
 	}
 	return len(p), nil
+}
+
+// sessionPackages is where install_package puts packages, inside the
+// session's workspace; the worker puts it on sys.path when it exists.
+const sessionPackages = ".packages"
+
+// Install makes packages importable in a session from its next run on. The
+// whole requirement set (the session's and these) is resolved by the
+// installer in its own sandbox, as one cached environment, which is then
+// copied into the session's workspace (the cached environment itself stays
+// read-only and shared). Modules the session already imported keep their
+// old versions until it restarts.
+func (s *Sessions) Install(ctx context.Context, id string, packages []string, progress func(string)) (*deps.Env, error) {
+	sess, err := s.get(id)
+	if err != nil {
+		return nil, err
+	}
+	if s.e.cfg.Deps == nil {
+		return nil, &RequestError{Msg: "this server installs no packages (it was started without a dependency cache)"}
+	}
+	sess.runMu.Lock()
+	defer sess.runMu.Unlock()
+	reqs, errs := pep.MergeRequirements(sess.reqs, packages)
+	if len(errs) > 0 {
+		return nil, &RequestError{Msg: "invalid requirement: " + errs[0].Error()}
+	}
+	env, release, err := s.e.cfg.Deps.Ensure(ctx, sess.renv.py, reqs, progress)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	err = s.Workspace(id, func(d *workspace.Dir) error { return copyTree(env.Site, d, sessionPackages) })
+	if err != nil {
+		return nil, fmt.Errorf("engine: copy the packages into the session: %w", err)
+	}
+	sess.reqs = env.Requirements
+	return env, nil
+}
+
+// copyTree copies the regular files under src into the workspace at dst.
+func copyTree(src string, d *workspace.Dir, dst string) error {
+	return filepath.WalkDir(src, func(p string, de fs.DirEntry, err error) error {
+		if err != nil || !de.Type().IsRegular() {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return d.Write(dst+"/"+filepath.ToSlash(rel), data, int64(len(data))+1)
+	})
 }

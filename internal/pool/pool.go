@@ -74,6 +74,14 @@ type Pool struct {
 	// creating and deleting a memory cgroup costs more than a whole run.
 	cgFree chan *cgroup.Group
 
+	defaultKey string
+
+	// extra are zygotes for other interpreters and dependency environments
+	// (a hot environment gets its own), created on first use, the least
+	// recently used one retired when there are too many.
+	extraMu sync.Mutex
+	extra   map[string]*flavor
+
 	// light's zygote has imported nothing but the worker; heavy's (nil
 	// without --preload) has imported the preloaded modules too. A run
 	// whose code imports one of those goes to heavy, every other run to
@@ -90,14 +98,22 @@ type Pool struct {
 
 // flavor is one zygote and its ready children.
 type flavor struct {
-	mu      sync.Mutex
-	z       *zygote // replaced when it dies (see zygote)
-	preload []string
-	modules []string
-	ready   chan *child
-	refill  chan struct{}
-	restart func(context.Context) (*zygote, error)
+	key      string
+	lastUsed time.Time    // guarded by Pool.extraMu
+	active   atomic.Int64 // children handed out and not yet closed
+	mu       sync.Mutex
+	z        *zygote // replaced when it dies (see zygote)
+	preload  []string
+	modules  []string
+	ready    chan *child
+	refill   chan struct{}
+	quit     chan struct{}
+	quitOnce sync.Once
+	restart  func(context.Context) (*zygote, error)
 }
+
+// stop ends the flavor's refilling.
+func (f *flavor) stop() { f.quitOnce.Do(func() { close(f.quit) }) }
 
 // zygote returns the flavor's zygote, starting a new one if it died (it
 // should not, but an OOM kill or a bug must not leave the server unable to
@@ -151,13 +167,15 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 	}
 	p.rlimits = sandbox.RlimitTriples(cfg.Spec.Limits, p.cgroups)
 	p.ctx, p.cancel = context.WithCancel(context.Background())
+	p.extra = map[string]*flavor{}
+	_, p.defaultKey, _ = p.match(cfg.Spec)
 
 	var err error
-	if p.light, err = p.newFlavor(ctx, nil); err != nil {
+	if p.light, err = p.newFlavor(ctx, cfg.Spec, nil); err != nil {
 		return nil, err
 	}
 	if len(cfg.Preload) > 0 {
-		if p.heavy, err = p.newFlavor(ctx, cfg.Preload); err != nil {
+		if p.heavy, err = p.newFlavor(ctx, cfg.Spec, cfg.Preload); err != nil {
 			p.Close()
 			return nil, err
 		}
@@ -170,10 +188,11 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 }
 
 // newFlavor starts a zygote that imports preload and keeps its children.
-func (p *Pool) newFlavor(ctx context.Context, preload []string) (*flavor, error) {
+func (p *Pool) newFlavor(ctx context.Context, base *sandbox.Spec, preload []string) (*flavor, error) {
 	cfg := p.cfg
-	zspec := *cfg.Spec
-	zspec.Args = append(slices.Clone(cfg.Spec.Args[:len(cfg.Spec.Args)-1]), "--zygote")
+	zspec := *base
+	zspec.Args = append(slices.Clone(stripOneshot(base.Args)), "--zygote")
+	zspec.Imports = nil
 	zspec.Zygote = true
 	zspec.Stdout, zspec.Stderr = os.Stderr, os.Stderr
 	perRun := max(cfg.Spec.Limits.MaxProcs, 64)
@@ -192,7 +211,7 @@ func (p *Pool) newFlavor(ctx context.Context, preload []string) (*flavor, error)
 	if err != nil {
 		return nil, err
 	}
-	f := &flavor{z: z, preload: preload, ready: make(chan *child, max(cfg.Size, 1)), refill: make(chan struct{}, 1)}
+	f := &flavor{z: z, preload: preload, ready: make(chan *child, max(cfg.Size, 1)), refill: make(chan struct{}, 1), quit: make(chan struct{})}
 	f.restart = func(ctx context.Context) (*zygote, error) { return startZygote(ctx, cfg.Backend, &zspec, preload) }
 	p.wg.Add(1)
 	go p.refillLoop(f)
@@ -243,11 +262,23 @@ func (p *Pool) Stats() Stats {
 // on the spot when none is ready, and leaves any other spec to the cold
 // backend (same isolation, just slower).
 func (p *Pool) Start(ctx context.Context, spec *sandbox.Spec) (sandbox.Sandbox, error) {
-	oneshot, ok := p.compatible(spec)
+	oneshot, key, ok := p.match(spec)
 	if !ok {
 		return p.cfg.Backend.Start(ctx, spec)
 	}
-	f := p.flavorFor(spec.Imports)
+	var f *flavor
+	if key == p.defaultKey {
+		f = p.flavorFor(spec.Imports)
+	} else {
+		var err error
+		if f, err = p.extraFlavor(ctx, key, spec); err != nil {
+			return nil, err
+		}
+		if f == nil {
+			// Every extra zygote is busy: the same sandbox, started cold.
+			return p.cfg.Backend.Start(ctx, spec)
+		}
+	}
 	var c *child
 	if oneshot {
 	take:
@@ -280,9 +311,62 @@ func (p *Pool) Start(ctx context.Context, spec *sandbox.Spec) (sandbox.Sandbox, 
 	} else {
 		p.hits.Add(1)
 	}
-	c.onClose = f.kick
+	f.active.Add(1)
+	c.onClose = func() { f.active.Add(-1); f.kick() }
 	c.attach(spec.Stdout, spec.Stderr)
 	return c, nil
+}
+
+// maxExtraFlavors bounds the zygotes kept for other interpreters and
+// environments, each a resident interpreter of its own.
+const maxExtraFlavors = 4
+
+// extraFlavor returns the zygote for key, starting it on first use. It
+// returns nil, nil when every slot is taken by a zygote with runs in
+// flight (their children live in its pid namespace, so it cannot go).
+func (p *Pool) extraFlavor(ctx context.Context, key string, spec *sandbox.Spec) (*flavor, error) {
+	p.extraMu.Lock()
+	defer p.extraMu.Unlock()
+	if f, ok := p.extra[key]; ok {
+		f.lastUsed = time.Now()
+		return f, nil
+	}
+	if len(p.extra) >= maxExtraFlavors {
+		var victim *flavor
+		for _, f := range p.extra {
+			if f.active.Load() == 0 && (victim == nil || f.lastUsed.Before(victim.lastUsed)) {
+				victim = f
+			}
+		}
+		if victim == nil {
+			return nil, nil
+		}
+		delete(p.extra, victim.key)
+		go p.retire(victim)
+	}
+	f, err := p.newFlavor(ctx, spec, nil)
+	if err != nil {
+		return nil, err
+	}
+	f.key, f.lastUsed = key, time.Now()
+	p.extra[key] = f
+	return f, nil
+}
+
+// retire closes a flavor's idle children and its zygote.
+func (p *Pool) retire(f *flavor) {
+	f.stop()
+	for drained := false; !drained; {
+		select {
+		case c := <-f.ready:
+			c.Close()
+		default:
+			drained = true
+		}
+	}
+	f.mu.Lock()
+	f.z.close()
+	f.mu.Unlock()
 }
 
 // flavorFor picks the preloading zygote when the code imports one of its
@@ -305,15 +389,43 @@ func (p *Pool) flavorFor(imports []string) *flavor {
 // compatible reports whether spec is the pool's spec, and whether it asks
 // for a one-shot worker.
 func (p *Pool) compatible(spec *sandbox.Spec) (oneshot, ok bool) {
+	oneshot, key, ok := p.match(spec)
+	return oneshot, ok && key == p.defaultKey
+}
+
+// match reports whether the pool can serve spec, with which flavor key:
+// the same limits, environment and worker as the pool's spec, on any
+// interpreter and with any dependency environment (binds and --site
+// arguments), each such combination with a zygote of its own.
+func (p *Pool) match(spec *sandbox.Spec) (oneshot bool, key string, ok bool) {
 	ps := p.cfg.Spec
-	if spec.Python != ps.Python || spec.Limits != ps.Limits || spec.Zygote || !slices.Equal(spec.Env, ps.Env) {
-		return false, false
+	if spec.Limits != ps.Limits || spec.Zygote || spec.HostNetwork || !slices.Equal(spec.Env, ps.Env) || !slices.EqualFunc(spec.Files, ps.Files, sameFile) {
+		return false, "", false
 	}
 	args := spec.Args
 	if len(args) > 0 && args[len(args)-1] == "--oneshot" {
 		oneshot, args = true, args[:len(args)-1]
 	}
-	return oneshot, slices.Equal(args, ps.Args[:len(ps.Args)-1])
+	var b strings.Builder
+	b.WriteString(spec.Python + "\x00" + spec.Prefix)
+	for _, a := range args {
+		b.WriteString("\x00" + a)
+	}
+	for _, bd := range spec.Binds {
+		fmt.Fprintf(&b, "\x00bind:%s:%s:%v", bd.Source, bd.Target, bd.Writable)
+	}
+	return oneshot, b.String(), true
+}
+
+func sameFile(a, b sandbox.File) bool {
+	return a.Path == b.Path && string(a.Content) == string(b.Content)
+}
+
+func stripOneshot(args []string) []string {
+	if len(args) > 0 && args[len(args)-1] == "--oneshot" {
+		return args[:len(args)-1]
+	}
+	return args
 }
 
 func (f *flavor) kick() {
@@ -329,6 +441,8 @@ func (p *Pool) refillLoop(f *flavor) {
 	for {
 		select {
 		case <-p.ctx.Done():
+			return
+		case <-f.quit:
 			return
 		case <-f.refill:
 		}
@@ -360,7 +474,13 @@ func (p *Pool) refillLoop(f *flavor) {
 // charged to it).
 func (p *Pool) underBudget() bool {
 	var used int64
-	for _, f := range []*flavor{p.light, p.heavy} {
+	p.extraMu.Lock()
+	all := []*flavor{p.light, p.heavy}
+	for _, f := range p.extra {
+		all = append(all, f)
+	}
+	p.extraMu.Unlock()
+	for _, f := range all {
 		if f == nil {
 			continue
 		}
@@ -557,6 +677,12 @@ func (p *Pool) Close() error {
 			}
 		}
 	}()
+	p.extraMu.Lock()
+	for k, f := range p.extra {
+		delete(p.extra, k)
+		p.retire(f)
+	}
+	p.extraMu.Unlock()
 	var err error
 	for _, f := range []*flavor{p.light, p.heavy} {
 		if f == nil {

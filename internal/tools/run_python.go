@@ -12,6 +12,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/pep"
 )
 
 // RunPythonInput is run_python's input. session_id, dependencies and
@@ -22,8 +23,8 @@ type RunPythonInput struct {
 	TimeoutSeconds float64        `json:"timeout_seconds,omitempty" jsonschema:"Wall-clock limit in seconds (default 30; the server's maximum applies). Every process the code started is killed when it passes."`
 	Inputs         map[string]any `json:"inputs,omitempty" jsonschema:"JSON values to pass in: each key becomes a global variable of that name before the code runs."`
 	SessionID      string         `json:"session_id,omitempty" jsonschema:"Run in this session (from create_session): its variables, imports and files persist between calls. Omit for a fresh sandbox."`
-	Dependencies   []string       `json:"dependencies,omitempty" jsonschema:"Reserved: not supported yet. Omit it; only the standard library and the interpreter's preinstalled packages are available."`
-	PythonVersion  string         `json:"python_version,omitempty" jsonschema:"Reserved: not supported yet. Omit it; check_environment names the interpreter."`
+	Dependencies   []string       `json:"dependencies,omitempty" jsonschema:"PEP 508 requirements to install first, e.g. [\"pandas>=2\", \"requests\"]; merged with an inline '# /// script' block in the code. Installed once and cached."`
+	PythonVersion  string         `json:"python_version,omitempty" jsonschema:"Python to run on, e.g. \"3.12\" (check_environment lists the interpreters). Default: the server's, or the newest that meets the script's requires-python."`
 }
 
 const runPythonDescription = `Run Python 3 code in a fresh, isolated sandbox and return its output.
@@ -46,6 +47,7 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 	if msg != "" {
 		return errorResult(msg), nil, nil
 	}
+	run.Progress = progressFunc(ctx, req)
 	var res *engine.Result
 	var err error
 	if in.SessionID != "" {
@@ -56,7 +58,10 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 	} else {
 		res, err = s.eng.Run(ctx, run)
 	}
+	var reqErr *engine.RequestError
 	switch {
+	case errors.As(err, &reqErr):
+		return errorResult(reqErr.Error() + "."), nil, nil
 	case errors.Is(err, engine.ErrBusy):
 		return errorResult(fmt.Sprintf("The server is busy (%v). Nothing was run; try again shortly.", err)), nil, nil
 	case err != nil && ctx.Err() != nil:
@@ -75,11 +80,10 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 func (s *server) checkRunInput(in RunPythonInput) (engine.RunRequest, string) {
 	var run engine.RunRequest
 	switch {
-	case len(in.Dependencies) > 0:
-		return run, "dependencies are not supported by this server yet: only the standard library and the interpreter's preinstalled packages can be imported (check_environment names the interpreter). Remove dependencies."
-	case in.PythonVersion != "":
-		return run, "python_version is not supported by this server yet: code runs on the interpreter named by check_environment. Remove python_version."
+	case len(in.Dependencies) > pep.MaxDependencies:
+		return run, fmt.Sprintf("too many dependencies (%d; the limit is %d).", len(in.Dependencies), pep.MaxDependencies)
 	}
+	run.Dependencies, run.PythonVersion = in.Dependencies, in.PythonVersion
 	if msg := checkCode(in.Code); msg != "" {
 		return run, msg
 	}
@@ -175,4 +179,21 @@ func (s *server) runNumber(sessionID string) int {
 		}
 	}
 	return 0
+}
+
+// progressFunc sends MCP progress notifications when the client asked for
+// them (a progress token in the call): installs can take a while.
+func progressFunc(ctx context.Context, req *mcp.CallToolRequest) func(string) {
+	if req == nil || req.Params == nil || req.Session == nil {
+		return nil
+	}
+	tok := req.Params.GetProgressToken()
+	if tok == nil {
+		return nil
+	}
+	var n float64
+	return func(msg string) {
+		n++
+		req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: n, Message: msg})
+	}
 }

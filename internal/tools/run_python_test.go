@@ -92,8 +92,10 @@ func TestRunPythonBadInput(t *testing.T) {
 		{"bad input name", map[string]any{"code": "1", "inputs": map[string]any{"not valid": 1}}, "not a valid Python variable name"},
 		{"keyword input name", map[string]any{"code": "1", "inputs": map[string]any{"class": 1}}, "not a valid Python variable name"},
 		{"unknown session", map[string]any{"code": "1", "session_id": "abc"}, "create_session"},
-		{"dependencies", map[string]any{"code": "1", "dependencies": []any{"numpy"}}, "dependencies are not supported"},
-		{"python_version", map[string]any{"code": "1", "python_version": "3.12"}, "python_version is not supported"},
+		{"no dependency cache", map[string]any{"code": "1", "dependencies": []any{"numpy"}}, "installs no dependencies"},
+		{"bad requirement", map[string]any{"code": "1", "dependencies": []any{"numpy>="}}, "invalid requirement"},
+		{"unknown python", map[string]any{"code": "1", "python_version": "3.99"}, "available:"},
+		{"bad inline block", map[string]any{"code": "# /// script\n# dependencies = 5\n# ///\n1"}, "inline script metadata"},
 		{"unknown field", map[string]any{"code": "1", "bogus": true}, "bogus"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

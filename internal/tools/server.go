@@ -93,6 +93,7 @@ func NewServer(opts Options) *mcp.Server {
 	s.addCheckEnvironment(srv)
 	s.addValidateScript(srv)
 	s.addSessionTools(srv)
+	s.addInstallPackage(srv)
 	s.addFileTools(srv)
 	s.addFigureResources(srv)
 	return srv

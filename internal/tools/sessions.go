@@ -9,14 +9,16 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/pysandbox/pysandbox/internal/deps"
 	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/pep"
 )
 
 // CreateSessionInput is create_session's input.
 type CreateSessionInput struct {
 	TTLSeconds    float64  `json:"ttl_seconds,omitempty" jsonschema:"Idle time in seconds after which the session expires and is deleted (default 600; the server's maximum applies). Every call on the session resets it."`
-	PythonVersion string   `json:"python_version,omitempty" jsonschema:"Reserved: not supported yet. Omit it."`
-	Dependencies  []string `json:"dependencies,omitempty" jsonschema:"Reserved: not supported yet. Omit it."`
+	PythonVersion string   `json:"python_version,omitempty" jsonschema:"Python for the session, e.g. \"3.12\" (check_environment lists them). Default: the server's."`
+	Dependencies  []string `json:"dependencies,omitempty" jsonschema:"PEP 508 requirements importable in every run of the session, e.g. [\"pandas>=2\"]. More can be added later with install_package."`
 }
 
 // CreateSessionOutput is create_session's result.
@@ -69,10 +71,8 @@ func (s *server) addSessionTools(srv *mcp.Server) {
 
 func (s *server) createSession(ctx context.Context, req *mcp.CallToolRequest, in CreateSessionInput) (*mcp.CallToolResult, *CreateSessionOutput, error) {
 	switch {
-	case in.PythonVersion != "":
-		return errorResult("python_version is not supported by this server yet: sessions use the interpreter named by check_environment. Remove python_version."), nil, nil
-	case len(in.Dependencies) > 0:
-		return errorResult("dependencies are not supported by this server yet: only the standard library and the interpreter's preinstalled packages can be imported. Remove dependencies."), nil, nil
+	case len(in.Dependencies) > pep.MaxDependencies:
+		return errorResult(fmt.Sprintf("too many dependencies (%d; the limit is %d).", len(in.Dependencies), pep.MaxDependencies)), nil, nil
 	case in.TTLSeconds < 0 || in.TTLSeconds != in.TTLSeconds:
 		return errorResult("ttl_seconds must be a positive number of seconds."), nil, nil
 	}
@@ -80,7 +80,9 @@ func (s *server) createSession(ctx context.Context, req *mcp.CallToolRequest, in
 	if in.TTLSeconds > maxTTL.Seconds() {
 		return errorResult(fmt.Sprintf("ttl_seconds %.0f is above this server's maximum of %.0f seconds; pass a smaller value.", in.TTLSeconds, maxTTL.Seconds())), nil, nil
 	}
-	info, err := s.sessions.Create(ctx, time.Duration(in.TTLSeconds*float64(time.Second)))
+	info, err := s.sessions.Create(ctx, time.Duration(in.TTLSeconds*float64(time.Second)), engine.CreateOptions{
+		Dependencies: in.Dependencies, PythonVersion: in.PythonVersion, Progress: progressFunc(ctx, req),
+	})
 	if err != nil {
 		return sessionError(err), nil, nil
 	}
@@ -108,10 +110,61 @@ func (s *server) closeSession(ctx context.Context, req *mcp.CallToolRequest, in 
 		&CloseSessionOutput{SessionID: in.SessionID, Closed: true}, nil
 }
 
+// InstallPackageInput is install_package's input.
+type InstallPackageInput struct {
+	SessionID string   `json:"session_id" jsonschema:"The session to install into."`
+	Packages  []string `json:"packages" jsonschema:"PEP 508 requirements, e.g. [\"requests\", \"pandas>=2\"]."`
+}
+
+// InstallPackageOutput is install_package's result.
+type InstallPackageOutput struct {
+	SessionID    string   `json:"session_id"`
+	Status       string   `json:"status"` // "installed" or "install_error"
+	Requirements []string `json:"requirements"`
+	Message      string   `json:"message,omitempty"`
+}
+
+func (s *server) addInstallPackage(srv *mcp.Server) {
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:  "install_package",
+		Title: "Install packages into a session",
+		Description: "Install Python packages (PEP 508 requirements) into a session; they can be imported from its next run_python call on. " +
+			"The installer runs in a sandbox of its own and its result is cached, so installing the same set again is instant. Modules the session already imported keep their old version. " +
+			"Wheels only unless the server allows source builds.",
+		Annotations: &mcp.ToolAnnotations{OpenWorldHint: ptr(true)},
+	}, s.installPackage)
+}
+
+func (s *server) installPackage(ctx context.Context, req *mcp.CallToolRequest, in InstallPackageInput) (*mcp.CallToolResult, *InstallPackageOutput, error) {
+	if len(in.Packages) == 0 || len(in.Packages) > pep.MaxDependencies {
+		return errorResult(fmt.Sprintf("packages must list 1 to %d requirements.", pep.MaxDependencies)), nil, nil
+	}
+	env, err := s.sessions.Install(ctx, in.SessionID, in.Packages, progressFunc(ctx, req))
+	var ie *deps.InstallError
+	var reqErr *engine.RequestError
+	switch {
+	case errors.As(err, &ie):
+		out := &InstallPackageOutput{SessionID: in.SessionID, Status: "install_error", Requirements: in.Packages, Message: ie.Error()}
+		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "install_error: " + ie.Error() + "\n" + strings.Join(ie.Lines, "\n")}}}, out, nil
+	case errors.As(err, &reqErr):
+		return errorResult(reqErr.Error() + "."), nil, nil
+	case err != nil:
+		return sessionError(err), nil, nil
+	}
+	out := &InstallPackageOutput{SessionID: in.SessionID, Status: "installed", Requirements: env.Requirements}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "installed: " + strings.Join(env.Requirements, ", ") + "; import them in the next run_python call"}}}, out, nil
+}
+
 // sessionError turns a session failure into a message the agent can act on.
 func sessionError(err error) *mcp.CallToolResult {
 	var gone *engine.SessionGoneError
+	var reqErr *engine.RequestError
+	var ie *deps.InstallError
 	switch {
+	case errors.As(err, &reqErr):
+		return errorResult(reqErr.Error() + ".")
+	case errors.As(err, &ie):
+		return errorResult("install_error: " + ie.Error())
 	case errors.As(err, &gone):
 		return errorResult(gone.Error() + ".")
 	case errors.Is(err, engine.ErrNoSession):

@@ -574,11 +574,27 @@ def _run(sock, req, rid, session=None):
     return exit_code
 
 
+def _add_session_packages():
+    # install_package copies packages into the workspace's .packages; put it
+    # on sys.path (ahead of everything but the working directory) once it
+    # exists.
+    try:
+        path = os.path.join(os.getcwd(), ".packages")
+        if os.path.isdir(path) and path not in sys.path:
+            sys.path.insert(1, path)
+            importlib_invalidate = getattr(sys.modules.get("importlib"), "invalidate_caches", None)
+            if importlib_invalidate is not None:
+                importlib_invalidate()
+    except Exception:
+        pass
+
+
 def _refresh_cwd_imports():
     # The directory listing the import system caches for the working
     # directory is only refreshed when the directory's mtime changes, which
     # has a granularity of a few milliseconds: make modules the user just
     # wrote there importable for sure.
+    _add_session_packages()
     try:
         finder = sys.path_importer_cache.get(os.getcwd())
         if finder is not None:

@@ -1,0 +1,63 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/pysandbox/pysandbox/internal/sandbox"
+)
+
+// cacheCmd lists or prunes the cached dependency environments.
+func cacheCmd(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || (args[0] != "ls" && args[0] != "prune") {
+		return usageError{fmt.Errorf("usage: pysandbox cache ls|prune [--all] [--max-size SIZE] [--cache-dir DIR]")}
+	}
+	sub := args[0]
+	fs, o := newFlagSet("cache "+sub, "cache "+sub+" [flags]", stderr)
+	all := fs.Bool("all", false, "prune: remove every environment not in use")
+	var maxSize size
+	fs.Var(&maxSize, "max-size", "prune: remove the least recently used environments until the cache is at most this size (default --cache-size)")
+	if err := parseFlags(fs, args[1:]); err != nil {
+		return err
+	}
+	// ls and prune never install; the backend is only there to satisfy the
+	// cache's configuration.
+	cache, err := o.depsCache(sandbox.NewNative(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		return err
+	}
+	if sub == "prune" {
+		limit := int64(o.cacheSize)
+		if maxSize > 0 {
+			limit = int64(maxSize)
+		}
+		if *all {
+			limit = 0
+		}
+		removed, err := cache.Prune(limit)
+		if err != nil {
+			return err
+		}
+		var freed int64
+		for _, e := range removed {
+			freed += e.SizeBytes
+		}
+		fmt.Fprintf(stdout, "removed %d environments (%.1f MiB)\n", len(removed), float64(freed)/(1<<20))
+		return nil
+	}
+	envs, err := cache.List()
+	if err != nil {
+		return err
+	}
+	var total int64
+	fmt.Fprintf(stdout, "%-32s %-8s %9s  %-20s %s\n", "KEY", "PYTHON", "SIZE", "LAST USED", "REQUIREMENTS")
+	for _, e := range envs {
+		total += e.SizeBytes
+		fmt.Fprintf(stdout, "%-32s %-8s %8.1fM  %-20s %s\n", e.Key, e.Python, float64(e.SizeBytes)/(1<<20), e.LastUsed.Local().Format(time.DateTime), strings.Join(e.Requirements, " "))
+	}
+	fmt.Fprintf(stdout, "%d environments, %.1f MiB in %s\n", len(envs), float64(total)/(1<<20), o.cacheDir)
+	return nil
+}

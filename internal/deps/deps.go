@@ -1,0 +1,623 @@
+// Package deps builds and caches dependency environments: directories of
+// installed Python packages that sandboxes put on sys.path, read-only.
+//
+// An environment is content-addressed: its key hashes the interpreter, the
+// canonical requirement set and the index configuration, so the same
+// request always finds the same directory and a cache hit costs a stat, a
+// small read and a touch. A miss runs a real installer (pip, or uv when the
+// host has it under /usr) inside the same kind of sandbox as user code:
+// installing a package can run its code (sdists always do), so the
+// installer is as untrusted as the code that will import the result.
+//
+// On disk, under Config.Dir:
+//
+//	envs/<key>/meta.json   the Env, written last before the atomic rename;
+//	                       its mtime is the LRU clock (touched on every hit)
+//	envs/<key>/site/       the installed packages (pip --target)
+//	build/<key>-<random>/  an install in progress, bind-mounted writable
+//	trash/                 evicted envs on their way out
+package deps
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/singleflight"
+
+	"github.com/pysandbox/pysandbox/internal/interp"
+	"github.com/pysandbox/pysandbox/internal/pep"
+	"github.com/pysandbox/pysandbox/internal/sandbox"
+)
+
+// keyVersion changes whenever the layout of an environment or the way it is
+// built changes, so that old envs are never mistaken for new ones.
+const keyVersion = "pysandbox-deps/1"
+
+const (
+	// DefaultMaxBytes is the LRU cap when Config.MaxBytes is 0.
+	DefaultMaxBytes = 2 << 30
+	// DefaultTimeout bounds one install when Config.Timeout is 0.
+	DefaultTimeout = 5 * time.Minute
+	// MaxRequirements bounds one request; real projects need far fewer, and
+	// every requirement is a line in the key and an argument to the installer.
+	MaxRequirements = 256
+)
+
+// IndexConfig says where the installer may fetch packages from.
+type IndexConfig struct {
+	IndexURL       string   // "" = the installer's default (PyPI)
+	ExtraIndexURLs []string // more indexes, each passed as --extra-index-url
+	// FindLinks are local wheelhouse directories (absolute host paths,
+	// bind-mounted read-only into the installer's sandbox) or http(s) URLs.
+	FindLinks []string
+	NoIndex   bool // only FindLinks (offline)
+	// AllowSdist lets the installer build source distributions, which runs
+	// their setup code. By default only wheels are accepted.
+	AllowSdist bool
+}
+
+// Config configures a Cache.
+type Config struct {
+	Dir      string // cache root (created 0700)
+	MaxBytes int64  // LRU cap on the total size of envs (0 = DefaultMaxBytes)
+	Index    IndexConfig
+	// Backend runs the installer: the same kind of sandbox as user code.
+	Backend sandbox.Backend
+	// Limits are the installer's limits (typically the same as runs').
+	Limits  sandbox.Limits
+	Timeout time.Duration // per install (0 = DefaultTimeout)
+	Logger  *slog.Logger
+}
+
+// Env is a finished environment. Site is the host directory to put on
+// sys.path (mounted read-only into sandboxes by the caller).
+type Env struct {
+	Key          string    `json:"key"`
+	Site         string    `json:"site"`         // host path of the installed packages (a --target directory)
+	Requirements []string  `json:"requirements"` // canonical, sorted
+	Python       string    `json:"python"`       // version, e.g. "3.11.2"
+	SizeBytes    int64     `json:"size_bytes"`
+	Created      time.Time `json:"created"`
+	LastUsed     time.Time `json:"last_used"`
+}
+
+// Cache is a directory of environments. It is safe for concurrent use.
+// Several processes may share one Dir: publishing is an atomic rename, and
+// the loser of a race keeps the winner's env. Only the in-use marks are
+// per process, so a Prune in one process can evict an env another process
+// is using (its open files stay valid; new sandboxes would miss it).
+type Cache struct {
+	cfg      Config
+	envsDir  string
+	buildDir string
+	trashDir string
+	log      *slog.Logger
+	uid, gid int
+	// uv is the uv binary when the host has one the sandbox can see; ""
+	// means pip run by the interpreter itself.
+	uv string
+
+	flight singleflight.Group
+
+	mu     sync.Mutex
+	inUse  map[string]int         // key -> holders of a release func
+	builds map[string]*buildState // key -> the build callers are waiting for
+
+	// installs counts installer runs (tests check that concurrent callers
+	// share one build).
+	installs atomic.Int64
+}
+
+// New opens (creating if needed) the cache at cfg.Dir.
+func New(cfg Config) (*Cache, error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("deps: no cache directory")
+	}
+	if cfg.Backend == nil {
+		return nil, errors.New("deps: no sandbox backend to run the installer")
+	}
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("deps: %w", err)
+	}
+	cfg.Dir = dir
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = DefaultMaxBytes
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if err := checkIndex(&cfg.Index); err != nil {
+		return nil, err
+	}
+	c := &Cache{
+		cfg:      cfg,
+		envsDir:  filepath.Join(dir, "envs"),
+		buildDir: filepath.Join(dir, "build"),
+		trashDir: filepath.Join(dir, "trash"),
+		log:      cfg.Logger,
+		uid:      os.Getuid(),
+		gid:      os.Getgid(),
+		inUse:    map[string]int{},
+		builds:   map[string]*buildState{},
+		uv:       findUV(),
+	}
+	// 0700 all the way: the tree holds what untrusted installers produced,
+	// and only the server (and the sandboxes it mounts envs into) may see it.
+	for _, d := range []string{dir, c.envsDir, c.buildDir, c.trashDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("deps: %w", err)
+		}
+		if err := os.Chmod(d, 0o700); err != nil {
+			return nil, fmt.Errorf("deps: %w", err)
+		}
+	}
+	c.cleanStale()
+	return c, nil
+}
+
+// checkIndex validates the index configuration once, so a bad flag fails at
+// start-up rather than as a puzzling install error.
+func checkIndex(ix *IndexConfig) error {
+	urls := append([]string(nil), ix.ExtraIndexURLs...)
+	if ix.IndexURL != "" {
+		urls = append(urls, ix.IndexURL)
+	}
+	for _, u := range urls {
+		if !isHTTPURL(u) {
+			return fmt.Errorf("deps: index URL %q must be an http or https URL", u)
+		}
+	}
+	for _, fl := range ix.FindLinks {
+		if isHTTPURL(fl) {
+			continue
+		}
+		if !filepath.IsAbs(fl) || filepath.Clean(fl) != fl || fl == "/" {
+			return fmt.Errorf("deps: find-links %q must be an http(s) URL or a clean absolute directory path", fl)
+		}
+		fi, err := os.Stat(fl)
+		if err != nil {
+			return fmt.Errorf("deps: find-links: %w", err)
+		}
+		if !fi.IsDir() {
+			return fmt.Errorf("deps: find-links %s is not a directory", fl)
+		}
+		// A root server's installer runs as a sandbox uid of its own, which
+		// is "other" to the wheelhouse; without this check pip would just
+		// say that no matching distribution exists.
+		if os.Geteuid() == 0 && fi.Mode().Perm()&0o005 != 0o005 {
+			return fmt.Errorf("deps: find-links directory %s (mode %04o) must be readable and searchable by others: the installer runs as an unprivileged sandbox user", fl, fi.Mode().Perm())
+		}
+	}
+	if ix.NoIndex && len(ix.FindLinks) == 0 {
+		return errors.New("deps: NoIndex without FindLinks leaves the installer nothing to install from")
+	}
+	return nil
+}
+
+func isHTTPURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
+}
+
+// findUV returns uv's path when it is on PATH and lies under /usr, the only
+// host tree every sandbox sees; a uv elsewhere could not run inside.
+func findUV() string {
+	p, err := exec.LookPath("uv")
+	if err != nil {
+		return ""
+	}
+	real, err := filepath.EvalSymlinks(p)
+	if err != nil || !filepath.IsAbs(real) || !strings.HasPrefix(real, "/usr/") {
+		return ""
+	}
+	return real
+}
+
+// staleAfter is how old a leftover build directory must be before New
+// removes it: old enough that no install of another process sharing Dir
+// can still be running in it.
+const staleAfter = 24 * time.Hour
+
+// cleanStale removes what crashed processes left behind.
+func (c *Cache) cleanStale() {
+	if ents, err := os.ReadDir(c.trashDir); err == nil {
+		for _, e := range ents {
+			removeTree(filepath.Join(c.trashDir, e.Name()))
+		}
+	}
+	ents, err := os.ReadDir(c.buildDir)
+	if err != nil {
+		return
+	}
+	limit := max(staleAfter, 2*c.cfg.Timeout)
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > limit {
+			removeTree(filepath.Join(c.buildDir, e.Name()))
+		}
+	}
+}
+
+// Canonicalize validates reqs and returns them canonical (names and extras
+// normalized, specifiers sorted), de-duplicated and sorted: the form the key
+// hashes and the installer receives. URL requirements are refused: "name @
+// url" would let the request point the installer at arbitrary archives (or
+// paths) outside the configured indexes, and a URL's content is not
+// addressed by its text, so the cache could not key it.
+func Canonicalize(reqs []string) ([]string, error) {
+	if len(reqs) == 0 {
+		return nil, errors.New("deps: no requirements")
+	}
+	if len(reqs) > MaxRequirements {
+		return nil, fmt.Errorf("deps: %d requirements (limit %d)", len(reqs), MaxRequirements)
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range reqs {
+		r, err := pep.ParseRequirement(strings.Trim(s, " \t"))
+		if err != nil {
+			return nil, fmt.Errorf("deps: invalid requirement: %w", err)
+		}
+		if r.URL != "" {
+			return nil, fmt.Errorf("deps: requirement %q: direct URL requirements (name @ url) are not supported; name the package and a version instead (e.g. %s==1.0), installed from the configured index", s, r.Normalized)
+		}
+		r.Name = r.Normalized
+		if len(r.Extras) > 0 {
+			ex := make([]string, len(r.Extras))
+			for i, e := range r.Extras {
+				ex[i] = pep.NormalizeName(e)
+			}
+			slices.Sort(ex)
+			r.Extras = slices.Compact(ex)
+		}
+		if r.Specifier != "" {
+			// A comma is a conjunction: order carries no meaning.
+			sp := strings.Split(r.Specifier, ",")
+			slices.Sort(sp)
+			r.Specifier = strings.Join(slices.Compact(sp), ",")
+		}
+		cs := r.String()
+		if !seen[cs] {
+			seen[cs] = true
+			out = append(out, cs)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// Key returns the content address of reqs on py with this cache's index
+// configuration. It fails only for invalid requirements.
+func (c *Cache) Key(py *interp.Interpreter, reqs []string) (string, error) {
+	if py == nil {
+		return "", errors.New("deps: no interpreter")
+	}
+	canon, err := Canonicalize(reqs)
+	if err != nil {
+		return "", err
+	}
+	return c.key(py, canon), nil
+}
+
+func (c *Cache) key(py *interp.Interpreter, canon []string) string {
+	path := py.Path
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		path = real
+	}
+	installer := "pip"
+	if c.uv != "" {
+		installer = "uv"
+	}
+	// JSON keeps the fields unambiguous: no value can forge a separator.
+	data, _ := json.Marshal(struct {
+		V            string
+		Installer    string
+		Python, Path string
+		Requirements []string
+		Index        IndexConfig
+	}{keyVersion, installer, py.Version, path, canon, c.cfg.Index})
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])[:32]
+}
+
+func (c *Cache) envDir(key string) string { return filepath.Join(c.envsDir, key) }
+
+const metaName = "meta.json"
+
+// readMeta reads an env's meta.json; LastUsed is its mtime.
+func (c *Cache) readMeta(key string) (*Env, error) {
+	p := filepath.Join(c.envDir(key), metaName)
+	f, err := os.OpenFile(p, os.O_RDONLY|noFollow, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	var env Env
+	if err := json.NewDecoder(io.LimitReader(f, 1<<20)).Decode(&env); err != nil {
+		return nil, fmt.Errorf("deps: %s: %w", p, err)
+	}
+	// The path is where the env is now, whatever it was when written.
+	env.Key = key
+	env.Site = filepath.Join(c.envDir(key), "site")
+	env.LastUsed = fi.ModTime()
+	return &env, nil
+}
+
+// Ensure returns the environment for reqs on py, building it if needed.
+// Concurrent calls for the same key share one build; a caller whose ctx
+// ends stops waiting, and the build is killed only when no caller is left.
+// progress, when non-nil, receives the installer's output line by line
+// (trimmed, non-empty, short), from another goroutine, while a build this
+// call waits for runs. The release func marks the env in use until called
+// (it is idempotent); in-use envs are never evicted by this process.
+func (c *Cache) Ensure(ctx context.Context, py *interp.Interpreter, reqs []string, progress func(string)) (*Env, func(), error) {
+	if py == nil {
+		return nil, nil, errors.New("deps: no interpreter")
+	}
+	canon, err := Canonicalize(reqs)
+	if err != nil {
+		return nil, nil, err
+	}
+	key := c.key(py, canon)
+	built := false
+	for attempt := 0; ; attempt++ {
+		env, release, err := c.acquire(key)
+		if err != nil {
+			return nil, nil, err
+		}
+		if env != nil {
+			if built {
+				// Only now, with the new env held: pruning first could evict it.
+				if _, err := c.Prune(c.cfg.MaxBytes); err != nil {
+					c.log.Warn("deps: prune after build", "err", err)
+				}
+			}
+			return env, release, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, nil, err
+		}
+		if attempt == 3 {
+			return nil, nil, fmt.Errorf("deps: environment %s disappeared as soon as it was built (evicted by a concurrent prune?)", key)
+		}
+		err = c.waitBuild(ctx, key, py, canon, progress)
+		if errors.Is(err, errAbandoned) && ctx.Err() == nil {
+			// We joined a build that its own callers had given up on and
+			// that was being killed; start a fresh one.
+			continue
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		built = true
+	}
+}
+
+// acquire returns the env and marks it in use, or nil when it is not built.
+// The mutex orders it against Prune, which moves envs away under it.
+func (c *Cache) acquire(key string) (*Env, func(), error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	env, err := c.readMeta(key)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		// A damaged env is rebuilt: the build moves it away first.
+		c.log.Warn("deps: unreadable environment, rebuilding", "key", key, "err", err)
+		return nil, nil, nil
+	}
+	now := time.Now()
+	if err := os.Chtimes(filepath.Join(c.envDir(key), metaName), now, now); err != nil {
+		c.log.Warn("deps: touch", "key", key, "err", err)
+	} else {
+		env.LastUsed = now
+	}
+	c.inUse[key]++
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if c.inUse[key]--; c.inUse[key] <= 0 {
+				delete(c.inUse, key)
+			}
+		})
+	}
+	return env, release, nil
+}
+
+// errAbandoned is a build killed because every caller waiting for it left.
+var errAbandoned = errors.New("deps: build abandoned by its callers")
+
+// buildState is shared by the callers waiting for one key's build. The
+// build runs under its own context, detached from any one caller: it is
+// cancelled only when the last waiter leaves, so a caller that gives up
+// does not kill the build others still wait for.
+type buildState struct {
+	ctx     context.Context
+	cancel  context.CancelFunc
+	waiters int
+
+	pmu      sync.Mutex
+	nextID   int
+	progress map[int]func(string)
+}
+
+func (b *buildState) emit(line string) {
+	b.pmu.Lock()
+	fns := make([]func(string), 0, len(b.progress))
+	for _, f := range b.progress {
+		fns = append(fns, f)
+	}
+	b.pmu.Unlock()
+	for _, f := range fns {
+		f(line)
+	}
+}
+
+// waitBuild joins (or starts) the build of key and waits for it or for ctx.
+func (c *Cache) waitBuild(ctx context.Context, key string, py *interp.Interpreter, canon []string, progress func(string)) error {
+	c.mu.Lock()
+	st := c.builds[key]
+	if st == nil {
+		bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		st = &buildState{ctx: bctx, cancel: cancel, progress: map[int]func(string){}}
+		c.builds[key] = st
+	}
+	st.waiters++
+	c.mu.Unlock()
+	st.pmu.Lock()
+	id := st.nextID
+	st.nextID++
+	if progress != nil {
+		st.progress[id] = progress
+	}
+	st.pmu.Unlock()
+	leave := func() {
+		st.pmu.Lock()
+		delete(st.progress, id)
+		st.pmu.Unlock()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if st.waiters--; st.waiters == 0 {
+			st.cancel()
+			if c.builds[key] == st {
+				delete(c.builds, key)
+			}
+		}
+	}
+	ch := c.flight.DoChan(key, func() (any, error) {
+		c.mu.Lock()
+		cur := c.builds[key]
+		c.mu.Unlock()
+		if cur == nil {
+			// Whoever started this flight has already left.
+			return nil, errAbandoned
+		}
+		return nil, c.build(cur, key, py, canon)
+	})
+	select {
+	case r := <-ch:
+		leave()
+		return r.Err
+	case <-ctx.Done():
+		leave()
+		return ctx.Err()
+	}
+}
+
+// List returns every finished environment, most recently used first.
+func (c *Cache) List() ([]Env, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	envs, _, err := c.listLocked()
+	return envs, err
+}
+
+// listLocked reads every env's meta.json; broken lists the entries of envs/
+// that are not readable envs.
+func (c *Cache) listLocked() (envs []Env, broken []string, err error) {
+	ents, err := os.ReadDir(c.envsDir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("deps: %w", err)
+	}
+	for _, e := range ents {
+		env, err := c.readMeta(e.Name())
+		if err != nil {
+			broken = append(broken, e.Name())
+			continue
+		}
+		envs = append(envs, *env)
+	}
+	sort.Slice(envs, func(i, j int) bool { return envs[i].LastUsed.After(envs[j].LastUsed) })
+	return envs, broken, nil
+}
+
+// Prune evicts the least recently used envs that are not in use until their
+// total size is at most maxBytes (0 removes every unused env), and returns
+// what it evicted. Envs are moved to trash/ under the lock, which is quick,
+// and deleted after it is released, so cache hits never wait for a delete.
+func (c *Cache) Prune(maxBytes int64) ([]Env, error) {
+	c.mu.Lock()
+	envs, broken, err := c.listLocked()
+	if err != nil {
+		c.mu.Unlock()
+		return nil, err
+	}
+	var total int64
+	for _, e := range envs {
+		total += e.SizeBytes
+	}
+	var evicted []Env
+	var doomed []string
+	move := func(name string) error {
+		dst, err := os.MkdirTemp(c.trashDir, name+"-")
+		if err != nil {
+			return err
+		}
+		dst = filepath.Join(dst, "env")
+		if err := os.Rename(c.envDir(name), dst); err != nil {
+			os.Remove(filepath.Dir(dst))
+			return err
+		}
+		doomed = append(doomed, filepath.Dir(dst))
+		return nil
+	}
+	for _, name := range broken {
+		// Half-written or damaged (not something this package publishes):
+		// it can only get in the way of a rebuild.
+		if c.inUse[name] == 0 {
+			if err := move(name); err != nil {
+				c.log.Warn("deps: evict broken env", "name", name, "err", err)
+			}
+		}
+	}
+	for i := len(envs) - 1; i >= 0 && total > maxBytes; i-- {
+		e := envs[i]
+		if c.inUse[e.Key] > 0 {
+			continue
+		}
+		if err := move(e.Key); err != nil {
+			c.log.Warn("deps: evict", "key", e.Key, "err", err)
+			continue
+		}
+		total -= e.SizeBytes
+		evicted = append(evicted, e)
+	}
+	c.mu.Unlock()
+	for _, d := range doomed {
+		removeTree(d)
+	}
+	for _, e := range evicted {
+		c.log.Info("deps: evicted environment", "key", e.Key, "requirements", e.Requirements, "size", e.SizeBytes, "last_used", e.LastUsed)
+	}
+	return evicted, nil
+}
+
+// Installs is the number of installer runs so far.
+func (c *Cache) Installs() int64 { return c.installs.Load() }

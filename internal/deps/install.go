@@ -1,0 +1,643 @@
+package deps
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/pysandbox/pysandbox/internal/interp"
+	"github.com/pysandbox/pysandbox/internal/pep"
+	"github.com/pysandbox/pysandbox/internal/sandbox"
+)
+
+const noFollow = syscall.O_NOFOLLOW
+
+// Paths inside the installer's sandbox. Both are under /.pysandbox, the one
+// reserved tree a bind may go into.
+const (
+	buildMount     = "/.pysandbox/build"
+	findLinksMount = "/.pysandbox/find-links"
+)
+
+// maxOutput caps the installer output kept for an InstallError.
+const maxOutput = 1 << 20
+
+// build runs the installer for key and publishes the result in envs/.
+func (c *Cache) build(st *buildState, key string, py *interp.Interpreter, canon []string) (err error) {
+	ctx, cancel := context.WithTimeout(st.ctx, c.cfg.Timeout)
+	defer cancel()
+	// An earlier flight of ours, or another process, may have finished it
+	// between our caller's miss and now.
+	if _, err := c.readMeta(key); err == nil {
+		return nil
+	}
+	bdir, err := os.MkdirTemp(c.buildDir, key+"-")
+	if err != nil {
+		return fmt.Errorf("deps: %w", err)
+	}
+	published := false
+	defer func() {
+		if !published {
+			removeTree(bdir)
+		}
+	}()
+	// World-writable so that the sandbox's uid (a host uid of its own when
+	// the server is root) can write; build/ itself is 0700, so no other host
+	// user can reach it.
+	if err := os.Chmod(bdir, 0o777); err != nil {
+		return fmt.Errorf("deps: %w", err)
+	}
+	spec, err := c.installSpec(py, canon, bdir)
+	if err != nil {
+		return err
+	}
+	out := newOutput(maxOutput, st.emit)
+	spec.Stdout, spec.Stderr = out, out
+	start := time.Now()
+	c.log.Info("deps: installing", "key", key, "requirements", canon, "python", py.Version, "network", spec.HostNetwork)
+	c.installs.Add(1)
+	exit, err := c.run(ctx, spec)
+	if st.ctx.Err() != nil {
+		return errAbandoned
+	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		ie := c.installError(out, exit, canon, py.Version)
+		ie.Lines = append([]string{fmt.Sprintf("the installer did not finish within %s", c.cfg.Timeout)}, ie.Lines...)
+		return ie
+	}
+	if err != nil {
+		return err
+	}
+	if exit.Code != 0 {
+		return c.installError(out, exit, canon, py.Version)
+	}
+	size, err := sanitize(bdir, c.uid, c.gid, c.log)
+	if err != nil {
+		return err
+	}
+	if size > c.cfg.MaxBytes {
+		// Kept, it would push every other env out of the cache and still
+		// overflow it.
+		return &InstallError{
+			Lines:  []string{fmt.Sprintf("the installed packages take %d bytes, more than the whole cache may hold (%d)", size, c.cfg.MaxBytes)},
+			Output: out.text(),
+		}
+	}
+	now := time.Now()
+	env := Env{
+		Key:          key,
+		Site:         filepath.Join(c.envDir(key), "site"),
+		Requirements: canon,
+		Python:       py.Version,
+		SizeBytes:    size,
+		Created:      now,
+		LastUsed:     now,
+	}
+	if err := writeMeta(filepath.Join(bdir, metaName), &env); err != nil {
+		return err
+	}
+	// Readable by the sandboxes it will be mounted into; nothing is
+	// writable by anyone but the server.
+	if err := os.Chmod(bdir, 0o755); err != nil {
+		return fmt.Errorf("deps: %w", err)
+	}
+	if err := c.publish(bdir, key); err != nil {
+		return err
+	}
+	published = true
+	c.log.Info("deps: installed", "key", key, "requirements", canon, "size", size, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// run starts the installer's sandbox and waits for it, killing it when ctx
+// ends. The sandbox is always closed.
+func (c *Cache) run(ctx context.Context, spec *sandbox.Spec) (sandbox.Exit, error) {
+	sb, err := c.cfg.Backend.Start(ctx, spec)
+	if err != nil {
+		return sandbox.Exit{}, fmt.Errorf("deps: start installer sandbox: %w", err)
+	}
+	defer sb.Close()
+	stop := context.AfterFunc(ctx, sb.Kill)
+	defer stop()
+	return sb.Wait(), nil
+}
+
+// publish renames the finished build to envs/<key>. When the key already
+// exists as a good env (another process won the race), that one is kept and
+// ours is dropped by the caller.
+func (c *Cache) publish(bdir, key string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	dst := c.envDir(key)
+	for try := 0; ; try++ {
+		err := os.Rename(bdir, dst)
+		if err == nil {
+			return nil
+		}
+		if _, merr := c.readMeta(key); merr == nil {
+			return nil
+		}
+		if _, serr := os.Lstat(dst); serr != nil || try > 0 {
+			return fmt.Errorf("deps: publish environment: %w", err)
+		}
+		// Something unreadable sits at the key: move it aside and retry.
+		trash, terr := os.MkdirTemp(c.trashDir, key+"-")
+		if terr != nil {
+			return fmt.Errorf("deps: %w", terr)
+		}
+		if rerr := os.Rename(dst, filepath.Join(trash, "env")); rerr != nil {
+			removeTree(trash)
+			return fmt.Errorf("deps: publish environment: %w", rerr)
+		}
+		go removeTree(trash)
+	}
+}
+
+func writeMeta(path string, env *Env) error {
+	data, err := json.MarshalIndent(env, "", "  ")
+	if err != nil {
+		return fmt.Errorf("deps: %w", err)
+	}
+	// O_EXCL|O_NOFOLLOW: sanitize has cleared the build's top level, so
+	// nothing may be there; if something is, refuse rather than write
+	// through it.
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|noFollow, 0o644)
+	if err != nil {
+		return fmt.Errorf("deps: %w", err)
+	}
+	if _, err := f.Write(append(data, '\n')); err != nil {
+		f.Close()
+		return fmt.Errorf("deps: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("deps: %w", err)
+	}
+	return nil
+}
+
+// installSpec builds the installer's sandbox: bdir writable at
+// /.pysandbox/build, local find-links read-only below /.pysandbox/find-links,
+// and the host's network only when an index must be reached.
+func (c *Cache) installSpec(py *interp.Interpreter, canon []string, bdir string) (*sandbox.Spec, error) {
+	ix := c.cfg.Index
+	// The none backend has no mounts: the installer sees host paths.
+	direct := c.cfg.Backend.Kind() == sandbox.KindNone
+	target := buildMount + "/site"
+	if direct {
+		target = filepath.Join(bdir, "site")
+	}
+	spec := &sandbox.Spec{
+		Python: py.Path,
+		Prefix: py.Prefix,
+		Env: []string{
+			"PATH=/usr/local/bin:/usr/bin:/bin",
+			"HOME=/tmp",
+			"TMPDIR=/tmp",
+			"LANG=C.UTF-8",
+			"NO_COLOR=1",
+		},
+		Limits: c.cfg.Limits,
+	}
+	if !direct {
+		spec.Binds = append(spec.Binds, sandbox.Bind{Source: bdir, Target: buildMount, Writable: true})
+	}
+	var args []string
+	if c.uv != "" {
+		spec.Python = c.uv
+		args = []string{"pip", "install", "--target", target, "--python", py.Path, "--no-cache"}
+	} else {
+		// -I: no user site, no PYTHON* variables, no cwd on sys.path.
+		args = []string{"-I", "-m", "pip", "install", "--target", target,
+			"--no-cache-dir", "--disable-pip-version-check", "--no-input",
+			"--progress-bar", "off", "--no-color"}
+	}
+	if !ix.AllowSdist {
+		// Building an sdist runs its setup code; a wheel is only unpacked.
+		args = append(args, "--only-binary", ":all:")
+	}
+	network := false
+	if ix.NoIndex {
+		args = append(args, "--no-index")
+	} else {
+		network = true // the default index (PyPI) or the configured ones
+		if ix.IndexURL != "" {
+			args = append(args, "--index-url", ix.IndexURL)
+		}
+		for _, u := range ix.ExtraIndexURLs {
+			args = append(args, "--extra-index-url", u)
+		}
+	}
+	for i, fl := range ix.FindLinks {
+		switch {
+		case isHTTPURL(fl):
+			network = true
+			args = append(args, "--find-links", fl)
+		case direct:
+			args = append(args, "--find-links", fl)
+		default:
+			t := findLinksMount + "/" + strconv.Itoa(i)
+			spec.Binds = append(spec.Binds, sandbox.Bind{Source: fl, Target: t})
+			args = append(args, "--find-links", t)
+		}
+	}
+	spec.HostNetwork = network
+	// "--" ends the options: nothing in a requirement can become a flag.
+	args = append(args, "--")
+	spec.Args = append(args, canon...)
+	return spec, nil
+}
+
+// InstallError is a failed install.
+type InstallError struct {
+	// Requirement is the one that failed, when the installer said which:
+	// one of the request's canonical requirements, or a dependency of one
+	// as the installer spelled it.
+	Requirement string
+	// Lines are the useful lines: the installer's error lines without their
+	// "ERROR: " prefix, then notes of ours.
+	Lines []string
+	// Output is the installer's whole output, capped.
+	Output string
+}
+
+func (e *InstallError) Error() string {
+	reason := "the installer failed"
+	rest := e.Lines
+	// The most specific line leads; pip puts it last.
+	for i, l := range e.Lines {
+		if strings.Contains(l, "No matching distribution") {
+			reason = l
+			rest = append(append([]string(nil), e.Lines[:i]...), e.Lines[i+1:]...)
+			break
+		}
+	}
+	if reason == "the installer failed" && len(rest) > 0 {
+		reason, rest = rest[0], rest[1:]
+	}
+	var head string
+	if e.Requirement != "" {
+		head = fmt.Sprintf("deps: cannot install %s: %s", e.Requirement, reason)
+	} else {
+		head = "deps: install failed: " + reason
+	}
+	if len(rest) == 0 {
+		return head
+	}
+	more := strings.Join(rest, "; ")
+	if len(more) > 400 {
+		more = more[:400] + "..."
+	}
+	return head + "\n" + more
+}
+
+var (
+	// pip: "Could not find a version that satisfies the requirement X (from
+	// versions: none)", "No matching distribution found for X".
+	pipReqRE = regexp.MustCompile(`(?:satisfies the requirement|No matching distribution found for) (\S+)`)
+	// uv: "Because nosuchpkg was not found in the package registry ...".
+	uvReqRE = regexp.MustCompile(`Because (\S+) was not found`)
+)
+
+// installError turns the installer's output into an InstallError.
+func (c *Cache) installError(out *output, exit sandbox.Exit, canon []string, pyVersion string) *InstallError {
+	text, errLines, tail := out.result()
+	e := &InstallError{Output: text}
+	lines := errLines
+	if len(lines) == 0 {
+		lines = tail
+	}
+	e.Lines = append(e.Lines, lines...)
+	for _, l := range errLines {
+		m := pipReqRE.FindStringSubmatch(l)
+		if m == nil {
+			m = uvReqRE.FindStringSubmatch(l)
+		}
+		if m != nil {
+			e.Requirement = matchRequirement(m[1], canon)
+			break
+		}
+	}
+	switch {
+	case exit.OOMKilled:
+		e.Lines = append(e.Lines, "the installer ran out of memory")
+	case exit.Signal != 0:
+		e.Lines = append(e.Lines, fmt.Sprintf("the installer was killed by signal %d", exit.Signal))
+	}
+	if strings.Contains(text, "No module named pip") {
+		e.Lines = append(e.Lines, fmt.Sprintf("note: Python %s has no pip (install python3-pip, or uv under /usr)", pyVersion))
+	}
+	if !c.cfg.Index.AllowSdist && strings.Contains(text, "No matching distribution") {
+		e.Lines = append(e.Lines, fmt.Sprintf("note: only wheels are accepted (building from source is disabled); a package may exist but have no wheel for Python %s", pyVersion))
+	}
+	return e
+}
+
+// matchRequirement maps the installer's spelling of a requirement to the
+// request's canonical one when they name the same project; a transitive
+// dependency stays as the installer wrote it.
+func matchRequirement(tok string, canon []string) string {
+	tok = strings.Trim(tok, `"'`)
+	r, err := pep.ParseRequirement(tok)
+	if err != nil {
+		return tok
+	}
+	for _, s := range canon {
+		if cr, err := pep.ParseRequirement(s); err == nil && cr.Normalized == r.Normalized {
+			return s
+		}
+	}
+	return tok
+}
+
+// output collects the installer's stdout and stderr: the first maxOutput
+// bytes verbatim, the error lines, the last lines, and every line to
+// progress.
+type output struct {
+	mu        sync.Mutex
+	buf       []byte
+	max       int
+	truncated bool
+	partial   []byte
+	errLines  []string
+	tail      []string
+	emit      func(string)
+}
+
+func newOutput(max int, emit func(string)) *output {
+	return &output{max: max, emit: emit}
+}
+
+const (
+	maxErrLines  = 20
+	maxTailLines = 8
+	maxLineLen   = 500
+	progressLen  = 200
+)
+
+func (o *output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	if room := o.max - len(o.buf); room > 0 {
+		o.buf = append(o.buf, p[:min(room, len(p))]...)
+	}
+	if len(o.buf)+len(p) > o.max {
+		o.truncated = true
+	}
+	var lines []string
+	o.partial = append(o.partial, p...)
+	for {
+		i := strings.IndexAny(string(o.partial), "\r\n")
+		if i < 0 {
+			if len(o.partial) > 4*maxLineLen {
+				// A runaway line: take it as it is.
+				lines = append(lines, string(o.partial))
+				o.partial = o.partial[:0]
+			}
+			break
+		}
+		lines = append(lines, string(o.partial[:i]))
+		o.partial = o.partial[i+1:]
+	}
+	var shown []string
+	for _, l := range lines {
+		if l = o.line(l); l != "" {
+			shown = append(shown, l)
+		}
+	}
+	o.mu.Unlock()
+	if o.emit != nil {
+		for _, l := range shown {
+			if len(l) > progressLen {
+				l = l[:progressLen] + "..."
+			}
+			o.emit(l)
+		}
+	}
+	return len(p), nil
+}
+
+// line records one line and returns it trimmed ("" to skip it).
+func (o *output) line(l string) string {
+	l = strings.TrimSpace(l)
+	if l == "" {
+		return ""
+	}
+	if len(l) > maxLineLen {
+		l = l[:maxLineLen] + "..."
+	}
+	if msg, ok := errorLine(l); ok && len(o.errLines) < maxErrLines && !slices.Contains(o.errLines, msg) {
+		o.errLines = append(o.errLines, msg)
+	}
+	o.tail = append(o.tail, l)
+	if len(o.tail) > maxTailLines {
+		o.tail = o.tail[1:]
+	}
+	return l
+}
+
+// errorLine recognises the installers' error lines: pip's "ERROR: ...",
+// uv's "error: ..." and its "×"/"╰─▶" diagnostics.
+func errorLine(l string) (string, bool) {
+	for _, p := range []string{"ERROR: ", "error: "} {
+		if m, ok := strings.CutPrefix(l, p); ok {
+			return m, true
+		}
+	}
+	for _, p := range []string{"× ", "╰─▶ "} {
+		if m, ok := strings.CutPrefix(l, p); ok {
+			return m, true
+		}
+	}
+	return "", false
+}
+
+func (o *output) text() string {
+	t, _, _ := o.result()
+	return t
+}
+
+// result returns the kept output, error lines and last lines.
+func (o *output) result() (string, []string, []string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.partial) > 0 {
+		o.line(string(o.partial))
+		o.partial = nil
+	}
+	text := string(o.buf)
+	if o.truncated {
+		text += "\n[output truncated]\n"
+	}
+	return text, append([]string(nil), o.errLines...), append([]string(nil), o.tail...)
+}
+
+// sanitize makes a finished build safe to publish and returns the size of
+// its files. The installer was untrusted, so whatever it left is checked
+// without following a single symlink: only site/ is kept at the top; every
+// file and directory becomes the server's, with no setuid/setgid/sticky
+// bits and nothing writable by group or others (dirs 0755, files 0644 or
+// 0755); anything that is not a regular file, directory or symlink is
+// removed, and so is every symlink that is absolute or resolves outside
+// site/. The sandbox is gone by now (its pid namespace died with it), so
+// nothing changes the tree while we look.
+func sanitize(bdir string, uid, gid int, log interface{ Warn(string, ...any) }) (int64, error) {
+	ents, err := os.ReadDir(bdir)
+	if err != nil {
+		return 0, fmt.Errorf("deps: %w", err)
+	}
+	for _, e := range ents {
+		if e.Name() != "site" {
+			removeTree(filepath.Join(bdir, e.Name()))
+		}
+	}
+	site := filepath.Join(bdir, "site")
+	fi, err := os.Lstat(site)
+	if errors.Is(err, fs.ErrNotExist) {
+		// Nothing to install (every requirement's marker was false): pip
+		// then never creates its target. An empty env is still an answer.
+		err = os.Mkdir(site, 0o755)
+		if err == nil {
+			fi, err = os.Lstat(site)
+		}
+	}
+	if err != nil || !fi.IsDir() {
+		return 0, errors.New("deps: the installer left no site directory")
+	}
+	var size int64
+	err = filepath.WalkDir(site, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		typ := d.Type()
+		switch {
+		case typ.IsDir():
+			// Before WalkDir reads it: a mode-0 dir would stop an
+			// unprivileged server.
+			if err := os.Lchown(path, uid, gid); err != nil {
+				return err
+			}
+			return os.Chmod(path, 0o755)
+		case typ.IsRegular():
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			if err := os.Lchown(path, uid, gid); err != nil {
+				return err
+			}
+			mode := os.FileMode(0o644)
+			if info.Mode().Perm()&0o111 != 0 {
+				mode = 0o755
+			}
+			size += info.Size()
+			return os.Chmod(path, mode)
+		case typ&fs.ModeSymlink != 0:
+			if !symlinkInside(site, path) {
+				log.Warn("deps: removing a symlink that leaves the environment", "path", path)
+				return os.Remove(path)
+			}
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			size += info.Size()
+			return os.Lchown(path, uid, gid)
+		default:
+			log.Warn("deps: removing a special file the installer left", "path", path, "type", typ.String())
+			return os.Remove(path)
+		}
+	})
+	if err != nil {
+		return 0, fmt.Errorf("deps: check the installed files: %w", err)
+	}
+	if err := os.Lchown(bdir, uid, gid); err != nil {
+		return 0, fmt.Errorf("deps: %w", err)
+	}
+	return size, nil
+}
+
+// maxHops bounds symlink resolution, like the kernel's 40.
+const maxHops = 40
+
+// symlinkInside reports whether the symlink at link (inside root) resolves
+// to a path inside root. It resolves the way the kernel would, component by
+// component, following symlinks inside the tree: a lexical check alone can
+// be fooled ("d/../..", where d is itself a link to "sub/x"). A component
+// that does not exist ends the walk harmlessly: the env is read-only, so
+// it never will.
+func symlinkInside(root, link string) bool {
+	rel, err := filepath.Rel(root, filepath.Dir(link))
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return false
+	}
+	var cur []string
+	if rel != "." {
+		cur = strings.Split(rel, "/")
+	}
+	target, err := os.Readlink(link)
+	if err != nil || filepath.IsAbs(target) {
+		return false
+	}
+	todo := strings.Split(target, "/")
+	hops := 1
+	for len(todo) > 0 {
+		p := todo[0]
+		todo = todo[1:]
+		switch p {
+		case "", ".":
+			continue
+		case "..":
+			if len(cur) == 0 {
+				return false
+			}
+			cur = cur[:len(cur)-1]
+			continue
+		}
+		cur = append(cur, p)
+		full := filepath.Join(append([]string{root}, cur...)...)
+		fi, err := os.Lstat(full)
+		if err != nil {
+			return true
+		}
+		if fi.Mode()&fs.ModeSymlink == 0 {
+			continue
+		}
+		if hops++; hops > maxHops {
+			return false
+		}
+		t, err := os.Readlink(full)
+		if err != nil || filepath.IsAbs(t) {
+			return false
+		}
+		cur = cur[:len(cur)-1]
+		todo = append(strings.Split(t, "/"), todo...)
+	}
+	return true
+}
+
+// removeTree removes path and everything below it. An unprivileged server
+// owns what its installer wrote but cannot delete from directories the
+// installer made read-only, so on failure it restores u+rwx on every
+// directory (never following symlinks) and tries again.
+func removeTree(path string) {
+	if err := os.RemoveAll(path); err == nil {
+		return
+	}
+	filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			os.Chmod(p, 0o700)
+		}
+		return nil
+	})
+	os.RemoveAll(path)
+}

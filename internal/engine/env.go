@@ -1,0 +1,180 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/pysandbox/pysandbox/internal/deps"
+	"github.com/pysandbox/pysandbox/internal/interp"
+	"github.com/pysandbox/pysandbox/internal/pep"
+	"github.com/pysandbox/pysandbox/internal/sandbox"
+	"github.com/pysandbox/pysandbox/internal/worker"
+)
+
+// StatusInstallError is a run whose dependencies could not be installed;
+// the code did not run.
+const StatusInstallError Status = "install_error"
+
+// envSite is where a dependency environment is mounted, read-only, inside
+// the sandbox; the worker puts it on sys.path (--site).
+const envSite = "/.pysandbox/env"
+
+// RequestError is a request that cannot be run as asked (an unknown Python
+// version, invalid requirements, a requires-python no interpreter meets).
+// Its message says what to change.
+type RequestError struct{ Msg string }
+
+func (e *RequestError) Error() string { return e.Msg }
+
+// runEnv is what a run needs beyond the code: its interpreter and, when it
+// has dependencies, their environment.
+type runEnv struct {
+	py      *interp.Interpreter
+	env     *deps.Env
+	release func()
+}
+
+func (r *runEnv) close() {
+	if r.release != nil {
+		r.release()
+	}
+}
+
+// resolve picks the interpreter (python_version, else requires-python,
+// else the default) and builds or finds the dependency environment (the
+// dependencies parameter merged with the code's PEP 723 block).
+func (e *Engine) resolve(ctx context.Context, code, version string, extra []string, progress func(string)) (*runEnv, error) {
+	meta, err := pep.ParseScriptMetadata(code)
+	if err != nil {
+		return nil, &RequestError{Msg: "the inline script metadata (# /// script) is invalid: " + err.Error()}
+	}
+	var blockDeps []string
+	requiresPython := ""
+	if meta != nil {
+		blockDeps, requiresPython = meta.Dependencies, meta.RequiresPython
+	}
+	py, err := e.interpreter(version, requiresPython)
+	if err != nil {
+		return nil, err
+	}
+	reqs, errs := pep.MergeRequirements(blockDeps, extra)
+	if len(errs) > 0 {
+		var msgs []string
+		for _, err := range errs {
+			msgs = append(msgs, err.Error())
+		}
+		return nil, &RequestError{Msg: "invalid requirement: " + strings.Join(msgs, "; ")}
+	}
+	r := &runEnv{py: py}
+	if len(reqs) == 0 {
+		return r, nil
+	}
+	if e.cfg.Deps == nil {
+		why := "it was started without a dependency cache"
+		if e.cfg.NoDepsReason != "" {
+			why = e.cfg.NoDepsReason
+		}
+		return nil, &RequestError{Msg: "this server installs no dependencies (" + why + "); use only the standard library and preinstalled packages"}
+	}
+	env, release, err := e.cfg.Deps.Ensure(ctx, py, reqs, progress)
+	if err != nil {
+		return nil, err
+	}
+	r.env, r.release = env, release
+	return r, nil
+}
+
+// interpreter picks the Python for a run.
+func (e *Engine) interpreter(version, requiresPython string) (*interp.Interpreter, error) {
+	var set *pep.SpecifierSet
+	if requiresPython != "" {
+		s, err := pep.ParseSpecifierSet(requiresPython)
+		if err != nil {
+			return nil, &RequestError{Msg: fmt.Sprintf("requires-python %q is invalid: %v", requiresPython, err)}
+		}
+		set = &s
+	}
+	all := e.interpreters()
+	if version != "" {
+		for _, it := range all {
+			if it.Supported && (it.MajorMinor() == version || it.Version == version) {
+				if set != nil && !set.Contains(it.Version) {
+					return nil, &RequestError{Msg: fmt.Sprintf("python_version %s does not satisfy the script's requires-python %q", it.Version, requiresPython)}
+				}
+				return it, nil
+			}
+		}
+		return nil, &RequestError{Msg: fmt.Sprintf("Python %s is not available on this server; available: %s", version, available(all))}
+	}
+	if set == nil || set.Contains(e.cfg.Python.Version) {
+		return e.cfg.Python, nil
+	}
+	// The newest interpreter that satisfies requires-python.
+	for _, it := range all {
+		if it.Supported && set.Contains(it.Version) {
+			return it, nil
+		}
+	}
+	return nil, &RequestError{Msg: fmt.Sprintf("no interpreter on this server satisfies requires-python %q; available: %s", requiresPython, available(all))}
+}
+
+func (e *Engine) interpreters() []*interp.Interpreter {
+	if len(e.cfg.Interpreters) > 0 {
+		return e.cfg.Interpreters
+	}
+	return []*interp.Interpreter{e.cfg.Python}
+}
+
+func available(all []*interp.Interpreter) string {
+	var vs []string
+	for _, it := range all {
+		if it.Supported {
+			vs = append(vs, it.Version)
+		}
+	}
+	return strings.Join(vs, ", ")
+}
+
+// specFor is the sandbox spec of a worker for py with env's packages.
+func (e *Engine) specFor(r *runEnv, oneshot bool, stdout, stderr io.Writer) *sandbox.Spec {
+	py := e.cfg.Python
+	if r != nil && r.py != nil {
+		py = r.py
+	}
+	var sites []string
+	var binds []sandbox.Bind
+	if r != nil && r.env != nil {
+		sites = append(sites, envSite)
+		binds = append(binds, sandbox.Bind{Source: r.env.Site, Target: envSite})
+	}
+	return &sandbox.Spec{
+		Python: py.Path,
+		Prefix: py.Prefix,
+		Args:   worker.Command(py.Path, workerPath, oneshot, sites...)[1:],
+		Env:    workerEnv(),
+		Files:  []sandbox.File{{Path: workerPath, Content: worker.Source}},
+		Binds:  binds,
+		Limits: e.cfg.Limits,
+		Stdout: stdout,
+		Stderr: stderr,
+	}
+}
+
+// installResult reports a failed install as a result of its own status:
+// the agent sees which requirement failed and why, never a crash.
+func (e *Engine) installResult(err error) (*Result, bool) {
+	var ie *deps.InstallError
+	if !errors.As(err, &ie) {
+		return nil, false
+	}
+	return &Result{
+		Status:   StatusInstallError,
+		ExitCode: -1,
+		Stderr:   strings.Join(ie.Lines, "\n"),
+		Message:  ie.Error() + "; check the requirement's name and version, or that the package index has it",
+		Sandbox:  string(e.cfg.Backend.Kind()),
+	}, true
+}
