@@ -1,7 +1,10 @@
 package engine
 
 import (
+	"github.com/pysandbox/pysandbox/internal/deps"
+	"github.com/pysandbox/pysandbox/internal/sandbox"
 	"github.com/pysandbox/pysandbox/internal/testutil"
+	"github.com/pysandbox/pysandbox/internal/testutil/pypi"
 
 	"context"
 	"os/exec"
@@ -74,4 +77,48 @@ func BenchmarkSessionRoundTrip(b *testing.B) {
 			b.Fatalf("%v %+v", err, r)
 		}
 	}
+}
+
+// BenchmarkCachedDependencies compares a one-shot run whose dependencies
+// are already in the cache with the same run without dependencies, both
+// from a warm pool (the environment gets a zygote of its own); the
+// difference, over_ms, is what the dependencies cost per run.
+func BenchmarkCachedDependencies(b *testing.B) {
+	idx := pypi.NewIndex(b, alpha, beta)
+	e := newEngine(b, func(c *Config) {
+		cache, err := deps.New(deps.Config{Dir: b.TempDir(), Index: deps.IndexConfig{IndexURL: idx.URL}, Backend: sandbox.NewNative(), Limits: c.Limits})
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.Deps = cache
+		poolize(b, c)
+	})
+	ctx := context.Background()
+	with := RunRequest{Code: "import pysbx_alpha\npysbx_alpha.VALUE", Dependencies: []string{"pysbx-alpha"}}
+	without := RunRequest{Code: "'alpha+pysbx-beta-1.2.0'"}
+	for _, r := range []RunRequest{with, without, with, without} { // build, then warm both zygotes
+		if res, err := e.Run(ctx, r); err != nil || res.Status != StatusSuccess {
+			b.Fatalf("%v %+v", err, res)
+		}
+	}
+	var tWith, tWithout time.Duration
+	for b.Loop() {
+		for i, r := range []RunRequest{with, without} {
+			t := time.Now()
+			res, err := e.Run(ctx, r)
+			d := time.Since(t)
+			if err != nil || res.Status != StatusSuccess {
+				b.Fatalf("%v %+v", err, res)
+			}
+			if i == 0 {
+				tWith += d
+			} else {
+				tWithout += d
+			}
+		}
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(tWith.Microseconds())/1000/n, "with_ms")
+	b.ReportMetric(float64(tWithout.Microseconds())/1000/n, "without_ms")
+	b.ReportMetric(float64((tWith-tWithout).Microseconds())/1000/n, "over_ms")
 }

@@ -28,7 +28,7 @@ func connect(t *testing.T, mod func(*engine.Config)) *mcp.ClientSession {
 }
 
 // connectWith is connect with the tools' options adjusted too.
-func connectWith(t *testing.T, mod func(*engine.Config), opt func(*Options)) *mcp.ClientSession {
+func connectWith(t *testing.T, mod func(*engine.Config), opt func(*Options), clientOpts ...*mcp.ClientOptions) *mcp.ClientSession {
 	t.Helper()
 	ctx := context.Background()
 	py, err := interp.Find(ctx, "")
@@ -63,7 +63,11 @@ func connectWith(t *testing.T, mod func(*engine.Config), opt func(*Options)) *mc
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ss.Close() })
-	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	var copts *mcp.ClientOptions
+	if len(clientOpts) > 0 {
+		copts = clientOpts[0]
+	}
+	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, copts)
 	cs, err := client.Connect(ctx, ct, nil)
 	if err != nil {
 		t.Fatal(err)
