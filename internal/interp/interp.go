@@ -30,7 +30,7 @@ type Interpreter struct {
 	// Prefix is sys.base_prefix: the tree the sandbox must make visible.
 	Prefix    string `json:"prefix"`
 	Supported bool   `json:"supported"`
-	Source    string `json:"source"` // "system", "path", "pyenv", "flag"
+	Source    string `json:"source"` // "system", "path", "pyenv", "uv", "flag"
 }
 
 // MajorMinor is "3.11".
@@ -141,7 +141,7 @@ func versionList(all []*Interpreter) string {
 }
 
 // Discover lists the interpreters on this machine: /usr/bin/python3.X,
-// python3.X on PATH, and pyenv versions. Each distinct real path appears
+// python3.X on PATH, pyenv versions and uv-managed Pythons. Each distinct real path appears
 // once, newest version first.
 func Discover(ctx context.Context) []*Interpreter {
 	type cand struct{ path, source string }
@@ -171,6 +171,23 @@ func Discover(ctx context.Context) []*Interpreter {
 		m, _ := filepath.Glob(filepath.Join(pyenv, "versions", "*", "bin", "python3"))
 		for _, p := range m {
 			cands = append(cands, cand{p, "pyenv"})
+		}
+	}
+	// uv-managed interpreters (`uv python install`).
+	uvDirs := []string{os.Getenv("UV_PYTHON_INSTALL_DIR")}
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		uvDirs = append(uvDirs, filepath.Join(d, "uv", "python"))
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		uvDirs = append(uvDirs, filepath.Join(home, ".local", "share", "uv", "python"))
+	}
+	for _, d := range uvDirs {
+		if d == "" {
+			continue
+		}
+		m, _ := filepath.Glob(filepath.Join(d, "cpython-3*", "bin", "python3"))
+		for _, p := range m {
+			cands = append(cands, cand{p, "uv"})
 		}
 	}
 	nameRE := regexp.MustCompile(`python3(\.[0-9]+)?$`)
