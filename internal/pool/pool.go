@@ -353,8 +353,9 @@ func (p *Pool) extraFlavor(ctx context.Context, key string, spec *sandbox.Spec) 
 	return f, nil
 }
 
-// retire closes a flavor's idle children and its zygote.
-func (p *Pool) retire(f *flavor) {
+// retire stops a flavor's refilling and closes its idle children and its
+// zygote.
+func (p *Pool) retire(f *flavor) error {
 	f.stop()
 	for drained := false; !drained; {
 		select {
@@ -365,8 +366,8 @@ func (p *Pool) retire(f *flavor) {
 		}
 	}
 	f.mu.Lock()
-	f.z.close()
-	f.mu.Unlock()
+	defer f.mu.Unlock()
+	return f.z.close()
 }
 
 // flavorFor picks the preloading zygote when the code imports one of its
@@ -688,18 +689,7 @@ func (p *Pool) Close() error {
 		if f == nil {
 			continue
 		}
-		for drained := false; !drained; {
-			select {
-			case c := <-f.ready:
-				c.Close()
-			default:
-				drained = true
-			}
-		}
-		f.mu.Lock()
-		e := f.z.close()
-		f.mu.Unlock()
-		if e != nil && err == nil {
+		if e := p.retire(f); e != nil && err == nil {
 			err = e
 		}
 	}
