@@ -253,7 +253,7 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 	cfg := engine.Config{
 		Backend:      backend,
 		Python:       py,
-		Interpreters: interp.Discover(ctx),
+		Discover:     interp.Discover,
 		Deps:         cache,
 		NoDepsReason: noDeps,
 		Limits: sandbox.Limits{

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -49,6 +50,9 @@ type Config struct {
 	// may select with python_version or requires-python (default: Python).
 	Python       *interp.Interpreter
 	Interpreters []*interp.Interpreter
+	// Discover, when Interpreters is empty, finds them on first need (it
+	// runs every interpreter once, which startup should not wait for).
+	Discover func(context.Context) []*interp.Interpreter
 	// Deps builds and caches dependency environments; nil refuses runs
 	// that need dependencies.
 	Deps *deps.Cache
@@ -72,10 +76,11 @@ type Config struct {
 
 // Engine runs code. It is safe for concurrent use.
 type Engine struct {
-	cfg     Config
-	slots   chan struct{}
-	waiting atomic.Int64
-	log     *slog.Logger
+	cfg          Config
+	discoverOnce sync.Once
+	slots        chan struct{}
+	waiting      atomic.Int64
+	log          *slog.Logger
 }
 
 // New checks cfg and returns an Engine.

@@ -122,6 +122,11 @@ func (e *Engine) interpreter(version, requiresPython string) (*interp.Interprete
 }
 
 func (e *Engine) interpreters() []*interp.Interpreter {
+	e.discoverOnce.Do(func() {
+		if len(e.cfg.Interpreters) == 0 && e.cfg.Discover != nil {
+			e.cfg.Interpreters = e.cfg.Discover(context.Background())
+		}
+	})
 	if len(e.cfg.Interpreters) > 0 {
 		return e.cfg.Interpreters
 	}
