@@ -97,6 +97,9 @@ func (e *Engine) interpreter(version, requiresPython string) (*interp.Interprete
 		}
 		set = &s
 	}
+	if version == "" && (set == nil || set.Contains(e.cfg.Python.Version)) {
+		return e.cfg.Python, nil // the common case: no need to look further
+	}
 	all := e.interpreters()
 	if version != "" {
 		for _, it := range all {
