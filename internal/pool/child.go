@@ -267,17 +267,17 @@ func setupError(line []byte) string {
 
 // OpenWorkspace implements sandbox.Sessioner.
 func (c *child) OpenWorkspace() (*os.File, error) {
-	fd, err := unix.Open(fmt.Sprintf("/proc/%d/root/work", c.hostPID), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	f, err := sandbox.OpenWorkspace(c.hostPID)
 	if err != nil {
-		return nil, fmt.Errorf("pool: open workspace: %w", os.NewSyscallError("open", err))
+		return nil, err
 	}
 	// The pid could have been reused had the child died in between: the
 	// pidfd says whether the process we opened through is still ours.
 	if !c.alive() {
-		unix.Close(fd)
+		f.Close()
 		return nil, errors.New("pool: the session's worker has exited")
 	}
-	return os.NewFile(uintptr(fd), "work"), nil
+	return f, nil
 }
 
 // Interrupt implements sandbox.Sessioner.
@@ -286,13 +286,4 @@ func (c *child) Interrupt() error {
 }
 
 // MemoryCurrent is the memory the child uses now (0 without a cgroup).
-func (c *child) MemoryCurrent() int64 {
-	if c.cg == nil {
-		return 0
-	}
-	st, err := c.cg.Stats()
-	if err != nil {
-		return 0
-	}
-	return st.MemoryCurrentBytes
-}
+func (c *child) MemoryCurrent() int64 { return sandbox.MemoryCurrent(c.cg) }

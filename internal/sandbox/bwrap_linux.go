@@ -1046,7 +1046,7 @@ func (s *bwrapSandbox) OpenWorkspace() (*os.File, error) {
 	s.mu.Lock()
 	pid := s.initPid
 	s.mu.Unlock()
-	return openWorkspace(pid)
+	return OpenWorkspace(pid)
 }
 
 // Interrupt implements Sessioner. Under bwrap the worker is not pid 1 but

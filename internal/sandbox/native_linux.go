@@ -463,7 +463,7 @@ func (s *nativeSandbox) OpenWorkspace() (*os.File, error) {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return nil, errors.New("sandbox: not started")
 	}
-	return openWorkspace(s.cmd.Process.Pid)
+	return OpenWorkspace(s.cmd.Process.Pid)
 }
 
 func (s *nativeSandbox) Interrupt() error {
@@ -474,4 +474,4 @@ func (s *nativeSandbox) Interrupt() error {
 }
 
 // MemoryCurrent is the memory the sandbox uses now (0 without a cgroup).
-func (s *nativeSandbox) MemoryCurrent() int64 { return memoryCurrent(s.cg) }
+func (s *nativeSandbox) MemoryCurrent() int64 { return MemoryCurrent(s.cg) }

@@ -75,9 +75,9 @@ func FinalFigures(cg *cgroup.Group, e *Exit) {
 	e.OOMKilled = cg.OOMKilled()
 }
 
-// openWorkspace opens /work of the sandbox whose pid 1 is pid, through
+// OpenWorkspace opens /work of the sandbox whose pid 1 is pid, through
 // /proc/<pid>/root, without following a symlink at /work itself.
-func openWorkspace(pid int) (*os.File, error) {
+func OpenWorkspace(pid int) (*os.File, error) {
 	if pid <= 0 {
 		return nil, errors.New("sandbox: no process to reach the workspace through")
 	}
@@ -89,8 +89,8 @@ func openWorkspace(pid int) (*os.File, error) {
 	return os.NewFile(uintptr(fd), path), nil
 }
 
-// memoryCurrent reads a cgroup's memory usage, 0 when there is none.
-func memoryCurrent(cg *cgroup.Group) int64 {
+// MemoryCurrent reads a cgroup's memory usage, 0 when there is none.
+func MemoryCurrent(cg *cgroup.Group) int64 {
 	if cg == nil {
 		return 0
 	}
