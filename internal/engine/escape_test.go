@@ -1211,14 +1211,13 @@ cmds = []
 for p in os.listdir('/proc'):
     if p.isdigit():
         cmds.append(open('/proc/%s/cmdline' % p, 'rb').read().replace(b'\0', b' ').decode().strip())
-{'ns': `+escPidNS+`, 'mark': mark, 'cmds': cmds,
+{'mark': mark, 'cmds': cmds,
  'files': [p for p in ['/tmp/x', '/work/y', '/dev/shm/z'] if os.path.exists(p)],
  'tmp': os.listdir('/tmp'), 'work': os.listdir('/work'), 'shm': os.listdir('/dev/shm'),
  'env': os.environ.get('PERSIST_ENV')}
 `, nil)
 	escWant(t, r2, StatusSuccess)
 	var got2 struct {
-		NS    string   `json:"ns"`
 		Mark  string   `json:"mark"`
 		Cmds  []string `json:"cmds"`
 		Files []string `json:"files"`
@@ -1240,9 +1239,10 @@ for p in os.listdir('/proc'):
 	if got2.Env != nil {
 		t.Errorf("run 1's environment change seen in run 2")
 	}
-	if got2.NS == got1.NS {
-		t.Errorf("both runs share the pid namespace %s", got1.NS)
-	}
+	// Comparing the two runs' pid namespace inodes would prove nothing:
+	// run 1's namespace is gone by now and the kernel reuses its inode
+	// number. Seeing only its own worker above is the real proof;
+	// TestEscapeConcurrentRuns compares namespaces of overlapping runs.
 }
 
 // ---------------------------------------------------------------- 8. kill(-1)
