@@ -1,0 +1,98 @@
+package policy
+
+import (
+	"fmt"
+	"path"
+	"regexp"
+	"strings"
+)
+
+// PackageRules restrict which packages may be installed. Patterns are
+// shell globs (*, ?, [a-z]) matched against PEP 503 normalised names, so
+// "Pandas_*" and "pandas-*" are the same rule.
+//
+// Deny wins over allow. When Allow is set, a requested package must match
+// one of its patterns. The rules apply to what is requested (the
+// dependencies parameter, PEP 723 blocks, install_package) before anything
+// is installed; Deny also applies to every distribution the installer
+// pulled in, checked after the install and before the environment is used.
+type PackageRules struct {
+	Allow []string `json:"allow,omitempty"`
+	Deny  []string `json:"deny,omitempty"`
+}
+
+// PackageError is a package the policy refuses.
+type PackageError struct {
+	Package string // normalised name
+	Rule    string // the pattern that denied it; "" when it matched no allow pattern
+	Allowed []string
+	// Transitive is set when the package was not requested but pulled in
+	// by the installer as a dependency of one that was.
+	Transitive bool
+}
+
+func (e *PackageError) Error() string {
+	what := fmt.Sprintf("package %q", e.Package)
+	if e.Transitive {
+		what = fmt.Sprintf("package %q (a dependency of a requested package)", e.Package)
+	}
+	if e.Rule != "" {
+		return fmt.Sprintf("%s is refused by the policy rule packages.deny %q", what, e.Rule)
+	}
+	return fmt.Sprintf("%s is not allowed by the policy: packages.allow lists only %s", what, strings.Join(e.Allowed, ", "))
+}
+
+// Empty reports whether the rules allow every package.
+func (r PackageRules) Empty() bool { return len(r.Allow) == 0 && len(r.Deny) == 0 }
+
+// Check refuses a requested package (any spelling of its name).
+func (r PackageRules) Check(name string) error {
+	n := NormalizeName(name)
+	if err := r.CheckInstalled(n); err != nil {
+		return err
+	}
+	if len(r.Allow) == 0 {
+		return nil
+	}
+	for _, g := range r.Allow {
+		if ok, _ := path.Match(g, n); ok {
+			return nil
+		}
+	}
+	return &PackageError{Package: n, Allowed: r.Allow}
+}
+
+// CheckInstalled refuses a package that the installer pulled in: only the
+// deny patterns apply, since an allow list names what may be asked for,
+// not every library those packages need.
+func (r PackageRules) CheckInstalled(name string) error {
+	n := NormalizeName(name)
+	for _, g := range r.Deny {
+		if ok, _ := path.Match(g, n); ok {
+			return &PackageError{Package: n, Rule: g}
+		}
+	}
+	return nil
+}
+
+var separators = regexp.MustCompile(`[-_.]+`)
+
+// NormalizeName is PEP 503 name normalisation.
+func NormalizeName(name string) string {
+	return separators.ReplaceAllString(strings.ToLower(name), "-")
+}
+
+// normalizeGlob normalises a pattern the way names are, and checks it.
+func normalizeGlob(g string) (string, error) {
+	if g == "" || len(g) > 200 {
+		return "", fmt.Errorf("want a package name pattern of 1 to 200 characters")
+	}
+	if strings.ContainsAny(g, "/\\") {
+		return "", fmt.Errorf("%q: a package name pattern has no / or \\", g)
+	}
+	n := NormalizeName(g)
+	if _, err := path.Match(n, ""); err != nil {
+		return "", fmt.Errorf("%q is not a valid pattern (*, ? and [a-z] are allowed)", g)
+	}
+	return n, nil
+}

@@ -1,0 +1,526 @@
+// Package policy decides which tool calls may run: the policy file (allow,
+// deny or ask a human, per tool), rate limits, package rules, and the
+// sealed state that binds a human's approval to one exact request.
+//
+// The file format is the one MCP policy gateways use (version, default,
+// tools.NAME.{action, reason, limits}), so a policy written for a gateway
+// in front of another server loads here unchanged, plus "approve" and a
+// "packages" section.
+//
+// A policy is security configuration, so parsing is strict: an unknown
+// field, a duplicate key, a tool this server does not have or a value out
+// of range is an error naming the field, and the server does not start.
+// A typo that silently changed what is allowed would be worse.
+package policy
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Action is what a policy does with a call.
+type Action string
+
+const (
+	Allow   Action = "allow"
+	Deny    Action = "deny"
+	Approve Action = "approve" // ask the user through MCP elicitation first
+)
+
+// MaxFileBytes caps a policy file; real ones are a few hundred bytes.
+const MaxFileBytes = 1 << 20
+
+// Scopes of a rate limit. "grant" and "client" both mean one count per
+// authenticated identity (per connection without authentication); both
+// spellings exist in gateway policies.
+const (
+	ScopeGlobal = "global"
+	ScopeGrant  = "grant"
+	ScopeClient = "client"
+)
+
+// Limit is one rate limit: at most Max calls per Window, counted in the
+// named Counter. Limits that name the same counter, window and scope share
+// one count, so several tools can draw on one budget.
+type Limit struct {
+	Counter string        `json:"counter"`
+	Window  string        `json:"window"` // second | minute | hour | day
+	Max     int64         `json:"max"`
+	Scope   string        `json:"scope"` // global | grant | client
+	Period  time.Duration `json:"-"`     // Window as a duration
+}
+
+// String describes the limit for people: `"runs": 10 per minute per identity`.
+func (l Limit) String() string {
+	per := "for everyone together"
+	if l.Scope != ScopeGlobal {
+		per = "per identity"
+	}
+	return fmt.Sprintf("%q: %d per %s %s", l.Counter, l.Max, l.Window, per)
+}
+
+// ToolRule is the policy for one tool.
+type ToolRule struct {
+	Action Action  `json:"action"`
+	Reason string  `json:"reason,omitempty"`
+	Limits []Limit `json:"limits,omitempty"`
+}
+
+// Policy is a parsed, validated policy file.
+type Policy struct {
+	Version  string               `json:"version"`
+	Default  Action               `json:"default"`
+	Tools    map[string]*ToolRule `json:"tools,omitempty"`
+	Packages PackageRules         `json:"packages"`
+	// Source is where the policy came from and SHA256 the digest of its
+	// bytes, for the audit log's start record.
+	Source string `json:"-"`
+	SHA256 string `json:"-"`
+}
+
+// AllowAll is the policy of a server started without --policy: every tool
+// runs, with no limits and no package rules.
+func AllowAll() *Policy {
+	return &Policy{Version: "1", Default: Allow, Source: "(none: everything allowed)"}
+}
+
+// Decision is the policy's answer for one tool.
+type Decision struct {
+	Action Action
+	Reason string
+	Limits []Limit
+}
+
+// Decide returns what the policy says about a tool. A tool the policy does
+// not list falls to the default.
+func (p *Policy) Decide(tool string) Decision {
+	if r, ok := p.Tools[tool]; ok {
+		return Decision{Action: r.Action, Reason: r.Reason, Limits: r.Limits}
+	}
+	reason := ""
+	if p.Default == Deny {
+		reason = "the policy denies every tool it does not list (default: deny)"
+	}
+	return Decision{Action: p.Default, Reason: reason}
+}
+
+// Hidden reports whether a tool is denied outright, and so should not be
+// offered to clients at all.
+func (p *Policy) Hidden(tool string) bool { return p.Decide(tool).Action == Deny }
+
+// Load reads and parses a policy file. YAML is accepted for .yaml and .yml
+// files and for any file that does not start with '{'.
+func Load(path string, tools []string) (*Policy, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("policy: read %s: %w", path, err)
+	}
+	if len(data) > MaxFileBytes {
+		return nil, fmt.Errorf("policy: %s is larger than %d bytes; that is not a policy file", path, MaxFileBytes)
+	}
+	p, err := Parse(data, filepath.Base(path), tools)
+	if err != nil {
+		return nil, err
+	}
+	p.Source = path
+	return p, nil
+}
+
+// Error is a policy file problem, naming the field.
+type Error struct {
+	File  string
+	Field string // e.g. tools.run_python.limits[0].window; "" for the whole file
+	Msg   string
+}
+
+func (e *Error) Error() string {
+	if e.Field == "" {
+		return fmt.Sprintf("policy %s: %s", e.File, e.Msg)
+	}
+	return fmt.Sprintf("policy %s: %s: %s", e.File, e.Field, e.Msg)
+}
+
+// Parse parses a policy. name labels errors; tools are the tool names this
+// server has, which the policy may name.
+func Parse(data []byte, name string, tools []string) (*Policy, error) {
+	sum := sha256.Sum256(data)
+	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf"))
+	var doc any
+	trimmed := bytes.TrimSpace(data)
+	isJSON := len(trimmed) > 0 && trimmed[0] == '{'
+	ext := strings.ToLower(filepath.Ext(name))
+	switch {
+	case len(trimmed) == 0:
+		return nil, &Error{File: name, Msg: "the file is empty"}
+	case isJSON && ext != ".yaml" && ext != ".yml":
+		if err := checkJSON(data); err != nil {
+			return nil, &Error{File: name, Msg: err.Error()}
+		}
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.UseNumber()
+		if err := dec.Decode(&doc); err != nil {
+			return nil, &Error{File: name, Msg: "invalid JSON: " + err.Error()}
+		}
+	default:
+		// yaml.v3 refuses duplicate keys, which a plain JSON decode would
+		// silently collapse (the last one wins).
+		if err := yaml.Unmarshal(data, &doc); err != nil {
+			return nil, &Error{File: name, Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
+		}
+	}
+	p := &Policy{SHA256: hex.EncodeToString(sum[:])}
+	v := &validator{file: name, tools: tools}
+	v.policy(doc, p)
+	if v.err != nil {
+		return nil, v.err
+	}
+	return p, nil
+}
+
+// checkJSON refuses what encoding/json would accept silently: duplicate
+// keys (which one did the author mean?) and trailing data.
+func checkJSON(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if err := dupWalk(dec, "", 0); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("invalid JSON: data after the top-level object")
+	}
+	return nil
+}
+
+func dupWalk(dec *json.Decoder, path string, depth int) error {
+	if depth > 32 {
+		return errors.New("invalid JSON: nested too deeply")
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return fmt.Errorf("invalid JSON: %w", err)
+	}
+	switch tok {
+	case json.Delim('{'):
+		seen := map[string]bool{}
+		for dec.More() {
+			k, err := dec.Token()
+			if err != nil {
+				return fmt.Errorf("invalid JSON: %w", err)
+			}
+			key, _ := k.(string)
+			field := joinField(path, key)
+			if seen[key] {
+				return fmt.Errorf("%s: the key appears twice", field)
+			}
+			seen[key] = true
+			if err := dupWalk(dec, field, depth+1); err != nil {
+				return err
+			}
+		}
+		_, err = dec.Token()
+	case json.Delim('['):
+		for i := 0; dec.More(); i++ {
+			if err := dupWalk(dec, fmt.Sprintf("%s[%d]", path, i), depth+1); err != nil {
+				return err
+			}
+		}
+		_, err = dec.Token()
+	}
+	if err != nil {
+		return fmt.Errorf("invalid JSON: %w", err)
+	}
+	return nil
+}
+
+func joinField(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// validator walks the decoded document, filling a Policy and keeping the
+// first error.
+type validator struct {
+	file  string
+	tools []string
+	err   error
+}
+
+func (v *validator) fail(field, format string, args ...any) {
+	if v.err == nil {
+		v.err = &Error{File: v.file, Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
+}
+
+// object checks that x is an object with only the allowed keys.
+func (v *validator) object(field string, x any, allowed ...string) map[string]any {
+	m, ok := x.(map[string]any)
+	if !ok {
+		v.fail(field, "want an object, got %s", kind(x))
+		return nil
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if slices.Contains(allowed, k) {
+			continue
+		}
+		if field == "tools" {
+			v.fail(joinField(field, k), "this server has no such tool; its tools are %s", strings.Join(allowed, ", "))
+		} else {
+			v.fail(joinField(field, k), "unknown field; the fields here are %s", strings.Join(allowed, ", "))
+		}
+	}
+	return m
+}
+
+func (v *validator) str(field string, x any) (string, bool) {
+	s, ok := x.(string)
+	if !ok {
+		v.fail(field, "want a string, got %s", kind(x))
+	}
+	return s, ok
+}
+
+func (v *validator) policy(doc any, p *Policy) {
+	m := v.object("", doc, "version", "default", "tools", "packages")
+	if m == nil {
+		return
+	}
+	switch ver := m["version"].(type) {
+	case nil:
+		v.fail("version", `missing; want "1"`)
+	case string:
+		p.Version = ver
+	case json.Number:
+		p.Version = ver.String()
+	case int:
+		p.Version = fmt.Sprint(ver)
+	default:
+		v.fail("version", `want "1", got %s`, kind(ver))
+	}
+	if p.Version != "" && p.Version != "1" {
+		v.fail("version", `%q is not supported; want "1"`, p.Version)
+	}
+	// No default means deny: a policy file exists to restrict, and
+	// failing closed is the safe reading of an omission.
+	p.Default = Deny
+	if d, ok := m["default"]; ok {
+		p.Default = v.action("default", d)
+	}
+	p.Tools = map[string]*ToolRule{}
+	if t, ok := m["tools"]; ok {
+		tm := v.object("tools", t, v.tools...)
+		names := make([]string, 0, len(tm))
+		for name := range tm {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			if slices.Contains(v.tools, name) {
+				p.Tools[name] = v.tool("tools."+name, tm[name])
+			}
+		}
+	}
+	if pk, ok := m["packages"]; ok {
+		p.Packages = v.packages("packages", pk)
+	}
+}
+
+func (v *validator) action(field string, x any) Action {
+	s, ok := v.str(field, x)
+	if !ok {
+		return Deny
+	}
+	switch a := Action(s); a {
+	case Allow, Deny, Approve:
+		return a
+	}
+	v.fail(field, "%q is not an action; want allow, deny or approve", s)
+	return Deny
+}
+
+func (v *validator) tool(field string, x any) *ToolRule {
+	m := v.object(field, x, "action", "reason", "limits")
+	// A listed tool without an action is allowed (with its limits): that
+	// is how gateway policies write "allowed, but rate-limited".
+	r := &ToolRule{Action: Allow}
+	if m == nil {
+		return r
+	}
+	if a, ok := m["action"]; ok {
+		r.Action = v.action(field+".action", a)
+	}
+	if s, ok := m["reason"]; ok {
+		r.Reason, _ = v.str(field+".reason", s)
+		if len(r.Reason) > 1000 {
+			v.fail(field+".reason", "longer than 1000 characters")
+		}
+	}
+	if l, ok := m["limits"]; ok {
+		list, ok := l.([]any)
+		if !ok {
+			v.fail(field+".limits", "want a list, got %s", kind(l))
+			return r
+		}
+		for i, item := range list {
+			r.Limits = append(r.Limits, v.limit(fmt.Sprintf("%s.limits[%d]", field, i), item))
+		}
+	}
+	return r
+}
+
+var windows = map[string]time.Duration{"second": time.Second, "minute": time.Minute, "hour": time.Hour, "day": 24 * time.Hour}
+
+// maxLimit bounds max: beyond it a limit limits nothing, and the bound
+// keeps the arithmetic far from overflow.
+const maxLimit = 1_000_000_000
+
+func (v *validator) limit(field string, x any) Limit {
+	m := v.object(field, x, "counter", "window", "max", "scope")
+	l := Limit{Scope: ScopeGlobal}
+	if m == nil {
+		return l
+	}
+	if c, ok := m["counter"]; ok {
+		l.Counter, _ = v.str(field+".counter", c)
+	}
+	if l.Counter == "" || len(l.Counter) > 200 {
+		v.fail(field+".counter", "want a counter name of 1 to 200 characters")
+	}
+	w, _ := v.str(field+".window", m["window"])
+	if d, ok := windows[w]; ok {
+		l.Window, l.Period = w, d
+	} else {
+		v.fail(field+".window", "%q is not a window; want second, minute, hour or day", w)
+	}
+	n, ok := integer(m["max"])
+	if !ok || n < 1 || n > maxLimit {
+		v.fail(field+".max", "want a whole number from 1 to %d, got %s", maxLimit, show(m["max"]))
+	}
+	l.Max = n
+	if s, ok := m["scope"]; ok {
+		l.Scope, _ = v.str(field+".scope", s)
+		switch l.Scope {
+		case ScopeGlobal, ScopeGrant, ScopeClient:
+		default:
+			v.fail(field+".scope", "%q is not a scope; want global, grant or client", l.Scope)
+		}
+	}
+	return l
+}
+
+func (v *validator) packages(field string, x any) PackageRules {
+	m := v.object(field, x, "allow", "deny")
+	var r PackageRules
+	if m == nil {
+		return r
+	}
+	r.Allow = v.globs(field+".allow", m["allow"])
+	r.Deny = v.globs(field+".deny", m["deny"])
+	// An empty allow list written out would allow nothing, which is
+	// surely not what anyone meant to write: say so.
+	if a, ok := m["allow"].([]any); ok && len(a) == 0 {
+		v.fail(field+".allow", "an empty list would refuse every package; remove the field to allow all, or list the packages")
+	}
+	return r
+}
+
+func (v *validator) globs(field string, x any) []string {
+	if x == nil {
+		return nil
+	}
+	list, ok := x.([]any)
+	if !ok {
+		v.fail(field, "want a list of package name patterns, got %s", kind(x))
+		return nil
+	}
+	var out []string
+	for i, item := range list {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		s, ok := v.str(f, item)
+		if !ok {
+			continue
+		}
+		g, err := normalizeGlob(s)
+		if err != nil {
+			v.fail(f, "%v", err)
+			continue
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
+func integer(x any) (int64, bool) {
+	switch n := x.(type) {
+	case json.Number:
+		i, err := n.Int64()
+		return i, err == nil
+	case int:
+		return int64(n), true
+	case int64:
+		return n, true
+	case uint64:
+		if n > maxLimit {
+			return 0, false
+		}
+		return int64(n), true
+	case float64:
+		if n == float64(int64(n)) && n >= -maxLimit && n <= maxLimit {
+			return int64(n), true
+		}
+	}
+	return 0, false
+}
+
+func kind(x any) string {
+	switch x.(type) {
+	case nil:
+		return "nothing"
+	case string:
+		return "a string"
+	case json.Number, int, int64, uint64, float64:
+		return "a number"
+	case bool:
+		return "a boolean"
+	case []any:
+		return "a list"
+	case map[string]any:
+		return "an object"
+	}
+	return fmt.Sprintf("%T", x)
+}
+
+func show(x any) string {
+	if x == nil {
+		return "nothing"
+	}
+	b, err := json.Marshal(x)
+	if err != nil || len(b) > 40 {
+		return kind(x)
+	}
+	return string(b)
+}
