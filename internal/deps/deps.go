@@ -621,3 +621,25 @@ func (c *Cache) Prune(maxBytes int64) ([]Env, error) {
 
 // Installs is the number of installer runs so far.
 func (c *Cache) Installs() int64 { return c.installs.Load() }
+
+// Distributions lists the PEP 503 normalised names of the distributions
+// installed in the environment, from their .dist-info directories, so that
+// the package policy can see what the installer pulled in.
+func (e *Env) Distributions() ([]string, error) {
+	entries, err := os.ReadDir(e.Site)
+	if err != nil {
+		return nil, fmt.Errorf("deps: list the environment: %w", err)
+	}
+	var names []string
+	for _, de := range entries {
+		base, ok := strings.CutSuffix(de.Name(), ".dist-info")
+		if !ok || !de.IsDir() {
+			continue
+		}
+		// {name}-{version}.dist-info, where the name has no '-' (it is
+		// escaped to '_'), so the name ends at the first '-'.
+		name, _, _ := strings.Cut(base, "-")
+		names = append(names, pep.NormalizeName(name))
+	}
+	return names, nil
+}

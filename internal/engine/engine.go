@@ -58,6 +58,12 @@ type Config struct {
 	Deps *deps.Cache
 	// NoDepsReason says why Deps is nil, for the agent.
 	NoDepsReason string
+	// CheckPackage, when set, is the server's package policy. It is asked
+	// about every requested package (requested true) before anything is
+	// installed, and about every distribution in an environment (requested
+	// false) before a sandbox can import from it. name is PEP 503
+	// normalised. An error refuses the run with a PackageDeniedError.
+	CheckPackage func(name string, requested bool) error
 	Limits       sandbox.Limits
 	// DefaultTimeout applies when a request names none; MaxTimeout caps
 	// what a request may ask for.

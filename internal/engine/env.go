@@ -79,8 +79,15 @@ func (e *Engine) resolve(ctx context.Context, code, version string, extra []stri
 		}
 		return nil, &RequestError{Msg: "this server installs no dependencies (" + why + "); use only the standard library and preinstalled packages"}
 	}
+	if err := e.checkRequested(reqs); err != nil {
+		return nil, err
+	}
 	env, release, err := e.cfg.Deps.Ensure(ctx, py, reqs, progress)
 	if err != nil {
+		return nil, err
+	}
+	if err := e.checkInstalled(env); err != nil {
+		release()
 		return nil, err
 	}
 	r.env, r.release = env, release

@@ -621,11 +621,17 @@ func (s *Sessions) Install(ctx context.Context, id string, packages []string, pr
 	if len(errs) > 0 {
 		return nil, &RequestError{Msg: "invalid requirement: " + errs[0].Error()}
 	}
+	if err := s.e.checkRequested(reqs); err != nil {
+		return nil, err
+	}
 	env, release, err := s.e.cfg.Deps.Ensure(ctx, sess.renv.py, reqs, progress)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
+	if err := s.e.checkInstalled(env); err != nil {
+		return nil, err
+	}
 	err = s.Workspace(id, func(d *workspace.Dir) error { return copyTree(env.Site, d, sessionPackages) })
 	if err != nil {
 		return nil, fmt.Errorf("engine: copy the packages into the session: %w", err)

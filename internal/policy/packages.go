@@ -3,8 +3,9 @@ package policy
 import (
 	"fmt"
 	"path"
-	"regexp"
 	"strings"
+
+	"github.com/pysandbox/pysandbox/internal/pep"
 )
 
 // PackageRules restrict which packages may be installed. Patterns are
@@ -47,9 +48,9 @@ func (r PackageRules) Empty() bool { return len(r.Allow) == 0 && len(r.Deny) == 
 
 // Check refuses a requested package (any spelling of its name).
 func (r PackageRules) Check(name string) error {
-	n := NormalizeName(name)
-	if err := r.CheckInstalled(n); err != nil {
-		return err
+	n := pep.NormalizeName(name)
+	if g := r.denied(n); g != "" {
+		return &PackageError{Package: n, Rule: g}
 	}
 	if len(r.Allow) == 0 {
 		return nil
@@ -66,20 +67,23 @@ func (r PackageRules) Check(name string) error {
 // deny patterns apply, since an allow list names what may be asked for,
 // not every library those packages need.
 func (r PackageRules) CheckInstalled(name string) error {
-	n := NormalizeName(name)
-	for _, g := range r.Deny {
-		if ok, _ := path.Match(g, n); ok {
-			return &PackageError{Package: n, Rule: g}
-		}
+	n := pep.NormalizeName(name)
+	if g := r.denied(n); g != "" {
+		// Requested packages met the same deny rules before the install,
+		// so one found now came in as a dependency.
+		return &PackageError{Package: n, Rule: g, Transitive: true}
 	}
 	return nil
 }
 
-var separators = regexp.MustCompile(`[-_.]+`)
-
-// NormalizeName is PEP 503 name normalisation.
-func NormalizeName(name string) string {
-	return separators.ReplaceAllString(strings.ToLower(name), "-")
+// denied returns the deny pattern that matches a normalised name, or "".
+func (r PackageRules) denied(n string) string {
+	for _, g := range r.Deny {
+		if ok, _ := path.Match(g, n); ok {
+			return g
+		}
+	}
+	return ""
 }
 
 // normalizeGlob normalises a pattern the way names are, and checks it.
@@ -90,7 +94,7 @@ func normalizeGlob(g string) (string, error) {
 	if strings.ContainsAny(g, "/\\") {
 		return "", fmt.Errorf("%q: a package name pattern has no / or \\", g)
 	}
-	n := NormalizeName(g)
+	n := pep.NormalizeName(g)
 	if _, err := path.Match(n, ""); err != nil {
 		return "", fmt.Errorf("%q is not a valid pattern (*, ? and [a-z] are allowed)", g)
 	}

@@ -16,7 +16,7 @@ type CheckEnvironmentInput struct{}
 const checkEnvironmentDescription = `Describe the sandbox that run_python uses: the backend, whether code is really sandboxed, each isolation layer (namespaces, seccomp, no_new_privs, capabilities, cgroup memory and pids limits, rlimits) and whether it is in force, the network, the effective limits (memory, processes, timeout, output size, scratch space), and the Python interpreters found. Every value was measured from inside a real sandbox when the server started. Call it before a heavy job to learn the limits, or when a run fails unexpectedly.`
 
 func (s *server) addCheckEnvironment(srv *mcp.Server) {
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(s, srv, &mcp.Tool{
 		Name:        "check_environment",
 		Title:       "Check sandbox environment",
 		Description: checkEnvironmentDescription,

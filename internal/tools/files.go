@@ -86,20 +86,20 @@ type DownloadFileInput struct {
 }
 
 func (s *server) addFileTools(srv *mcp.Server) {
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(s, srv, &mcp.Tool{
 		Name:  "upload_file",
 		Title: "Upload a file into a session",
 		Description: fmt.Sprintf("Write a file into a session's working directory (/work), creating parent directories; an existing file is replaced. "+
 			"Pass text as content, or binary data as content_base64. At most %d MiB per file; the workspace as a whole is capped too. Code in the session then opens it by its relative path.", s.maxUpload>>20),
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: ptr(true), OpenWorldHint: ptr(false)},
 	}, s.uploadFile)
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(s, srv, &mcp.Tool{
 		Name:        "list_files",
 		Title:       "List a session's files",
 		Description: fmt.Sprintf("List the files in a session's working directory (/work), recursively: path, type, size and modification time. Symbolic links are listed, not followed. At most %d entries.", maxListEntries),
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 	}, s.listFiles)
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(s, srv, &mcp.Tool{
 		Name:  "download_file",
 		Title: "Download a file from a session",
 		Description: fmt.Sprintf("Read a file from a session's working directory (/work). Files up to %d KiB come back inline (text as text, anything else as base64); larger ones as a resource link to read with resources/read. "+
@@ -269,7 +269,7 @@ func fileError(err error, p string) *mcp.CallToolResult {
 	case errors.Is(err, workspace.ErrTooLarge):
 		return errorResult(fmt.Sprintf("%s: %v", p, err))
 	}
-	if r := sessionError(err); r != nil {
+	if r := sessionError(context.Background(), err); r != nil {
 		return r
 	}
 	return errorResult(err.Error())

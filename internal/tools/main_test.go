@@ -30,6 +30,17 @@ func connect(t *testing.T, mod func(*engine.Config)) *mcp.ClientSession {
 // connectWith is connect with the tools' options adjusted too.
 func connectWith(t *testing.T, mod func(*engine.Config), opt func(*Options), clientOpts ...*mcp.ClientOptions) *mcp.ClientSession {
 	t.Helper()
+	var copts *mcp.ClientOptions
+	if len(clientOpts) > 0 {
+		copts = clientOpts[0]
+	}
+	return connectFull(t, mod, opt, copts, nil)
+}
+
+// connectFull is connectWith with the client session's options too (to
+// speak an older protocol version).
+func connectFull(t *testing.T, mod func(*engine.Config), opt func(*Options), copts *mcp.ClientOptions, sopts *mcp.ClientSessionOptions) *mcp.ClientSession {
+	t.Helper()
 	ctx := context.Background()
 	py, err := interp.Find(ctx, "")
 	if err != nil {
@@ -63,12 +74,8 @@ func connectWith(t *testing.T, mod func(*engine.Config), opt func(*Options), cli
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ss.Close() })
-	var copts *mcp.ClientOptions
-	if len(clientOpts) > 0 {
-		copts = clientOpts[0]
-	}
 	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, copts)
-	cs, err := client.Connect(ctx, ct, nil)
+	cs, err := client.Connect(ctx, ct, sopts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ Without session_id each call starts from a clean interpreter: no variables, file
 The result has status (success, error, timeout, memory_limit, output_limit, killed or cancelled), exit_code, stdout, stderr (tracebacks use your code's own line numbers), return_value (the JSON value of the last expression, or its repr if it is not JSON-serialisable, or null), and duration_ms. Use inputs to pass data in as global variables instead of pasting it into the code. matplotlib figures left open (or shown with plt.show()) come back as PNG images.`
 
 func (s *server) addRunPython(srv *mcp.Server) {
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(s, srv, &mcp.Tool{
 		Name:        "run_python",
 		Title:       "Run Python",
 		Description: runPythonDescription,
@@ -53,10 +53,13 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 	if in.SessionID != "" {
 		res, err = s.sessions.Run(ctx, in.SessionID, run)
 		if err != nil && !errors.Is(err, engine.ErrBusy) {
-			return sessionError(err), nil, nil
+			return sessionError(ctx, err), nil, nil
 		}
 	} else {
 		res, err = s.eng.Run(ctx, run)
+	}
+	if res, ok := deniedError(ctx, err); ok {
+		return res, nil, nil
 	}
 	var reqErr *engine.RequestError
 	switch {

@@ -37,8 +37,16 @@ type Options struct {
 	// resources/read. Zero means the defaults (16 MiB, the engine's
 	// MaxFigureBytes, 64 MiB).
 	MaxUploadBytes, MaxInlineBytes, MaxDownloadBytes int64
-	Logger                                           *slog.Logger
+	// Governance is the policy, audit log and metrics; the zero value
+	// allows everything and records nothing.
+	Governance Governance
+	Logger     *slog.Logger
 }
+
+// Names are the tools a server offers (before the policy hides any). A
+// policy file may name only these.
+var Names = []string{"run_python", "check_environment", "validate_script", "create_session", "list_sessions",
+	"close_session", "install_package", "upload_file", "list_files", "download_file"}
 
 // server holds what the handlers share.
 type server struct {
@@ -47,6 +55,7 @@ type server struct {
 	figures  *figureStore
 	log      *slog.Logger
 	posture  func(context.Context) *engine.Posture
+	gov      *governor
 
 	maxUpload, maxInline, maxDownload int64
 }
@@ -89,6 +98,7 @@ func NewServer(opts Options) *mcp.Server {
 			"check_environment to see the sandbox's limits and Python version; validate_script to check code without running it.",
 		Logger: log,
 	})
+	s.gov = newGovernor(opts.Governance, opts.Engine, log)
 	s.addRunPython(srv)
 	s.addCheckEnvironment(srv)
 	s.addValidateScript(srv)
@@ -96,7 +106,20 @@ func NewServer(opts Options) *mcp.Server {
 	s.addInstallPackage(srv)
 	s.addFileTools(srv)
 	s.addFigureResources(srv)
+	// Tools the policy denies outright are not offered; a call to one
+	// still gets its reason from the middleware, which sees every call.
+	for _, name := range Names {
+		if s.gov.pol.Hidden(name) {
+			srv.RemoveTools(name)
+		}
+	}
+	srv.AddReceivingMiddleware(s.gov.middleware)
 	return srv
+}
+
+// addTool registers a tool behind the policy's per-call checks.
+func addTool[In, Out any](s *server, srv *mcp.Server, t *mcp.Tool, h mcp.ToolHandlerFor[In, Out]) {
+	mcp.AddTool(srv, t, gated(s, t.Name, h))
 }
 
 // errorResult is a failure the agent should read and act on.

@@ -49,19 +49,19 @@ type CloseSessionOutput struct {
 const createSessionDescription = `Start a session: a long-lived Python interpreter in its own sandbox (same isolation and limits as run_python: no network, no host files) that keeps its state between calls. Pass the returned session_id to run_python to run code in it: variables, imports and files persist. It has a private working directory /work (size-capped) for files; use upload_file, list_files and download_file to move files in and out. Plots left open by a run come back as PNG images. The session is deleted after ttl_seconds without use, or by close_session. Use a session for multi-step work (load data, inspect, clean, plot); use run_python without session_id for one-off computations.`
 
 func (s *server) addSessionTools(srv *mcp.Server) {
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(s, srv, &mcp.Tool{
 		Name:        "create_session",
 		Title:       "Create a Python session",
 		Description: createSessionDescription,
 		Annotations: &mcp.ToolAnnotations{OpenWorldHint: ptr(false), DestructiveHint: ptr(false)},
 	}, s.createSession)
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(s, srv, &mcp.Tool{
 		Name:        "list_sessions",
 		Title:       "List Python sessions",
 		Description: "List the open sessions: id, when created and last used, when each expires, memory in use and the number of runs.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 	}, s.listSessions)
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(s, srv, &mcp.Tool{
 		Name:        "close_session",
 		Title:       "Close a Python session",
 		Description: "Close a session: its interpreter is stopped and its working directory with every file in it is deleted. Download what you need first.",
@@ -84,7 +84,7 @@ func (s *server) createSession(ctx context.Context, req *mcp.CallToolRequest, in
 		Dependencies: in.Dependencies, PythonVersion: in.PythonVersion, Progress: progressFunc(ctx, req),
 	})
 	if err != nil {
-		return sessionError(err), nil, nil
+		return sessionError(ctx, err), nil, nil
 	}
 	out := &CreateSessionOutput{SessionID: info.ID, ExpiresAt: info.ExpiresAt}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(
@@ -104,7 +104,7 @@ func (s *server) listSessions(ctx context.Context, req *mcp.CallToolRequest, _ L
 
 func (s *server) closeSession(ctx context.Context, req *mcp.CallToolRequest, in SessionIDInput) (*mcp.CallToolResult, *CloseSessionOutput, error) {
 	if err := s.sessions.Close(in.SessionID); err != nil {
-		return sessionError(err), nil, nil
+		return sessionError(ctx, err), nil, nil
 	}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "session " + in.SessionID + " closed; its files are deleted."}}},
 		&CloseSessionOutput{SessionID: in.SessionID, Closed: true}, nil
@@ -125,7 +125,7 @@ type InstallPackageOutput struct {
 }
 
 func (s *server) addInstallPackage(srv *mcp.Server) {
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(s, srv, &mcp.Tool{
 		Name:  "install_package",
 		Title: "Install packages into a session",
 		Description: "Install Python packages (PEP 508 requirements) into a session; they can be imported from its next run_python call on. " +
@@ -149,14 +149,17 @@ func (s *server) installPackage(ctx context.Context, req *mcp.CallToolRequest, i
 	case errors.As(err, &reqErr):
 		return errorResult(reqErr.Error() + "."), nil, nil
 	case err != nil:
-		return sessionError(err), nil, nil
+		return sessionError(ctx, err), nil, nil
 	}
 	out := &InstallPackageOutput{SessionID: in.SessionID, Status: "installed", Requirements: env.Requirements}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "installed: " + strings.Join(env.Requirements, ", ") + "; import them in the next run_python call"}}}, out, nil
 }
 
 // sessionError turns a session failure into a message the agent can act on.
-func sessionError(err error) *mcp.CallToolResult {
+func sessionError(ctx context.Context, err error) *mcp.CallToolResult {
+	if res, ok := deniedError(ctx, err); ok {
+		return res
+	}
 	var gone *engine.SessionGoneError
 	var reqErr *engine.RequestError
 	var ie *deps.InstallError

@@ -41,7 +41,7 @@ type ValidateScriptOutput struct {
 const validateScriptDescription = `Check Python code without running it: it is compiled inside the sandbox, and any syntax error is reported with its line, column and message. An inline PEP 723 metadata block ("# /// script" ... "# ///") is parsed: its requires-python is checked against the server's interpreter, and its dependencies, merged with the dependencies argument, are each checked against PEP 508 syntax. valid is true only when there are no problems.`
 
 func (s *server) addValidateScript(srv *mcp.Server) {
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(s, srv, &mcp.Tool{
 		Name:        "validate_script",
 		Title:       "Validate a Python script",
 		Description: validateScriptDescription,

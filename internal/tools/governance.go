@@ -1,0 +1,536 @@
+package tools
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/audit"
+	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/metrics"
+	"github.com/pysandbox/pysandbox/internal/pep"
+	"github.com/pysandbox/pysandbox/internal/policy"
+)
+
+// Governance is what stands between a tool call and the engine: the
+// policy, its rate limits and approvals, the audit log and the metrics.
+// Every part is optional; the zero value allows everything and records
+// nothing.
+type Governance struct {
+	Policy  *policy.Policy   // nil: allow everything
+	Audit   *audit.Writer    // nil: no audit log
+	Metrics *metrics.Metrics // nil: no metrics
+	// ApprovalTTL is how long a user's approval stays valid for its retry
+	// (default 10 minutes).
+	ApprovalTTL time.Duration
+}
+
+// approvalKey names the one input request of an approval.
+const approvalKey = "approval"
+
+// governor enforces Governance for one server.
+type governor struct {
+	pol     *policy.Policy
+	limiter *policy.Limiter
+	sealer  *policy.Sealer
+	audit   *audit.Writer
+	metrics *metrics.Metrics
+	log     *slog.Logger
+	eng     *engine.Engine
+
+	// broken is set once the audit log failed: from then on every call is
+	// refused, because it could not be recorded.
+	mu     sync.Mutex
+	broken error
+}
+
+func newGovernor(g Governance, eng *engine.Engine, log *slog.Logger) *governor {
+	pol := g.Policy
+	if pol == nil {
+		pol = policy.AllowAll()
+	}
+	ttl := g.ApprovalTTL
+	if ttl <= 0 {
+		ttl = 10 * time.Minute
+	}
+	sealer, err := policy.NewSealer(ttl, nil)
+	if err != nil {
+		// Only a broken system random source gets here; approvals then
+		// cannot be granted, which fails closed.
+		log.Error("approvals disabled", "err", err)
+	}
+	return &governor{pol: pol, limiter: policy.NewLimiter(nil), sealer: sealer, audit: g.Audit, metrics: g.Metrics, log: log, eng: eng}
+}
+
+// callInfo is what a handler learned that the audit record needs: set
+// through the context by the approval step and by handlers that refuse a
+// package.
+type callInfo struct {
+	mu       sync.Mutex
+	decision string // "" means the policy's plain allow
+	reason   string
+	rule     string // for the denial metric: tool, default, package, approval
+}
+
+type callInfoKey struct{}
+
+func noteDecision(ctx context.Context, decision, reason, rule string) {
+	if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
+		ci.mu.Lock()
+		ci.decision, ci.reason, ci.rule = decision, reason, rule
+		ci.mu.Unlock()
+	}
+}
+
+// middleware intercepts every tools/call before the SDK routes it, so a
+// tool the policy hides still answers with its reason (not "unknown
+// tool"), and every call of one of our tools is rate-limited, audited and
+// counted. It wraps the SDK's own multi-round-trip layer, so for an older
+// client that is asked for approval with elicitation/create it sees the
+// whole exchange as one call.
+func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		ctr, ok := req.(*mcp.CallToolRequest)
+		if method != "tools/call" || !ok || ctr.Params == nil || !slices.Contains(Names, ctr.Params.Name) {
+			return next(ctx, method, req)
+		}
+		tool := ctr.Params.Name
+		start := time.Now()
+		rec := &audit.Record{Event: "call", Identity: identity(req), Tool: tool}
+		rec.Arguments, rec.CodeSHA256 = auditArgs(tool, ctr.Params.Arguments)
+
+		if err := g.brokenErr(); err != nil {
+			return errorResult("This server cannot record tool calls in its audit log (" + err.Error() + "), so it refuses them. Nothing was run; tell the server's operator."), nil
+		}
+		d := g.pol.Decide(tool)
+		if d.Action == policy.Deny {
+			reason := d.Reason
+			rule := "tool"
+			if _, listed := g.pol.Tools[tool]; !listed {
+				rule = "default"
+			}
+			if reason == "" {
+				reason = "the policy denies it"
+			}
+			rec.Decision, rec.Reason = "deny", reason
+			g.metrics.Denied(tool, rule)
+			res := errorResult(fmt.Sprintf("The server's policy does not allow %s: %s. Nothing was run. Do not retry; use another tool, or ask the user to change the server's policy.", tool, reason))
+			return g.finish(rec, res, nil, start, false)
+		}
+		reservation, exceeded := g.limiter.Take(d.Limits, rec.Identity)
+		if exceeded != nil {
+			rec.Decision, rec.Reason = "rate_limited", exceeded.Error()
+			rec.LimitsHit = []string{"rate:" + exceeded.Limit.Counter + "/" + exceeded.Limit.Window}
+			g.metrics.RateLimited(tool, exceeded.Limit.Counter)
+			res := errorResult(fmt.Sprintf("Refused: the server's %s. Nothing was run; wait until then before calling %s again.", exceeded.Error(), tool))
+			return g.finish(rec, res, nil, start, false)
+		}
+
+		ci := &callInfo{}
+		result, err := next(context.WithValue(ctx, callInfoKey{}, ci), method, req)
+		res, _ := result.(*mcp.CallToolResult)
+		ci.mu.Lock()
+		rec.Decision, rec.Reason = ci.decision, ci.reason
+		rule := ci.rule
+		ci.mu.Unlock()
+		if rec.Decision == "" {
+			rec.Decision = "allow"
+		}
+		ran := true
+		switch {
+		case res != nil && res.InputRequests != nil:
+			// The first pass of an approval: nothing ran yet, and the
+			// retry will be counted.
+			rec.Decision = "approval_requested"
+			reservation.Cancel()
+			ran = false
+		case rec.Decision != "allow" && rec.Decision != "approved":
+			// Declined, or refused by a package rule: nothing ran.
+			reservation.Cancel()
+			ran = false
+			g.metrics.Denied(tool, rule)
+		}
+		return g.finish(rec, result, err, start, ran)
+	}
+}
+
+// finish fills in the outcome, writes the audit record and counts the
+// call. The record is on disk before the client gets the result.
+func (g *governor) finish(rec *audit.Record, result mcp.Result, callErr error, start time.Time, ran bool) (mcp.Result, error) {
+	rec.DurationMS = time.Since(start).Milliseconds()
+	res, _ := result.(*mcp.CallToolResult)
+	switch {
+	case callErr != nil:
+		rec.Status, rec.Error = "protocol_error", callErr.Error()
+	case res != nil && res.InputRequests == nil && ran:
+		outcome(rec, res)
+	case res != nil && res.IsError:
+		// Refused: nothing ran, so there is no status, only what the
+		// client was told.
+		rec.Error = resultText(res)
+	}
+	runStatus := ""
+	if rec.Tool == "run_python" && ran {
+		runStatus = rec.Status
+	}
+	for _, l := range rec.LimitsHit {
+		if !strings.HasPrefix(l, "rate:") {
+			g.metrics.LimitHit(l)
+		}
+	}
+	g.metrics.Call(rec.Tool, rec.Decision, ran, time.Since(start), runStatus)
+	if g.audit == nil {
+		return result, callErr
+	}
+	if err := g.audit.Append(rec); err != nil {
+		g.mu.Lock()
+		if g.broken == nil {
+			g.broken = err
+		}
+		g.mu.Unlock()
+		g.log.Error("audit log write failed; refusing every call from now on", "err", err)
+		// Fail closed: a result that could not be recorded is withheld.
+		return errorResult("The call could not be recorded in the server's audit log (" + err.Error() + "), so its result is withheld. Tell the server's operator."), nil
+	}
+	return result, callErr
+}
+
+func (g *governor) brokenErr() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.broken
+}
+
+// outcome copies what a result says about the run into the record.
+func outcome(rec *audit.Record, res *mcp.CallToolResult) {
+	var out struct {
+		Status          string `json:"status"`
+		ExitCode        *int   `json:"exit_code"`
+		PeakMemoryBytes int64  `json:"peak_memory_bytes"`
+		CPUTimeMS       int64  `json:"cpu_time_ms"`
+		StdoutTruncated bool   `json:"stdout_truncated"`
+		StderrTruncated bool   `json:"stderr_truncated"`
+	}
+	if raw, ok := res.StructuredContent.(json.RawMessage); ok {
+		json.Unmarshal(raw, &out)
+	}
+	rec.Status, rec.ExitCode, rec.PeakMemoryBytes, rec.CPUTimeMS = out.Status, out.ExitCode, out.PeakMemoryBytes, out.CPUTimeMS
+	if rec.Status == "" {
+		rec.Status = "ok"
+		if res.IsError {
+			rec.Status = "error"
+		}
+	}
+	switch engine.Status(out.Status) {
+	case engine.StatusTimeout:
+		rec.LimitsHit = append(rec.LimitsHit, "timeout")
+	case engine.StatusMemoryLimit:
+		rec.LimitsHit = append(rec.LimitsHit, "memory")
+	case engine.StatusOutputLimit:
+		rec.LimitsHit = append(rec.LimitsHit, "output")
+	default:
+		if out.StdoutTruncated || out.StderrTruncated {
+			rec.LimitsHit = append(rec.LimitsHit, "output")
+		}
+	}
+	if res.IsError {
+		rec.Error = resultText(res)
+	}
+}
+
+// identity is who is calling: the name of the bearer token over
+// authenticated HTTP, else the MCP session (one per connection), else
+// "stdio" for the one client of a stdio server.
+func identity(req mcp.Request) string {
+	if ex := req.GetExtra(); ex != nil && ex.TokenInfo != nil && ex.TokenInfo.UserID != "" {
+		return ex.TokenInfo.UserID
+	}
+	if ss, ok := req.GetSession().(*mcp.ServerSession); ok && ss.ID() != "" {
+		return "session:" + ss.ID()
+	}
+	return "stdio"
+}
+
+// maxAuditValue is the largest argument recorded verbatim, apart from the
+// code; larger ones (inputs data, file contents) are recorded as their
+// size and SHA-256, which still proves what was sent.
+const maxAuditValue = 64 << 10
+
+// auditArgs returns the arguments as recorded: compact JSON with the code
+// in full and bulky values replaced by digests, and the code's SHA-256.
+func auditArgs(tool string, raw json.RawMessage) (json.RawMessage, string) {
+	if len(raw) == 0 {
+		return nil, ""
+	}
+	var args map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &args); err != nil {
+		return digestJSON(raw), ""
+	}
+	codeSum := ""
+	for k, v := range args {
+		if k == "code" {
+			var code string
+			if json.Unmarshal(v, &code) == nil {
+				sum := sha256.Sum256([]byte(code))
+				codeSum = hex.EncodeToString(sum[:])
+				if len(code) <= MaxCodeBytes {
+					continue
+				}
+			}
+		}
+		if len(v) > maxAuditValue || (tool == "upload_file" && (k == "content" || k == "content_base64")) {
+			args[k] = digestJSON(v)
+		}
+	}
+	b, err := json.Marshal(args)
+	if err != nil {
+		return digestJSON(raw), codeSum
+	}
+	return b, codeSum
+}
+
+func digestJSON(v []byte) json.RawMessage {
+	sum := sha256.Sum256(v)
+	b, _ := json.Marshal(map[string]any{"omitted_bytes": len(v), "sha256": hex.EncodeToString(sum[:])})
+	return b
+}
+
+// gated wraps a tool's handler with the checks that need its parsed
+// input: the package rules, before anything is installed or anyone is
+// asked, and the approval of a human when the policy requires one.
+func gated[In, Out any](s *server, tool string, h mcp.ToolHandlerFor[In, Out]) mcp.ToolHandlerFor[In, Out] {
+	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		var zero Out
+		if res := s.gov.check(ctx, req, tool, in); res != nil {
+			return res, zero, nil
+		}
+		return h(ctx, req, in)
+	}
+}
+
+func (g *governor) check(ctx context.Context, req *mcp.CallToolRequest, tool string, in any) *mcp.CallToolResult {
+	pkgs := requestedPackages(in)
+	for _, p := range pkgs {
+		if err := g.pol.Packages.Check(p.name); err != nil {
+			return packageRefusal(ctx, err)
+		}
+	}
+	if g.pol.Decide(tool).Action != policy.Approve {
+		return nil
+	}
+	return g.approve(ctx, req, tool, in, pkgs)
+}
+
+// packageRefusal reports a package the policy refuses.
+func packageRefusal(ctx context.Context, err error) *mcp.CallToolResult {
+	noteDecision(ctx, "deny", err.Error(), "package")
+	return errorResult(fmt.Sprintf("Refused by the server's package policy: %v. Nothing was installed or run; use only packages the policy allows (check_environment does not list them; ask the user).", err))
+}
+
+// deniedError turns an engine refusal of a package (one pulled in as a
+// dependency, found after the install) into the same refusal.
+func deniedError(ctx context.Context, err error) (*mcp.CallToolResult, bool) {
+	var denied *engine.PackageDeniedError
+	if !errors.As(err, &denied) {
+		return nil, false
+	}
+	return packageRefusal(ctx, denied.Err), true
+}
+
+// approve implements action "approve": nothing with side effects happens
+// until the user accepted this exact request.
+func (g *governor) approve(ctx context.Context, req *mcp.CallToolRequest, tool string, in any, pkgs []requested) *mcp.CallToolResult {
+	id := identity(req)
+	args := []byte(req.Params.Arguments)
+	if g.sealer == nil {
+		noteDecision(ctx, "deny", "approvals are unavailable", "approval")
+		return errorResult("This call needs a user's approval, and this server cannot issue approvals right now. Nothing was run.")
+	}
+	if req.Params.RequestState != "" || len(req.Params.InputResponses) > 0 {
+		// An answer, genuine only if its state opens and matches.
+		err := g.sealer.Open(req.Params.RequestState, tool, id, args)
+		if err == nil {
+			answer, _ := req.Params.InputResponses[approvalKey].(*mcp.ElicitResult)
+			switch {
+			case answer != nil && answer.Action == "accept":
+				noteDecision(ctx, "approved", "the user approved it", "")
+				return nil
+			case answer != nil:
+				noteDecision(ctx, "declined", "the user answered "+answer.Action, "approval")
+				return errorResult(fmt.Sprintf("The user did not approve this %s call (%s). Nothing was run. Do not retry the same call unless the user asks for it.", tool, answer.Action))
+			}
+			err = errors.New("the answer to the approval request is missing")
+		}
+		// A made-up, stale or reused answer is not an approval: ask the
+		// user properly instead.
+		g.log.Warn("ignored an approval answer", "tool", tool, "identity", id, "err", err)
+	}
+	if !canElicit(req) {
+		noteDecision(ctx, "deny", "approval required, but the client cannot ask the user (no elicitation support)", "approval")
+		return errorResult(fmt.Sprintf("The server's policy requires the user to approve each %s call, and this client cannot ask the user (it does not support MCP elicitation). Nothing was run. Use a client that supports elicitation, or ask the user to change the server's policy.", tool))
+	}
+	state, err := g.sealer.Seal(tool, id, args)
+	if err != nil {
+		noteDecision(ctx, "deny", "could not seal the approval request: "+err.Error(), "approval")
+		return errorResult("The approval request could not be prepared. Nothing was run; try again.")
+	}
+	noteDecision(ctx, "approval_requested", "", "")
+	return &mcp.CallToolResult{
+		InputRequests: mcp.InputRequestMap{approvalKey: &mcp.ElicitParams{
+			Message:         g.approvalMessage(tool, in, pkgs),
+			RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{}},
+		}},
+		RequestState: state,
+	}
+}
+
+// canElicit reports whether the client can show a form to its user.
+func canElicit(req *mcp.CallToolRequest) bool {
+	if req.Session == nil {
+		return false
+	}
+	p := req.Session.InitializeParams()
+	if p == nil || p.Capabilities == nil || p.Capabilities.Elicitation == nil {
+		return false
+	}
+	e := p.Capabilities.Elicitation
+	// Neither mode named means form, for older clients.
+	return e.Form != nil || e.URL == nil
+}
+
+// maxApprovalCode is how much code the approval message shows; the rest
+// is summarised (the full code is in the audit log).
+const maxApprovalCode = 8 << 10
+
+// approvalMessage tells the user what they are approving: the tool, the
+// code or packages, and the limits it will run under.
+func (g *governor) approvalMessage(tool string, in any, pkgs []requested) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "An AI agent wants to call %s on pysandbox. Approve?\n", tool)
+	switch v := in.(type) {
+	case RunPythonInput:
+		if v.SessionID != "" {
+			fmt.Fprintf(&b, "Session: %s (its variables and files persist)\n", v.SessionID)
+		}
+		if v.PythonVersion != "" {
+			fmt.Fprintf(&b, "Python: %s\n", v.PythonVersion)
+		}
+		code := v.Code
+		more := ""
+		if len(code) > maxApprovalCode {
+			more = fmt.Sprintf("\n... (%d more bytes not shown; SHA-256 of the code %s)", len(code)-maxApprovalCode, shortSum(code))
+			code = code[:maxApprovalCode]
+		}
+		fmt.Fprintf(&b, "Code:\n%s%s\n", strings.ToValidUTF8(code, "?"), more)
+		if len(v.Inputs) > 0 {
+			keys := make([]string, 0, len(v.Inputs))
+			for k := range v.Inputs {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			fmt.Fprintf(&b, "Inputs: %s\n", strings.Join(keys, ", "))
+		}
+	case InstallPackageInput:
+		fmt.Fprintf(&b, "Session: %s\n", v.SessionID)
+	case CreateSessionInput:
+		if v.PythonVersion != "" {
+			fmt.Fprintf(&b, "Python: %s\n", v.PythonVersion)
+		}
+	default:
+		if raw, err := json.Marshal(v); err == nil && len(raw) < 4096 {
+			fmt.Fprintf(&b, "Arguments: %s\n", raw)
+		}
+	}
+	if len(pkgs) > 0 {
+		names := make([]string, len(pkgs))
+		for i, p := range pkgs {
+			names[i] = p.spec
+		}
+		fmt.Fprintf(&b, "Packages to install: %s\n", strings.Join(names, ", "))
+	}
+	b.WriteString("Limits: " + g.limitsText(in))
+	if d := g.pol.Decide(tool); len(d.Limits) > 0 {
+		var ls []string
+		for _, l := range d.Limits {
+			ls = append(ls, l.String())
+		}
+		fmt.Fprintf(&b, "\nRate limits: %s", strings.Join(ls, "; "))
+	}
+	return b.String()
+}
+
+func (g *governor) limitsText(in any) string {
+	cfg := g.eng.Config()
+	timeout := cfg.DefaultTimeout
+	if v, ok := in.(RunPythonInput); ok && v.TimeoutSeconds > 0 {
+		timeout = time.Duration(v.TimeoutSeconds * float64(time.Second))
+	}
+	l := cfg.Limits
+	parts := []string{fmt.Sprintf("timeout %s", timeout)}
+	if l.MemoryBytes > 0 {
+		parts = append(parts, fmt.Sprintf("memory %d MiB", l.MemoryBytes>>20))
+	}
+	if l.MaxProcs > 0 {
+		parts = append(parts, fmt.Sprintf("%d processes", l.MaxProcs))
+	}
+	if cfg.Backend.Kind() == "none" {
+		parts = append(parts, "UNSANDBOXED: the code runs directly on the server's machine")
+	} else {
+		parts = append(parts, "no network", "no access to the host's files ("+string(cfg.Backend.Kind())+" sandbox)")
+	}
+	return strings.Join(parts, ", ")
+}
+
+func shortSum(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])[:16]
+}
+
+// requested is a package a call asks for.
+type requested struct{ name, spec string }
+
+// requestedPackages lists the packages a call would install: the
+// dependencies parameter, the code's PEP 723 block, install_package's
+// packages. Unparsable entries are left for the engine to report.
+func requestedPackages(in any) []requested {
+	var specs []string
+	switch v := in.(type) {
+	case RunPythonInput:
+		specs = append(specs, v.Dependencies...)
+		if meta, err := pep.ParseScriptMetadata(v.Code); err == nil && meta != nil {
+			specs = append(specs, meta.Dependencies...)
+		}
+	case CreateSessionInput:
+		specs = v.Dependencies
+	case InstallPackageInput:
+		specs = v.Packages
+	}
+	var out []requested
+	for _, s := range specs {
+		if r, err := pep.ParseRequirement(s); err == nil {
+			out = append(out, requested{name: r.Normalized, spec: r.String()})
+		}
+	}
+	return out
+}
+
+// resultText is a result's text content, as the client sees it.
+func resultText(res *mcp.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
+}
