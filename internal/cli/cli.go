@@ -26,11 +26,16 @@ const usage = `pysandbox: run Python from AI agents in a fresh, layered Linux sa
 
 Usage:
   pysandbox serve [flags]                 MCP server over stdio
-  pysandbox serve --http 127.0.0.1:8080   MCP over streamable HTTP at /mcp, health at /healthz
+  pysandbox serve --http 127.0.0.1:8080   MCP over streamable HTTP at /mcp, /healthz, /metrics
+  pysandbox serve --policy policy.json --audit-log audit.log
+                                          govern the tools (allow, deny, approve, rate limits, packages)
+                                          and record every call
   pysandbox run [flags] FILE|-            run a script in the sandbox, streaming its output
   pysandbox check [flags]                 print the sandbox posture; exit 1 if the backend cannot work here
   pysandbox bench [flags]                 measure latency against spawning python3 directly
   pysandbox cache ls|prune [flags]        list or prune the cached dependency environments
+  pysandbox audit verify FILE...          check an audit log's hash chain; exit 1 naming the first bad line
+  pysandbox audit tail [-n N] [-f] FILE   pretty-print the last records of an audit log
   pysandbox version
 
 Run 'pysandbox COMMAND -h' for the flags of a command.
@@ -63,6 +68,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = bench(rest, stdout, stderr)
 	case "cache":
 		err = cacheCmd(rest, stdout, stderr)
+	case "audit":
+		err = auditCmd(rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "pysandbox", version)
 		return 0
@@ -109,6 +116,8 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 
 // options are the flags every command shares.
 type options struct {
+	// checkPackage is the package policy (serve --policy); nil allows all.
+	checkPackage func(name string, requested bool) error
 	sandbox       string
 	python        string
 	timeout       duration
@@ -256,6 +265,7 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 		Discover:     interp.Discover,
 		Deps:         cache,
 		NoDepsReason: noDeps,
+		CheckPackage: o.checkPackage,
 		Limits: sandbox.Limits{
 			MemoryBytes: int64(o.memory),
 			MaxProcs:    o.maxProcs,

@@ -39,16 +39,28 @@ func TestDurationFlag(t *testing.T) {
 	}
 }
 
-func TestCheckLoopback(t *testing.T) {
+func TestCheckExposure(t *testing.T) {
 	for _, ok := range []string{"127.0.0.1:8080", "[::1]:80", "localhost:9", "127.5.5.5:1"} {
-		if err := checkLoopback(ok); err != nil {
+		if err := checkExposure(ok, false, false); err != nil {
 			t.Errorf("%s refused: %v", ok, err)
 		}
 	}
 	for _, bad := range []string{"0.0.0.0:8080", ":8080", "[::]:80", "10.0.0.1:80", "example.com:80", "127.0.0.1"} {
-		if err := checkLoopback(bad); err == nil {
-			t.Errorf("%s accepted", bad)
+		if err := checkExposure(bad, false, false); err == nil {
+			t.Errorf("%s accepted without auth", bad)
 		}
+	}
+	// With tokens, or with the explicit opt-out, any address may be used.
+	for _, addr := range []string{"0.0.0.0:8080", "10.0.0.1:80"} {
+		if err := checkExposure(addr, true, false); err != nil {
+			t.Errorf("%s with auth: %v", addr, err)
+		}
+		if err := checkExposure(addr, false, true); err != nil {
+			t.Errorf("%s with --insecure-no-auth: %v", addr, err)
+		}
+	}
+	if err := checkExposure("10.0.0.1:80", false, false); err == nil || !strings.Contains(err.Error(), "--auth-token-file") {
+		t.Errorf("the refusal should say how to authenticate: %v", err)
 	}
 }
 

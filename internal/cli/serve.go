@@ -2,10 +2,10 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -14,16 +14,18 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
-
+	"github.com/pysandbox/pysandbox/internal/audit"
 	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/httpserver"
 	"github.com/pysandbox/pysandbox/internal/interp"
+	"github.com/pysandbox/pysandbox/internal/metrics"
+	"github.com/pysandbox/pysandbox/internal/policy"
 	"github.com/pysandbox/pysandbox/internal/tools"
 )
 
 func serve(args []string, stderr io.Writer) error {
 	fs, o := newFlagSet("serve", "serve [--http ADDR] [flags]", stderr)
-	httpAddr := fs.String("http", "", "serve MCP over streamable HTTP on this loopback address (e.g. 127.0.0.1:8080) instead of stdio")
+	httpAddr := fs.String("http", "", "serve MCP over streamable HTTP on this address (e.g. 127.0.0.1:8080) instead of stdio; a non-loopback address needs --auth-token-file")
 	maxSessions := fs.Int("max-sessions", 8, "sessions open at once")
 	sessionTTL := duration(10 * time.Minute)
 	fs.Var(&sessionTTL, "session-ttl", "idle time after which a session expires, when create_session names none")
@@ -33,20 +35,57 @@ func serve(args []string, stderr io.Writer) error {
 	fs.Var(&sessionsMemory, "sessions-memory", "memory budget of all sessions together (each may use --memory)")
 	maxUpload := size(16 << 20)
 	fs.Var(&maxUpload, "max-upload", "largest file upload_file accepts")
+	policyFile := fs.String("policy", "", "policy file (JSON or YAML): which tools are allowed, denied or need the user's approval, rate limits, package rules; default: everything allowed")
+	auditLog := fs.String("audit-log", "", "append a tamper-evident record of every tool call to this file (JSON lines, hash-chained; check it with 'pysandbox audit verify')")
+	auditMaxSize := size(100 << 20)
+	fs.Var(&auditMaxSize, "audit-max-size", "rotate the audit log to FILE.1, FILE.2, ... when it would grow past this size (the chain continues across files); 0 never rotates")
+	tokenFile := fs.String("auth-token-file", "", "require a bearer token on /mcp and /metrics: a file of 'NAME TOKEN' lines; NAME becomes the caller's identity in the audit log and rate limits")
+	insecure := fs.Bool("insecure-no-auth", false, "allow --http on a non-loopback address without --auth-token-file: ANYONE who can reach the port can run code")
+	var allowedHosts listFlag
+	fs.Var(&allowedHosts, "allowed-host", "with --http: a further Host name clients may use (e.g. sandbox.example.com behind a proxy); repeat or separate with commas. Loopback names and the listen address are always allowed")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("serve takes no arguments, got %q", fs.Args())}
 	}
+	if *httpAddr == "" && (*tokenFile != "" || *insecure || len(allowedHosts) > 0) {
+		return usageError{errors.New("--auth-token-file, --insecure-no-auth and --allowed-host apply to --http only")}
+	}
+	var tokens *httpserver.Tokens
+	if *tokenFile != "" {
+		t, err := httpserver.LoadTokens(*tokenFile)
+		if err != nil {
+			return err
+		}
+		tokens = t
+	}
 	if *httpAddr != "" {
-		if err := checkLoopback(*httpAddr); err != nil {
+		if err := checkExposure(*httpAddr, tokens != nil, *insecure); err != nil {
 			return usageError{err}
 		}
 	}
 	log, err := o.logger(stderr)
 	if err != nil {
 		return err
+	}
+	if tokens != nil && tokens.Warning != "" {
+		log.Warn(tokens.Warning)
+	}
+	// The policy is read first: a server with a broken policy must not
+	// start at all, not even its sandboxes.
+	pol := policy.AllowAll()
+	if *policyFile != "" {
+		if pol, err = policy.Load(*policyFile, tools.Names); err != nil {
+			return err
+		}
+		rules := pol.Packages
+		o.checkPackage = func(name string, requested bool) error {
+			if requested {
+				return rules.Check(name)
+			}
+			return rules.CheckInstalled(name)
+		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -68,8 +107,8 @@ func serve(args []string, stderr io.Writer) error {
 	for _, p := range posture.Problems {
 		log.Warn("sandbox", "problem", p)
 	}
-	if *maxSessions < 1 || sessionTTL <= 0 || maxSessionTTL < sessionTTL || maxUpload < 1 {
-		return usageError{fmt.Errorf("--max-sessions must be at least 1, --session-ttl positive and at most --max-session-ttl, --max-upload positive")}
+	if *maxSessions < 1 || sessionTTL <= 0 || maxSessionTTL < sessionTTL || maxUpload < 1 || auditMaxSize < 0 {
+		return usageError{fmt.Errorf("--max-sessions must be at least 1, --session-ttl positive and at most --max-session-ttl, --max-upload positive, --audit-max-size not negative")}
 	}
 	sessions := eng.NewSessions(engine.SessionConfig{
 		MaxSessions:  *maxSessions,
@@ -79,7 +118,37 @@ func serve(args []string, stderr io.Writer) error {
 	})
 	// Every session's processes, cgroups and files go when the server does.
 	defer sessions.Shutdown()
-	srv := tools.NewServer(tools.Options{Engine: eng, Posture: posture, Sessions: sessions, MaxUploadBytes: int64(maxUpload), Logger: log})
+
+	transport := "stdio"
+	if *httpAddr != "" {
+		transport = "http"
+	}
+	gov := tools.Governance{
+		Policy: pol,
+		Metrics: metrics.New(metrics.Gauges{
+			Sessions: func() int { return len(sessions.List()) },
+			Queued:   eng.Waiting,
+			Running:  eng.Running,
+		}),
+	}
+	if *auditLog != "" {
+		w, err := audit.Open(*auditLog, audit.Options{MaxSize: int64(auditMaxSize)})
+		if err != nil {
+			return err
+		}
+		defer w.Close()
+		// The start record ties the calls that follow to the policy in
+		// force, by its digest.
+		if err := w.Append(&audit.Record{Event: "start", Detail: map[string]string{
+			"version": version, "transport": transport, "backend": posture.Backend, "posture": posture.Posture,
+			"policy": pol.Source, "policy_sha256": pol.SHA256,
+		}}); err != nil {
+			return err
+		}
+		gov.Audit = w
+	}
+	logPolicy(log, pol)
+	srv := tools.NewServer(tools.Options{Engine: eng, Posture: posture, Sessions: sessions, MaxUploadBytes: int64(maxUpload), Governance: gov, Logger: log})
 	if *httpAddr == "" {
 		log.Info("serving MCP on stdio", "backend", posture.Backend, "posture", posture.Posture, "python", posture.Python.Version)
 		// Run returns nil on a clean EOF from the client.
@@ -90,18 +159,34 @@ func serve(args []string, stderr io.Writer) error {
 		return err
 	}
 
-	mux := http.NewServeMux()
-	mux.Handle("/mcp", mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(map[string]string{"status": "ok", "backend": posture.Backend, "posture": posture.Posture})
-	})
 	ln, err := net.Listen("tcp", *httpAddr)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	log.Info("serving MCP over HTTP", "url", "http://"+ln.Addr().String()+"/mcp", "backend", posture.Backend, "posture", posture.Posture)
+	handler, err := httpserver.Handler(httpserver.Config{
+		Server:       srv,
+		Tokens:       tokens,
+		Listen:       ln.Addr(),
+		AllowedHosts: allowedHosts,
+		Metrics:      gov.Metrics.Handler(),
+		Health:       map[string]string{"backend": posture.Backend, "posture": posture.Posture},
+		// Room for the largest upload in base64, plus JSON.
+		MaxRequestBytes: int64(maxUpload)*4/3 + 1<<20,
+		Logger:          log,
+	})
+	if err != nil {
+		ln.Close()
+		return usageError{err}
+	}
+	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	auth := "none (loopback only)"
+	switch {
+	case tokens != nil:
+		auth = "bearer tokens: " + strings.Join(tokens.Names(), ", ")
+	case *insecure:
+		auth = "NONE on a non-loopback address (--insecure-no-auth)"
+	}
+	log.Info("serving MCP over HTTP", "url", "http://"+ln.Addr().String()+"/mcp", "auth", auth, "backend", posture.Backend, "posture", posture.Posture)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
@@ -117,20 +202,41 @@ func serve(args []string, stderr io.Writer) error {
 	return nil
 }
 
-// checkLoopback refuses any address that other machines could reach:
-// there is no authentication yet, and anyone who can reach the port can
-// run code.
-func checkLoopback(addr string) error {
+// logPolicy says at startup what the policy does, so an operator can see
+// that the file they meant is in force.
+func logPolicy(log *slog.Logger, pol *policy.Policy) {
+	var allow, deny, approve []string
+	for _, name := range tools.Names {
+		switch pol.Decide(name).Action {
+		case policy.Allow:
+			allow = append(allow, name)
+		case policy.Deny:
+			deny = append(deny, name)
+		case policy.Approve:
+			approve = append(approve, name)
+		}
+	}
+	log.Info("policy", "source", pol.Source, "allow", strings.Join(allow, ","), "approve", strings.Join(approve, ","), "deny", strings.Join(deny, ","),
+		"package_rules", !pol.Packages.Empty())
+}
+
+// checkExposure refuses an address other machines could reach unless
+// callers must authenticate, or the operator explicitly chose not to:
+// anyone who can reach the port can run code.
+func checkExposure(addr string, authenticated, insecure bool) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("--http %q: want HOST:PORT such as 127.0.0.1:8080", addr)
+	}
+	if authenticated || insecure {
+		return nil
 	}
 	if host == "localhost" {
 		return nil
 	}
 	ip := net.ParseIP(host)
 	if ip == nil || !ip.IsLoopback() {
-		return fmt.Errorf("--http %q: refusing a non-loopback address, because this server has no authentication yet and anyone who can reach it could run code; listen on 127.0.0.1 (or ::1) and put an authenticating proxy in front", addr)
+		return fmt.Errorf("--http %q: refusing a non-loopback address without authentication, because anyone who can reach it could run code; pass --auth-token-file FILE (lines of 'NAME TOKEN'), or --insecure-no-auth if something in front of this server authenticates callers", addr)
 	}
 	return nil
 }

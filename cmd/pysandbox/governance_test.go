@@ -1,0 +1,253 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+type bearer struct{ token string }
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// startServe starts the real binary with args and waits for /healthz.
+func startServe(t *testing.T, addr string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(binary(t), append([]string{"serve", "--http", addr, "--log-level", "error"}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			return
+		}
+		select {
+		case <-exited:
+			t.Fatalf("server exited: %s", stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server did not come up: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestServeGoverned drives the real binary over HTTP with tokens, a
+// policy and an audit log: 401s, identities, a denial, a rate limit, a
+// foreign Host, /metrics, and an audit log that verifies until edited.
+func TestServeGoverned(t *testing.T) {
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens")
+	os.WriteFile(tokens, []byte("alice alice-0123456789abcdef\nbob bob-0123456789abcdef00\n"), 0o600)
+	pol := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(pol, []byte(`version: "1"
+default: deny
+tools:
+  run_python:
+    limits: [{counter: runs, window: hour, max: 2, scope: grant}]
+  validate_script: {action: deny, reason: not needed here}
+packages:
+  deny: ["*miner*"]
+`), 0o600)
+	auditLog := filepath.Join(dir, "audit.log")
+	addr := freePort(t)
+	startServe(t, addr, "--auth-token-file", tokens, "--policy", pol, "--audit-log", auditLog)
+	url := "http://" + addr
+
+	// No token, a wrong token: 401, on /mcp and /metrics.
+	for _, tc := range []struct{ path, token string }{{"/mcp", ""}, {"/mcp", "alice-0123456789abcdeX"}, {"/metrics", ""}} {
+		req, _ := http.NewRequest("POST", url+tc.path, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+		if tc.path == "/metrics" {
+			req.Method = "GET"
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		if tc.token != "" {
+			req.Header.Set("Authorization", "Bearer "+tc.token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("%s with token %q: %s, want 401", tc.path, tc.token, resp.Status)
+		}
+	}
+	// A foreign Host is refused, token or not.
+	req, _ := http.NewRequest("POST", url+"/mcp", strings.NewReader(`{}`))
+	req.Host = "evil.example"
+	req.Header.Set("Authorization", "Bearer alice-0123456789abcdef")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Errorf("foreign Host: %v %v", resp.Status, err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	connect := func(token string) *mcp.ClientSession {
+		client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+		cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: bearer{token}}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cs.Close() })
+		return cs
+	}
+	alice, bob := connect("alice-0123456789abcdef"), connect("bob-0123456789abcdef00")
+	callTool := func(cs *mcp.ClientSession, name string, args map[string]any) *mcp.CallToolResult {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return res
+	}
+	textOf := func(res *mcp.CallToolResult) string {
+		var b strings.Builder
+		for _, c := range res.Content {
+			if tc, ok := c.(*mcp.TextContent); ok {
+				b.WriteString(tc.Text)
+			}
+		}
+		return b.String()
+	}
+	list, err := alice.ListTools(ctx, nil)
+	if err != nil || len(list.Tools) != 1 || list.Tools[0].Name != "run_python" {
+		t.Fatalf("tools/list under default deny: %v %+v", err, list)
+	}
+	for i := range 2 {
+		if res := callTool(alice, "run_python", map[string]any{"code": "print('hi from alice')"}); res.IsError {
+			t.Fatalf("alice run %d: %s", i, textOf(res))
+		}
+	}
+	if res := callTool(alice, "run_python", map[string]any{"code": "1"}); !res.IsError || !strings.Contains(textOf(res), "rate limit") {
+		t.Errorf("alice's third run: %s", textOf(res))
+	}
+	// The limit is per grant: bob has his own.
+	if res := callTool(bob, "run_python", map[string]any{"code": "1"}); res.IsError {
+		t.Errorf("bob's first run: %s", textOf(res))
+	}
+	if res := callTool(bob, "validate_script", map[string]any{"code": "1"}); !res.IsError || !strings.Contains(textOf(res), "not needed here") {
+		t.Errorf("denied tool: %s", textOf(res))
+	}
+	if res := callTool(bob, "run_python", map[string]any{"code": "1", "dependencies": []any{"coin-miner"}}); !res.IsError || !strings.Contains(textOf(res), `packages.deny "*miner*"`) {
+		t.Errorf("denied package: %s", textOf(res))
+	}
+
+	// /metrics, with a token.
+	req, _ = http.NewRequest("GET", url+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer bob-0123456789abcdef00")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("/metrics: %v %v", resp.Status, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`pysandbox_runs_total{status="success"} 3`, `pysandbox_rate_limited_total{counter="runs",tool="run_python"} 1`,
+		`pysandbox_denials_total{rule="tool",tool="validate_script"} 1`, `pysandbox_denials_total{rule="package",tool="run_python"} 1`,
+		"pysandbox_sessions_active 0", "pysandbox_queue_depth 0", `pysandbox_tool_call_duration_seconds_bucket{tool="run_python"`} {
+		if !bytes.Contains(body, []byte(want)) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+
+	// The audit log: a start record, then one record per call, with
+	// identities; it verifies.
+	out, stderr, code := runBin(t, "", "audit", "verify", auditLog)
+	if code != 0 || !strings.Contains(out, "ok: 7 records") {
+		t.Fatalf("audit verify: %d %s %s", code, out, stderr)
+	}
+	data, _ := os.ReadFile(auditLog)
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	var recs []map[string]any
+	for _, l := range lines {
+		var r map[string]any
+		json.Unmarshal([]byte(l), &r)
+		recs = append(recs, r)
+	}
+	if recs[0]["event"] != "start" || !strings.Contains(lines[0], `"policy_sha256"`) {
+		t.Errorf("first record %s", lines[0])
+	}
+	for i, want := range []struct{ identity, decision string }{{"alice", "allow"}, {"alice", "allow"}, {"alice", "rate_limited"}, {"bob", "allow"}, {"bob", "deny"}, {"bob", "deny"}} {
+		r := recs[i+1]
+		if r["identity"] != want.identity || r["decision"] != want.decision {
+			t.Errorf("record %d: %s", i+2, lines[i+1])
+		}
+	}
+	if !strings.Contains(lines[1], `print('hi from alice')`) || recs[1]["code_sha256"] == nil || recs[1]["status"] != "success" {
+		t.Errorf("run record: %s", lines[1])
+	}
+	out, _, code = runBin(t, "", "audit", "tail", "-n", "3", auditLog)
+	if code != 0 || strings.Count(out, "\n") != 3 || !strings.Contains(out, "bob") {
+		t.Errorf("audit tail: %d %q", code, out)
+	}
+
+	// Tampering: an edited line, then a deleted line.
+	edited := filepath.Join(dir, "edited.log")
+	os.WriteFile(edited, []byte(strings.Replace(string(data), "hi from alice", "hi from mallory", 1)), 0o600)
+	_, stderr, code = runBin(t, "", "audit", "verify", edited)
+	if code != 1 || !strings.Contains(stderr, "edited.log:2") {
+		t.Errorf("edited line: exit %d, %s", code, stderr)
+	}
+	deleted := filepath.Join(dir, "deleted.log")
+	os.WriteFile(deleted, []byte(strings.Join(append(append([]string{}, lines[:3]...), lines[4:]...), "\n")+"\n"), 0o600)
+	_, stderr, code = runBin(t, "", "audit", "verify", deleted)
+	if code != 1 || !strings.Contains(stderr, "deleted.log:4") {
+		t.Errorf("deleted line: exit %d, %s", code, stderr)
+	}
+}
+
+// TestServeRefusals: what must stop the server at startup.
+func TestServeRefusals(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.json")
+	os.WriteFile(bad, []byte(`{"version": "1", "tools": {"run_python": {"limits": [{"counter": "c", "window": "fortnight", "max": 1}]}}}`), 0o600)
+	tokens := filepath.Join(dir, "tokens")
+	os.WriteFile(tokens, []byte("alice alice-0123456789abcdef\n"), 0o600)
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"serve", "--policy", bad}, 1, `tools.run_python.limits[0].window: "fortnight" is not a window`},
+		{[]string{"serve", "--policy", filepath.Join(dir, "missing.json")}, 1, "no such file"},
+		{[]string{"serve", "--http", "0.0.0.0:0"}, 2, "--auth-token-file"},
+		{[]string{"serve", "--auth-token-file", tokens}, 2, "apply to --http only"},
+		{[]string{"serve", "--http", "127.0.0.1:0", "--auth-token-file", filepath.Join(dir, "nope")}, 1, "auth token file"},
+	} {
+		_, stderr, code := runBin(t, "", tc.args...)
+		if code != tc.code || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%v: exit %d, %s; want %d and %q", tc.args, code, stderr, tc.code, tc.want)
+		}
+	}
+}

@@ -1,0 +1,102 @@
+// Package httpserver is pysandbox's HTTP deployment: MCP over streamable
+// HTTP at /mcp behind bearer-token authentication and a Host/Origin check,
+// /healthz, and Prometheus /metrics.
+package httpserver
+
+import (
+	"encoding/json"
+	"log/slog"
+	"net"
+	"net/http"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Config configures the handler.
+type Config struct {
+	Server *mcp.Server
+	// Tokens, when set, are required on /mcp and /metrics; nil serves
+	// them without authentication.
+	Tokens *Tokens
+	// Listen is the address the server listens on; with AllowedHosts it
+	// decides which Host and Origin headers are accepted.
+	Listen       net.Addr
+	AllowedHosts []string
+	// Metrics serves /metrics; nil leaves it out.
+	Metrics http.Handler
+	// Health is what /healthz reports besides "status": "ok".
+	Health map[string]string
+	// MaxRequestBytes caps one request body (default 32 MiB: an upload of
+	// 16 MiB is about 22 MiB in base64, plus JSON).
+	MaxRequestBytes int64
+	Logger          *slog.Logger
+}
+
+// Handler returns the server's HTTP handler.
+func Handler(cfg Config) (http.Handler, error) {
+	guard, err := newHostGuard(cfg.Listen, cfg.AllowedHosts)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MaxRequestBytes <= 0 {
+		cfg.MaxRequestBytes = 32 << 20
+	}
+	var mcpHandler http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return cfg.Server },
+		&mcp.StreamableHTTPOptions{MaxRequestBodyBytes: cfg.MaxRequestBytes, Logger: cfg.Logger,
+			// The SDK refuses any non-loopback Host on a loopback
+			// connection; names the operator allowed (a reverse proxy on
+			// this machine) are checked by our guard instead.
+			DisableLocalhostProtection: len(cfg.AllowedHosts) > 0})
+	metrics := cfg.Metrics
+	if cfg.Tokens != nil {
+		// Tokens carry no expiry: they are valid until removed from the
+		// file (and the server restarted).
+		requireToken := auth.RequireBearerToken(cfg.Tokens.Verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})
+		mcpHandler = challenge(requireToken(mcpHandler))
+		if metrics != nil {
+			metrics = challenge(requireToken(metrics))
+		}
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", mcpHandler)
+	if metrics != nil {
+		mux.Handle("GET /metrics", metrics)
+	}
+	health := map[string]string{"status": "ok"}
+	for k, v := range cfg.Health {
+		health[k] = v
+	}
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(health)
+	})
+	return guard.wrap(mux), nil
+}
+
+// challenge adds the WWW-Authenticate header RFC 6750 asks for to a 401,
+// so clients know a bearer token is what is missing.
+func challenge(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(&challengeWriter{ResponseWriter: w}, r)
+	})
+}
+
+type challengeWriter struct{ http.ResponseWriter }
+
+func (c *challengeWriter) WriteHeader(code int) {
+	if code == http.StatusUnauthorized && c.Header().Get("WWW-Authenticate") == "" {
+		c.Header().Set("WWW-Authenticate", `Bearer realm="pysandbox"`)
+	}
+	c.ResponseWriter.WriteHeader(code)
+}
+
+// Flush keeps server-sent event streams working through the wrapper.
+func (c *challengeWriter) Flush() {
+	if f, ok := c.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the real writer.
+func (c *challengeWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
