@@ -70,6 +70,19 @@ type Posture struct {
 	// Problems lists every layer that is missing and why, with advice.
 	Problems   []string  `json:"problems"`
 	MeasuredAt time.Time `json:"measured_at"`
+	// Governance is filled in by the MCP layer: the rules calls are under.
+	Governance *Governance `json:"governance,omitempty"`
+}
+
+// Governance is what the server's policy means for the agent, so it can
+// plan within it.
+type Governance struct {
+	Policy string `json:"policy"` // where the policy came from
+	// Tools maps each tool to allow, deny or approve (the user is asked
+	// first), followed by its rate limits.
+	Tools           map[string]string `json:"tools"`
+	PackagesAllowed []string          `json:"packages_allowed,omitempty"` // empty: any package not denied
+	PackagesDenied  []string          `json:"packages_denied,omitempty"`
 }
 
 // pooled is implemented by a warm-pool backend.

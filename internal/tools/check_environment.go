@@ -13,7 +13,7 @@ import (
 // CheckEnvironmentInput is empty: the tool takes no arguments.
 type CheckEnvironmentInput struct{}
 
-const checkEnvironmentDescription = `Describe the sandbox that run_python uses: the backend, whether code is really sandboxed, each isolation layer (namespaces, seccomp, no_new_privs, capabilities, cgroup memory and pids limits, rlimits) and whether it is in force, the network, the effective limits (memory, processes, timeout, output size, scratch space), and the Python interpreters found. Every value was measured from inside a real sandbox when the server started. Call it before a heavy job to learn the limits, or when a run fails unexpectedly.`
+const checkEnvironmentDescription = `Describe the sandbox that run_python uses: the backend, whether code is really sandboxed, each isolation layer (namespaces, seccomp, no_new_privs, capabilities, cgroup memory and pids limits, rlimits) and whether it is in force, the network, the effective limits (memory, processes, timeout, output size, scratch space), the Python interpreters found, and the server's policy (which tools are allowed, need the user's approval or are denied, rate limits, which packages may be installed). Every value was measured from inside a real sandbox when the server started. Call it before a heavy job to learn the limits, or when a run fails unexpectedly.`
 
 func (s *server) addCheckEnvironment(srv *mcp.Server) {
 	addTool(s, srv, &mcp.Tool{
@@ -25,11 +25,41 @@ func (s *server) addCheckEnvironment(srv *mcp.Server) {
 }
 
 func (s *server) checkEnvironment(ctx context.Context, req *mcp.CallToolRequest, _ CheckEnvironmentInput) (*mcp.CallToolResult, *engine.Posture, error) {
-	p := s.posture(ctx)
+	p := *s.posture(ctx) // a copy: the shared posture stays as measured
+	p.Governance = s.gov.summary()
 	return &mcp.CallToolResult{
 		IsError: !p.Usable(),
-		Content: []mcp.Content{&mcp.TextContent{Text: PostureText(p)}},
-	}, p, nil
+		Content: []mcp.Content{&mcp.TextContent{Text: PostureText(&p) + governanceText(p.Governance)}},
+	}, &p, nil
+}
+
+func (g *governor) summary() *engine.Governance {
+	sum := &engine.Governance{Policy: g.pol.Source, Tools: map[string]string{},
+		PackagesAllowed: g.pol.Packages.Allow, PackagesDenied: g.pol.Packages.Deny}
+	for _, name := range Names {
+		d := g.pol.Decide(name)
+		v := string(d.Action)
+		for _, l := range d.Limits {
+			v += "; " + l.String()
+		}
+		sum.Tools[name] = v
+	}
+	return sum
+}
+
+func governanceText(sum *engine.Governance) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "policy: %s\n", sum.Policy)
+	for _, name := range Names {
+		fmt.Fprintf(&b, "  %-18s %s\n", name, sum.Tools[name])
+	}
+	if len(sum.PackagesAllowed) > 0 {
+		fmt.Fprintf(&b, "packages allowed: %s\n", strings.Join(sum.PackagesAllowed, ", "))
+	}
+	if len(sum.PackagesDenied) > 0 {
+		fmt.Fprintf(&b, "packages denied: %s\n", strings.Join(sum.PackagesDenied, ", "))
+	}
+	return b.String()
 }
 
 // PostureText renders a posture for people (and for clients that ignore

@@ -334,7 +334,7 @@ func (g *governor) check(ctx context.Context, req *mcp.CallToolRequest, tool str
 // packageRefusal reports a package the policy refuses.
 func packageRefusal(ctx context.Context, err error) *mcp.CallToolResult {
 	noteDecision(ctx, "deny", err.Error(), "package")
-	return errorResult(fmt.Sprintf("Refused by the server's package policy: %v. Nothing was installed or run; use only packages the policy allows (check_environment does not list them; ask the user).", err))
+	return errorResult(fmt.Sprintf("Refused by the server's package policy: %v. Nothing was installed or run; use only packages the policy allows (check_environment lists the rules).", err))
 }
 
 // deniedError turns an engine refusal of a package (one pulled in as a

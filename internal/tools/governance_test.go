@@ -184,6 +184,13 @@ func TestPolicyRateLimit(t *testing.T) {
 	if res, _ := call(t, cs, "validate_script", map[string]any{"code": "1"}); res.IsError {
 		t.Error(text(res))
 	}
+	// check_environment tells the agent the rules.
+	res, out := call(t, cs, "check_environment", nil)
+	gov, _ := out["governance"].(map[string]any)
+	toolsMap, _ := gov["tools"].(map[string]any)
+	if want := `allow; "runs": 2 per hour per identity`; toolsMap["run_python"] != want || !strings.Contains(text(res), want) {
+		t.Errorf("check_environment governance %v", gov)
+	}
 	recs := g.records(t)
 	if r := recs[2]; r.Decision != "rate_limited" || len(r.LimitsHit) != 1 || r.LimitsHit[0] != "rate:runs/hour" || r.Status != "" {
 		t.Errorf("rate-limited record %+v", r)
