@@ -117,7 +117,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 // options are the flags every command shares.
 type options struct {
 	// checkPackage is the package policy (serve --policy); nil allows all.
-	checkPackage func(name string, requested bool) error
+	checkPackage  func(name string, requested bool) error
 	sandbox       string
 	python        string
 	timeout       duration
