@@ -136,7 +136,14 @@ func serve(args []string, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		defer w.Close()
+		defer func() {
+			// The head hash, logged somewhere other than the file, is what
+			// shows later that no records were cut from the end or the
+			// whole chain rewritten.
+			seq, head := w.Head()
+			log.Info("audit log closed", "file", *auditLog, "records", seq, "head_sha256", head)
+			w.Close()
+		}()
 		// The start record ties the calls that follow to the policy in
 		// force, by its digest.
 		if err := w.Append(&audit.Record{Event: "start", Detail: map[string]string{
