@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -72,6 +73,22 @@ func bench(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
+	// The same through governance: a policy with a rate limit and an
+	// audit log that is fsynced before every result.
+	govDir, err := os.MkdirTemp("", "pysandbox-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(govDir)
+	polFile := filepath.Join(govDir, "policy.json")
+	if err := os.WriteFile(polFile, []byte(`{"version": "1", "default": "deny", "tools": {"run_python": {"limits": [{"counter": "runs", "window": "second", "max": 1000000}]}}}`), 0o600); err != nil {
+		return err
+	}
+	mcpGoverned, err := benchMCP(ctx, *n, append(mcpArgs, "--policy", polFile, "--audit-log", filepath.Join(govDir, "audit.log")))
+	if err != nil {
+		return err
+	}
+
 	fmt.Fprintf(stdout, "%-52s %9s %9s %10s\n", "", "p50", "p99", "ratio p50")
 	row := func(name string, d, ref []time.Duration, refName string) {
 		fmt.Fprintf(stdout, "%-52s %9s %9s %9.2fx %s\n", name, ms(pct(d, 50)), ms(pct(d, 99)), float64(pct(d, 50))/float64(pct(ref, 50)), refName)
@@ -79,6 +96,7 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	row(*baselinePy+" -c pass (spawned directly)", base, base, "")
 	row("engine: print('hi'), fresh sandbox per run", eng1, base, "of python3 -c pass")
 	row("MCP stdio tools/call run_python print('hi')", mcpStdio, base, "of python3 -c pass")
+	row("  the same with --policy and --audit-log", mcpGoverned, mcpStdio, "of ungoverned MCP")
 
 	if hasPandas {
 		coldPandas, err := measure(max(*n/5, 3), func() error { return exec.Command(*baselinePy, "-c", "import pandas").Run() })

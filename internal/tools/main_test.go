@@ -39,7 +39,7 @@ func connectWith(t *testing.T, mod func(*engine.Config), opt func(*Options), cli
 
 // connectFull is connectWith with the client session's options too (to
 // speak an older protocol version).
-func connectFull(t *testing.T, mod func(*engine.Config), opt func(*Options), copts *mcp.ClientOptions, sopts *mcp.ClientSessionOptions) *mcp.ClientSession {
+func connectFull(t testing.TB, mod func(*engine.Config), opt func(*Options), copts *mcp.ClientOptions, sopts *mcp.ClientSessionOptions) *mcp.ClientSession {
 	t.Helper()
 	ctx := context.Background()
 	py, err := interp.Find(ctx, "")
