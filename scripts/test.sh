@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the test suite needs on Debian/Ubuntu, then runs it.
+# Installs what the test suite needs on Debian/Ubuntu, then runs it: go vet,
+# go test, and the official MCP conformance suite (scripts/conformance.sh).
 # Usage: scripts/test.sh [go test flags...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,4 +30,8 @@ if ! command -v go >/dev/null; then
 fi
 go mod download
 go vet ./...
-exec go test -count=1 -timeout 20m "$@" ./...
+go test -count=1 -timeout 20m "$@" ./...
+
+# The official MCP conformance suite against `serve --http` (it installs
+# npm and a pinned Node 22 + suite into ~/.cache on first use).
+exec scripts/conformance.sh

@@ -183,7 +183,7 @@ type Result struct {
 	Stderr   string `json:"stderr"`
 	// ReturnValue is the last expression's value (null when none): decoded
 	// JSON, or its repr() string when it was not JSON-able.
-	ReturnValue     any   `json:"return_value"`
+	ReturnValue     any   `json:"return_value" jsonschema:"the value of the last expression as JSON, its repr() when not JSON-serialisable, or null"`
 	StdoutTruncated bool  `json:"stdout_truncated"`
 	StderrTruncated bool  `json:"stderr_truncated"`
 	DurationMS      int64 `json:"duration_ms"`
