@@ -57,6 +57,7 @@ type Session struct {
 	ID      string
 	Created time.Time
 	TTL     time.Duration
+	Owner   string
 
 	sb   sandbox.Sandbox
 	conn *worker.Conn
@@ -87,6 +88,7 @@ type SessionInfo struct {
 	ExpiresAt   time.Time `json:"expires_at"`
 	MemoryBytes int64     `json:"memory_bytes"`
 	Runs        int       `json:"runs"`
+	Owner       string    `json:"-"`
 }
 
 // Errors that tell the agent what to do next.
@@ -140,6 +142,9 @@ type CreateOptions struct {
 	Dependencies  []string
 	PythonVersion string
 	Progress      func(string)
+	// Owner is who created the session (the MCP layer's caller identity);
+	// the MCP layer lets only the owner use it.
+	Owner string
 }
 
 // Create starts a session. ttl 0 means the default.
@@ -165,7 +170,7 @@ func (s *Sessions) Create(ctx context.Context, ttl time.Duration, opts ...Create
 	if err != nil {
 		return nil, err
 	}
-	sess := &Session{ID: newID(), Created: time.Now(), TTL: ttl, out: newRouter(), errs: newRouter(), renv: renv}
+	sess := &Session{ID: newID(), Created: time.Now(), TTL: ttl, Owner: o.Owner, out: newRouter(), errs: newRouter(), renv: renv}
 	sess.lastUsed = sess.Created
 	if renv.env != nil {
 		sess.reqs = renv.env.Requirements
@@ -284,6 +289,15 @@ func (s *Sessions) get(id string) (*Session, error) {
 	return nil, fmt.Errorf("%w %q (it never existed, or ended long ago)", ErrNoSession, id)
 }
 
+// Owner returns who created a live session.
+func (s *Sessions) Owner(id string) (string, error) {
+	sess, err := s.get(id)
+	if err != nil {
+		return "", err
+	}
+	return sess.Owner, nil
+}
+
 // Close ends a session and deletes its workspace.
 func (s *Sessions) Close(id string) error {
 	sess, err := s.get(id)
@@ -313,7 +327,7 @@ func (s *Sessions) List() []SessionInfo {
 func (sess *Session) info() SessionInfo {
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
-	i := SessionInfo{ID: sess.ID, Created: sess.Created.UTC(), LastUsed: sess.lastUsed.UTC(), ExpiresAt: sess.lastUsed.Add(sess.TTL).UTC(), Runs: sess.runs}
+	i := SessionInfo{ID: sess.ID, Created: sess.Created.UTC(), LastUsed: sess.lastUsed.UTC(), ExpiresAt: sess.lastUsed.Add(sess.TTL).UTC(), Runs: sess.runs, Owner: sess.Owner}
 	if m, ok := sess.sb.(interface{ MemoryCurrent() int64 }); ok {
 		i.MemoryBytes = m.MemoryCurrent()
 	}

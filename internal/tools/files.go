@@ -117,6 +117,9 @@ func (s *server) addFileTools(srv *mcp.Server) {
 const maxListEntries = 1000
 
 func (s *server) uploadFile(ctx context.Context, req *mcp.CallToolRequest, in UploadFileInput) (*mcp.CallToolResult, *FileOutput, error) {
+	if err := s.ownSession(req, in.SessionID); err != nil {
+		return sessionError(ctx, err), nil, nil
+	}
 	p, err := workspace.CleanPath(in.Path)
 	if err != nil {
 		return errorResult(err.Error()), nil, nil
@@ -147,6 +150,9 @@ func (s *server) uploadFile(ctx context.Context, req *mcp.CallToolRequest, in Up
 }
 
 func (s *server) listFiles(ctx context.Context, req *mcp.CallToolRequest, in ListFilesInput) (*mcp.CallToolResult, *ListFilesOutput, error) {
+	if err := s.ownSession(req, in.SessionID); err != nil {
+		return sessionError(ctx, err), nil, nil
+	}
 	dir := in.Path
 	if dir != "" && dir != "." {
 		var err error
@@ -179,6 +185,9 @@ func (s *server) listFiles(ctx context.Context, req *mcp.CallToolRequest, in Lis
 }
 
 func (s *server) downloadFile(ctx context.Context, req *mcp.CallToolRequest, in DownloadFileInput) (*mcp.CallToolResult, *FileOutput, error) {
+	if err := s.ownSession(req, in.SessionID); err != nil {
+		return sessionError(ctx, err), nil, nil
+	}
 	p, err := workspace.CleanPath(in.Path)
 	if err != nil {
 		return errorResult(err.Error()), nil, nil
@@ -215,7 +224,7 @@ func (s *server) readFileResource(ctx context.Context, req *mcp.ReadResourceRequ
 		return nil, mcp.ResourceNotFoundError(uri)
 	}
 	p, err := workspace.CleanPath(raw)
-	if err != nil {
+	if err != nil || s.ownSession(req, id) != nil {
 		return nil, mcp.ResourceNotFoundError(uri)
 	}
 	var data []byte

@@ -100,6 +100,9 @@ func noteDecision(ctx context.Context, decision, reason, rule string) {
 // whole exchange as one call.
 func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if rr, ok := req.(*mcp.ReadResourceRequest); ok && method == "resources/read" && rr.Params != nil && strings.HasPrefix(rr.Params.URI, sessionURIPrefix) {
+			return g.readResource(ctx, method, rr, next)
+		}
 		ctr, ok := req.(*mcp.CallToolRequest)
 		if method != "tools/call" || !ok || ctr.Params == nil || !slices.Contains(Names, ctr.Params.Name) {
 			return next(ctx, method, req)
@@ -162,6 +165,59 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		}
 		return g.finish(rec, result, err, start, ran)
 	}
+}
+
+// sessionURIPrefix starts the URIs of session files.
+const sessionURIPrefix = "pysandbox://sessions/"
+
+// readResource governs resources/read of session files with
+// download_file's rule, since it reads the same files: a policy that
+// denies or rate-limits download_file cannot be side-stepped this way.
+// Resources have no tool-error result, so refusals are protocol errors.
+func (g *governor) readResource(ctx context.Context, method string, req *mcp.ReadResourceRequest, next mcp.MethodHandler) (mcp.Result, error) {
+	const tool = "download_file"
+	start := time.Now()
+	args, _ := json.Marshal(map[string]string{"uri": req.Params.URI})
+	rec := &audit.Record{Event: "call", Identity: identity(req), Tool: tool, Arguments: args}
+	refuse := func(decision, rule, msg string) (mcp.Result, error) {
+		rec.Decision, rec.Reason, rec.Error = decision, msg, msg
+		if rule != "" {
+			g.metrics.Denied(tool, rule)
+		}
+		if _, err := g.finish(rec, nil, nil, start, false); err != nil {
+			return nil, err
+		}
+		return nil, errors.New(msg)
+	}
+	if err := g.brokenErr(); err != nil {
+		return nil, errors.New("this server cannot record calls in its audit log, so it refuses them")
+	}
+	d := g.pol.Decide(tool)
+	switch d.Action {
+	case policy.Deny:
+		return refuse("deny", "tool", "the server's policy does not allow reading session files (download_file is denied)")
+	case policy.Approve:
+		return refuse("deny", "approval", "reading session files needs the user's approval under this server's policy; use the download_file tool, which asks")
+	}
+	reservation, exceeded := g.limiter.Take(d.Limits, rec.Identity)
+	if exceeded != nil {
+		rec.LimitsHit = []string{"rate:" + exceeded.Limit.Counter + "/" + exceeded.Limit.Window}
+		g.metrics.RateLimited(tool, exceeded.Limit.Counter)
+		return refuse("rate_limited", "", "refused: the server's "+exceeded.Error())
+	}
+	res, err := next(ctx, method, req)
+	rec.Decision, rec.Status = "allow", "ok"
+	if err != nil {
+		reservation.Cancel()
+		rec.Status, rec.Error = "error", err.Error()
+	}
+	if _, ferr := g.finish(rec, nil, nil, start, err == nil); ferr != nil {
+		return nil, ferr
+	}
+	if g.audit != nil && g.brokenErr() != nil {
+		return nil, errors.New("the read could not be recorded in the server's audit log, so its result is withheld")
+	}
+	return res, err
 }
 
 // finish fills in the outcome, writes the audit record and counts the

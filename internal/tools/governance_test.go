@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -429,5 +430,110 @@ func TestAuditArgs(t *testing.T) {
 	args, _ = auditArgs("run_python", json.RawMessage(`not json`))
 	if !json.Valid(args) || !strings.Contains(string(args), "omitted_bytes") {
 		t.Errorf("invalid args recorded as %s", args)
+	}
+}
+
+// TestSessionsArePrivate: a caller cannot see, run in, read or close a
+// session another caller created. Without authentication each HTTP
+// connection is its own caller.
+func TestSessionsArePrivate(t *testing.T) {
+	srv := newServer(t, nil, nil)
+	hs := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	t.Cleanup(hs.Close)
+	connectHTTP := func() *mcp.ClientSession {
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "c", Version: "1"}, nil).Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: hs.URL}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cs.Close() })
+		return cs
+	}
+	alice, bob := connectHTTP(), connectHTTP()
+	res, out := call(t, alice, "create_session", nil)
+	if res.IsError {
+		t.Fatal(text(res))
+	}
+	id := out["session_id"].(string)
+	if res, _ := call(t, alice, "upload_file", map[string]any{"session_id": id, "path": "secret.txt", "content": "alice's secret"}); res.IsError {
+		t.Fatal(text(res))
+	}
+	_, out = call(t, bob, "list_sessions", nil)
+	if n := len(out["sessions"].([]any)); n != 0 {
+		t.Errorf("bob sees %d of alice's sessions", n)
+	}
+	for _, tc := range []struct {
+		tool string
+		args map[string]any
+	}{
+		{"run_python", map[string]any{"session_id": id, "code": "open('secret.txt').read()"}},
+		{"download_file", map[string]any{"session_id": id, "path": "secret.txt"}},
+		{"list_files", map[string]any{"session_id": id}},
+		{"upload_file", map[string]any{"session_id": id, "path": "x", "content": "x"}},
+		{"install_package", map[string]any{"session_id": id, "packages": []any{"x"}}},
+		{"close_session", map[string]any{"session_id": id}},
+	} {
+		res, _ := call(t, bob, tc.tool, tc.args)
+		if !res.IsError || !strings.Contains(text(res), "Unknown session") || strings.Contains(text(res), "alice's secret") {
+			t.Errorf("bob's %s on alice's session: %v %s", tc.tool, res.IsError, text(res))
+		}
+	}
+	if _, err := bob.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: fileURI(id, "secret.txt")}); err == nil {
+		t.Error("bob read alice's file as a resource")
+	}
+	// Alice still has it all.
+	res, out = call(t, alice, "run_python", map[string]any{"session_id": id, "code": "open('secret.txt').read()"})
+	if res.IsError || out["return_value"] != "alice's secret" {
+		t.Errorf("alice's own session: %s", text(res))
+	}
+	if _, err := alice.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: fileURI(id, "secret.txt")}); err != nil {
+		t.Errorf("alice reading her file: %v", err)
+	}
+}
+
+// TestResourceReadsFollowDownloadFile: session files read as resources
+// are under download_file's rule, so a policy cannot be side-stepped.
+func TestResourceReadsFollowDownloadFile(t *testing.T) {
+	for _, tc := range []struct {
+		name, policy, want string
+		hidden             bool
+	}{
+		{"deny", `{"version": "1", "default": "allow", "tools": {"download_file": {"action": "deny"}}}`, "does not allow reading session files", true},
+		{"approve", `{"version": "1", "default": "allow", "tools": {"download_file": {"action": "approve"}}}`, "needs the user's approval", true},
+		{"rate limit", `{"version": "1", "default": "allow", "tools": {"download_file": {"limits": [{"counter": "dl", "window": "hour", "max": 1}]}}}`, `rate limit "dl"`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newGovServer(t, tc.policy, nil)
+			cs := g.connect(nil, nil)
+			ctx := context.Background()
+			_, out := call(t, cs, "create_session", nil)
+			id := out["session_id"].(string)
+			call(t, cs, "upload_file", map[string]any{"session_id": id, "path": "f.txt", "content": "data"})
+			tmpl, err := cs.ListResourceTemplates(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			offered := false
+			for _, rt := range tmpl.ResourceTemplates {
+				offered = offered || rt.URITemplate == FileTemplate
+			}
+			if offered == tc.hidden {
+				t.Errorf("session file template offered: %v", offered)
+			}
+			uri := fileURI(id, "f.txt")
+			if tc.name == "rate limit" {
+				if _, err := cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: uri}); err != nil {
+					t.Fatalf("first read: %v", err)
+				}
+			}
+			_, err = cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: uri})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("read: %v, want %q", err, tc.want)
+			}
+			recs := g.records(t)
+			last := recs[len(recs)-1]
+			if last.Tool != "download_file" || last.Decision == "allow" || !strings.Contains(string(last.Arguments), "pysandbox://sessions/") {
+				t.Errorf("record %+v", last)
+			}
+		})
 	}
 }

@@ -42,7 +42,27 @@ func connectWith(t *testing.T, mod func(*engine.Config), opt func(*Options), cli
 func connectFull(t testing.TB, mod func(*engine.Config), opt func(*Options), copts *mcp.ClientOptions, sopts *mcp.ClientSessionOptions) *mcp.ClientSession {
 	t.Helper()
 	ctx := context.Background()
-	py, err := interp.Find(ctx, "")
+	srv := newServer(t, mod, opt)
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := srv.Connect(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ss.Close() })
+	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, copts)
+	cs, err := client.Connect(ctx, ct, sopts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+// newServer is an MCP server over the real native sandbox, with small
+// limits; mod and opt adjust the engine's and the tools' options.
+func newServer(t testing.TB, mod func(*engine.Config), opt func(*Options)) *mcp.Server {
+	t.Helper()
+	py, err := interp.Find(context.Background(), "")
 	if err != nil {
 		t.Fatalf("no python3: %v", err)
 	}
@@ -67,20 +87,7 @@ func connectFull(t testing.TB, mod func(*engine.Config), opt func(*Options), cop
 	if opt != nil {
 		opt(&opts)
 	}
-	srv := NewServer(opts)
-	st, ct := mcp.NewInMemoryTransports()
-	ss, err := srv.Connect(ctx, st, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ss.Close() })
-	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, copts)
-	cs, err := client.Connect(ctx, ct, sopts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cs.Close() })
-	return cs
+	return NewServer(opts)
 }
 
 // call calls a tool and decodes its structured content into a map.

@@ -51,6 +51,9 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 	var res *engine.Result
 	var err error
 	if in.SessionID != "" {
+		if err := s.ownSession(req, in.SessionID); err != nil {
+			return sessionError(ctx, err), nil, nil
+		}
 		res, err = s.sessions.Run(ctx, in.SessionID, run)
 		if err != nil && !errors.Is(err, engine.ErrBusy) {
 			return sessionError(ctx, err), nil, nil

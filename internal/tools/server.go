@@ -13,6 +13,7 @@ import (
 
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/interp"
+	"github.com/pysandbox/pysandbox/internal/policy"
 )
 
 // Version is reported to MCP clients.
@@ -112,6 +113,10 @@ func NewServer(opts Options) *mcp.Server {
 		if s.gov.pol.Hidden(name) {
 			srv.RemoveTools(name)
 		}
+	}
+	// Session files are resources too; they follow download_file's rule.
+	if s.gov.pol.Decide("download_file").Action != policy.Allow {
+		srv.RemoveResourceTemplates(FileTemplate)
 	}
 	srv.AddReceivingMiddleware(s.gov.middleware)
 	return srv

@@ -81,7 +81,7 @@ func (s *server) createSession(ctx context.Context, req *mcp.CallToolRequest, in
 		return errorResult(fmt.Sprintf("ttl_seconds %.0f is above this server's maximum of %.0f seconds; pass a smaller value.", in.TTLSeconds, maxTTL.Seconds())), nil, nil
 	}
 	info, err := s.sessions.Create(ctx, time.Duration(in.TTLSeconds*float64(time.Second)), engine.CreateOptions{
-		Dependencies: in.Dependencies, PythonVersion: in.PythonVersion, Progress: progressFunc(ctx, req),
+		Dependencies: in.Dependencies, PythonVersion: in.PythonVersion, Progress: progressFunc(ctx, req), Owner: identity(req),
 	})
 	if err != nil {
 		return sessionError(ctx, err), nil, nil
@@ -92,7 +92,14 @@ func (s *server) createSession(ctx context.Context, req *mcp.CallToolRequest, in
 }
 
 func (s *server) listSessions(ctx context.Context, req *mcp.CallToolRequest, _ ListSessionsInput) (*mcp.CallToolResult, *ListSessionsOutput, error) {
-	list := s.sessions.List()
+	// Each caller sees only the sessions it created.
+	list := []engine.SessionInfo{}
+	me := identity(req)
+	for _, i := range s.sessions.List() {
+		if i.Owner == me {
+			list = append(list, i)
+		}
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d open session(s)\n", len(list))
 	for _, i := range list {
@@ -103,6 +110,9 @@ func (s *server) listSessions(ctx context.Context, req *mcp.CallToolRequest, _ L
 }
 
 func (s *server) closeSession(ctx context.Context, req *mcp.CallToolRequest, in SessionIDInput) (*mcp.CallToolResult, *CloseSessionOutput, error) {
+	if err := s.ownSession(req, in.SessionID); err != nil {
+		return sessionError(ctx, err), nil, nil
+	}
 	if err := s.sessions.Close(in.SessionID); err != nil {
 		return sessionError(ctx, err), nil, nil
 	}
@@ -139,6 +149,9 @@ func (s *server) installPackage(ctx context.Context, req *mcp.CallToolRequest, i
 	if len(in.Packages) == 0 || len(in.Packages) > pep.MaxDependencies {
 		return errorResult(fmt.Sprintf("packages must list 1 to %d requirements.", pep.MaxDependencies)), nil, nil
 	}
+	if err := s.ownSession(req, in.SessionID); err != nil {
+		return sessionError(ctx, err), nil, nil
+	}
 	env, err := s.sessions.Install(ctx, in.SessionID, in.Packages, progressFunc(ctx, req))
 	var ie *deps.InstallError
 	var reqErr *engine.RequestError
@@ -153,6 +166,20 @@ func (s *server) installPackage(ctx context.Context, req *mcp.CallToolRequest, i
 	}
 	out := &InstallPackageOutput{SessionID: in.SessionID, Status: "installed", Requirements: env.Requirements}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "installed: " + strings.Join(env.Requirements, ", ") + "; import them in the next run_python call"}}}, out, nil
+}
+
+// ownSession refuses a session another caller created exactly as if it
+// did not exist: over authenticated HTTP, sessions are private to the
+// token that created them (to the connection without authentication).
+func (s *server) ownSession(req mcp.Request, id string) error {
+	owner, err := s.sessions.Owner(id)
+	if err != nil {
+		return err
+	}
+	if owner != identity(req) {
+		return fmt.Errorf("%w %q (it never existed, or ended long ago)", engine.ErrNoSession, id)
+	}
+	return nil
 }
 
 // sessionError turns a session failure into a message the agent can act on.
