@@ -378,6 +378,11 @@ func TestPackagePolicy(t *testing.T) {
 			}
 		})
 	}
+	// validate_script reports what run_python would refuse.
+	_, out = call(t, cs, "validate_script", map[string]any{"code": "1", "dependencies": []any{"pysbx-ok", "requests"}})
+	if out["valid"] != false || !strings.Contains(strings.Join(toStrings(out["problems"]), "\n"), `dependency "requests": package "requests" is not allowed`) {
+		t.Errorf("validate_script: %v", out)
+	}
 	_, out = call(t, cs, "create_session", nil)
 	id := out["session_id"].(string)
 	res, _ = call(t, cs, "install_package", map[string]any{"session_id": id, "packages": []any{"pysbx-ok", "xmr-miner"}})
@@ -385,7 +390,7 @@ func TestPackagePolicy(t *testing.T) {
 		t.Errorf("install_package: %s", text(res))
 	}
 	for _, r := range g.records(t)[1:] {
-		if r.Decision != "deny" && r.Tool != "create_session" {
+		if r.Decision != "deny" && r.Tool != "create_session" && r.Tool != "validate_script" {
 			t.Errorf("record %+v: a package refusal should be a deny", r)
 		}
 	}
@@ -536,4 +541,14 @@ func TestResourceReadsFollowDownloadFile(t *testing.T) {
 			}
 		})
 	}
+}
+
+func toStrings(v any) []string {
+	var out []string
+	list, _ := v.([]any)
+	for _, x := range list {
+		s, _ := x.(string)
+		out = append(out, s)
+	}
+	return out
 }

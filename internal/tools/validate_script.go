@@ -82,7 +82,13 @@ func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, i
 			continue
 		}
 		seen[req.String()] = true
-		out.Dependencies = append(out.Dependencies, Dependency{Requirement: strings.TrimSpace(r), Valid: true, Name: req.Normalized})
+		dep := Dependency{Requirement: strings.TrimSpace(r), Valid: true, Name: req.Normalized}
+		// Say now what run_python would refuse.
+		if err := s.gov.pol.Packages.Check(req.Normalized); err != nil {
+			dep.Error = err.Error()
+			out.Problems = append(out.Problems, fmt.Sprintf("dependency %q: %v", r, err))
+		}
+		out.Dependencies = append(out.Dependencies, dep)
 	}
 	if out.RequiresPython != "" {
 		set, err := pep.ParseSpecifierSet(out.RequiresPython)
