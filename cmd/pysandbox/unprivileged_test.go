@@ -2,14 +2,18 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"os/user"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // asUser runs the binary as a throwaway unprivileged user, the way most
@@ -83,5 +87,47 @@ func TestUnprivilegedUser(t *testing.T) {
 	fmt.Sscanf(out, "stopped at %d", &n)
 	if n >= 20 {
 		t.Errorf("forked %d processes with --max-procs 20", n)
+	}
+
+	// Governed serving as a normal user: a policy, an audit log the user
+	// owns (append-only, fsynced, locked), a denial, and a log that
+	// verifies.
+	dir, err := os.MkdirTemp("", "pysbx-gov-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	pol := filepath.Join(dir, "policy.json")
+	os.WriteFile(pol, []byte(`{"version": "1", "default": "allow", "tools": {"validate_script": {"action": "deny", "reason": "not here"}}}`), 0o644)
+	os.Chown(dir, int(uid), int(gid))
+	auditLog := filepath.Join(dir, "audit.log")
+	cmd := exec.Command(binary(t), "serve", "--policy", pol, "--audit-log", auditLog, "--log-level", "error")
+	cmd.Dir = binDir
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + binDir, "LANG=C.UTF-8"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid, Groups: []uint32{}}}
+	ctx := context.Background()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "import os\nos.getuid()"}})
+	if err != nil || res.IsError {
+		t.Fatalf("governed run as a normal user: %v %+v", err, res)
+	}
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "validate_script", Arguments: map[string]any{"code": "1"}})
+	if err != nil || !res.IsError {
+		t.Fatalf("denied tool as a normal user: %v %+v", err, res)
+	}
+	cs.Close()
+	st, err := os.Stat(auditLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sys := st.Sys().(*syscall.Stat_t); sys.Uid != uid || st.Mode().Perm() != 0o600 {
+		t.Errorf("audit log owned by %d with mode %v, want %d and 0600", sys.Uid, st.Mode().Perm(), uid)
+	}
+	out, errOut, code = asUser(t, uid, gid, "", "audit", "verify", auditLog)
+	if code != 0 || !strings.Contains(out, "ok: 3 records") {
+		t.Errorf("audit verify as a normal user: %d %s %s", code, out, errOut)
 	}
 }
