@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/pysandbox/pysandbox/internal/testutil"
 )
 
 var update = flag.Bool("update", false, "update golden files")
@@ -40,18 +42,9 @@ func TestLineFormatGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	golden := filepath.Join("testdata", "chain.log")
+	testutil.Golden(t, golden, got, *update)
 	if *update {
-		if err := os.WriteFile(golden, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
 		return
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("log format changed (run go test -update if intended)\ngot:\n%s\nwant:\n%s", got, want)
 	}
 	verifyOK(t, golden)
 }

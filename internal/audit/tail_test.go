@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/pysandbox/pysandbox/internal/testutil"
 )
 
 func TestFormatGolden(t *testing.T) {
@@ -53,20 +55,7 @@ func TestFormatGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := out.Bytes()
-	golden := filepath.Join("testdata", "tail.golden")
-	if *update {
-		if err := os.WriteFile(golden, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("Tail output changed (run go test -update if intended)\ngot:\n%s\nwant:\n%s", got, want)
-	}
+	testutil.Golden(t, filepath.Join("testdata", "tail.golden"), got, *update)
 }
 
 // TestTailEscapesControlCharacters: code is hostile, and the log is read

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/pysandbox/pysandbox/internal/testutil"
 )
 
 func TestVerifyFindsTampering(t *testing.T) {
@@ -192,23 +194,7 @@ func TestFuzzSeeds(t *testing.T) {
 	dir := filepath.Join("testdata", "fuzz", "FuzzVerify")
 	for name, data := range fuzzSeeds(t) {
 		want := []byte("go test fuzz v1\n[]byte(" + strconv.Quote(string(data)) + ")\n")
-		file := filepath.Join(dir, name)
-		if *update {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(file, want, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		got, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatalf("%v (run go test -update to create it)", err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Errorf("%s is stale (run go test -update)", file)
-		}
+		testutil.Golden(t, filepath.Join(dir, name), want, *update)
 	}
 }
 

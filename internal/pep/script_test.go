@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pysandbox/pysandbox/internal/testutil"
 )
 
 var update = flag.Bool("update", false, "update golden files")
@@ -51,20 +53,7 @@ func TestParseScriptMetadataGolden(t *testing.T) {
 			}
 			got := buf.Bytes()
 
-			golden := strings.TrimSuffix(in, ".py") + ".golden"
-			if *update {
-				if err := os.WriteFile(golden, got, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(golden)
-			if err != nil {
-				t.Fatalf("%v (run go test -update to create it)", err)
-			}
-			if !bytes.Equal(got, want) {
-				t.Errorf("ParseScriptMetadata(%s) mismatch (run go test -update if the change is intended)\ngot:\n%s\nwant:\n%s", in, got, want)
-			}
+			testutil.Golden(t, strings.TrimSuffix(in, ".py")+".golden", got, *update)
 		})
 	}
 }

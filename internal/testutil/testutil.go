@@ -4,7 +4,9 @@ package testutil
 
 import (
 	"bytes"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -42,4 +44,26 @@ func SpawnBaseline(b testing.TB) time.Duration {
 		}
 	}
 	return time.Since(t) / n
+}
+
+// Golden compares got with the golden file at path, or rewrites the file
+// when update is set (each package's -update flag).
+func Golden(t testing.TB, path string, got []byte, update bool) {
+	t.Helper()
+	if update {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s is stale (run go test -update if the change is intended)\ngot:\n%s\nwant:\n%s", path, got, want)
+	}
 }
