@@ -45,6 +45,9 @@ type zygoteReady struct {
 	Preloaded []string          `json:"preloaded"`
 	RSSBytes  int64             `json:"rss_bytes"`
 	Failed    map[string]string `json:"failed"`
+	// Modules are the top-level modules loaded once the zygote is ready
+	// (the worker's own and the preloaded ones).
+	Modules []string `json:"modules"`
 }
 
 type spawned struct {

@@ -925,8 +925,12 @@ def _zygote_main():
     for line in _read_text("/proc/self/status").splitlines():
         if line.startswith("VmRSS:"):
             rss = int(line.split()[1]) * 1024
+    # The top-level modules every child starts with, so the pool does not
+    # try to preload what is already there.
+    modules = sorted({m.partition(".")[0] for m in sys.modules if not m.startswith("_")})
     _send(sock, {"op": "zygote_ready", "pid": os.getpid(), "python": sys.version.split()[0],
-                 "version": [v[0], v[1]], "preloaded": loaded, "failed": failed, "rss_bytes": rss})
+                 "version": [v[0], v[1]], "preloaded": loaded, "failed": failed, "rss_bytes": rss,
+                 "modules": modules})
     # Whatever importing allocated is shared copy-on-write with every child.
     import gc
 
@@ -1108,6 +1112,7 @@ def _child(req, fds, report_w, ctx):
             os._exit(0)
         os.close(report)
         _become_sandbox(req, ctx)
+        _reseed()
     except BaseException as e:
         try:
             msg = ('{"op":"setup_error","message":%s}\n' % _dumps("%s: %s" % (type(e).__name__, e))).encode()
@@ -1126,6 +1131,23 @@ def _child(req, fds, report_w, ctx):
         _flush_output()
         # No interpreter teardown: the sandbox is about to be destroyed.
         os._exit(code)
+
+
+def _reseed():
+    """Give this run random state of its own.
+
+    Every pooled run is a fork of one zygote, so it starts with the
+    zygote's random generators. CPython's random module reseeds itself at
+    fork; a library with a global generator of its own does not, and then
+    every run would draw the same numbers as every other (identical
+    simulations, and one run could predict another's values).
+    """
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        try:
+            np_random.seed()  # no argument: fresh entropy from the OS
+        except Exception:
+            pass
 
 
 def _become_sandbox(req, ctx):
