@@ -2,8 +2,10 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -110,6 +112,13 @@ func bench(args []string, stdout, stderr io.Writer) error {
 		}
 		row(*baselinePy+" -c 'import pandas' (spawned directly)", coldPandas, coldPandas, "")
 		row("engine: pandas DataFrame snippet, fresh sandbox", pandasRuns, coldPandas, "of cold import pandas")
+		if o.poolSize > 0 && o.learnPreload > 0 {
+			learned, err := benchLearned(ctx, o, log, snippet, *n)
+			if err != nil {
+				return err
+			}
+			row("  the same without --preload, once the pool learned it", learned, coldPandas, "of cold import pandas")
+		}
 	} else {
 		fmt.Fprintln(stdout, "(pandas is not installed for "+*baselinePy+": pandas comparison skipped; apt-get install python3-pandas)")
 	}
@@ -175,6 +184,32 @@ func runOK(ctx context.Context, eng *engine.Engine, req engine.RunRequest) error
 		return fmt.Errorf("bench run ended %s: %s %s", r.Status, r.Message, r.Stderr)
 	}
 	return nil
+}
+
+// benchLearned measures a snippet on a pool started without --preload,
+// after enough runs for the pool to preload what the snippet imports.
+func benchLearned(ctx context.Context, o *options, log *slog.Logger, snippet engine.RunRequest, n int) ([]time.Duration, error) {
+	lo := *o
+	lo.preload = ""
+	eng, release, err := lo.engine(ctx, log)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if err := runOK(ctx, eng, snippet); err != nil {
+			return nil, err
+		}
+		if info := eng.PoolInfo(); info != nil && len(info.Learned) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, errors.New("bench: the pool did not learn to preload the snippet's imports within a minute")
+		}
+	}
+	time.Sleep(time.Second) // let the new zygote fill its pool
+	return measure(n, func() error { return runOK(ctx, eng, snippet) })
 }
 
 // benchMCP starts this binary as `serve` over stdio with the same flags and

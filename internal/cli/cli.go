@@ -131,6 +131,7 @@ type options struct {
 	logLevel      string
 	poolSize      int
 	preload       string
+	learnPreload  int
 	poolMemory    size
 
 	cacheDir       string
@@ -184,6 +185,7 @@ func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *option
 	fs.IntVar(&o.poolSize, "pool-size", 4, "warm pool: sandboxes kept ready, forked from a zygote with the interpreter started (native backend; 0 turns the pool off)")
 	fs.StringVar(&o.preload, "preload", "", "warm pool: comma-separated modules imported once in the zygote, e.g. numpy,pandas (a missing one is a warning)")
 	fs.Var(&o.poolMemory, "pool-memory", "warm pool: memory budget of the zygote and its idle sandboxes")
+	fs.IntVar(&o.learnPreload, "adaptive-preload", 4, "warm pool: preload up to this many more modules on its own once recent runs keep importing them (within --pool-memory); 0 turns it off")
 	fs.StringVar(&o.cacheDir, "cache-dir", defaultCacheDir(), "dependencies: where installed environments are cached")
 	fs.Var(&o.cacheSize, "cache-size", "dependencies: size cap of the cache (least recently used environments go first)")
 	fs.StringVar(&o.indexURL, "index-url", "", "dependencies: package index (PEP 503) for pip/uv (default: their own, PyPI)")
@@ -222,8 +224,8 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 	if o.timeout > o.maxTimeout {
 		return nil, noop, usageError{fmt.Errorf("--timeout %s is above --max-timeout %s", o.timeout.String(), o.maxTimeout.String())}
 	}
-	if o.memory < 16<<20 || o.tmpSize < 1<<20 || o.maxOutput < 1024 || o.maxProcs < 1 || o.maxConcurrent < 1 || o.maxQueue < 0 || o.poolSize < 0 {
-		return nil, noop, usageError{errors.New("limits too small: --memory needs at least 16MiB, --tmp-size 1MiB, --max-output 1KiB, --max-procs and --max-concurrent 1, --pool-size 0")}
+	if o.memory < 16<<20 || o.tmpSize < 1<<20 || o.maxOutput < 1024 || o.maxProcs < 1 || o.maxConcurrent < 1 || o.maxQueue < 0 || o.poolSize < 0 || o.learnPreload < 0 {
+		return nil, noop, usageError{errors.New("limits too small: --memory needs at least 16MiB, --tmp-size 1MiB, --max-output 1KiB, --max-procs and --max-concurrent 1, --pool-size and --adaptive-preload 0")}
 	}
 	preload, err := parsePreload(o.preload)
 	if err != nil {
@@ -293,6 +295,7 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 		Backend:       native,
 		Spec:          cold.RunSpec(),
 		Preload:       preload,
+		Learn:         o.learnPreload,
 		Size:          o.poolSize,
 		MemoryBudget:  int64(o.poolMemory),
 		MaxConcurrent: o.maxConcurrent,

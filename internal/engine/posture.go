@@ -85,6 +85,16 @@ type Governance struct {
 	PackagesDenied  []string          `json:"packages_denied,omitempty"`
 }
 
+// PoolInfo describes the warm pool now (what it preloads changes as it
+// learns), or nil without one.
+func (e *Engine) PoolInfo() *sandbox.PoolInfo {
+	if pb, ok := e.cfg.Backend.(pooled); ok {
+		info := pb.Info()
+		return &info
+	}
+	return nil
+}
+
 // pooled is implemented by a warm-pool backend.
 type pooled interface {
 	Info() sandbox.PoolInfo
@@ -143,10 +153,7 @@ func (e *Engine) Measure(ctx context.Context, interpreters []*interp.Interpreter
 		MaxQueue:              e.cfg.MaxQueue,
 		MemoryEnforcedBy:      "none",
 	}
-	if pb, ok := e.cfg.Backend.(pooled); ok {
-		info := pb.Info()
-		p.Pool = &info
-	}
+	p.Pool = e.PoolInfo()
 	pr, err := e.probe(ctx)
 	if err != nil {
 		p.Problems = append(p.Problems, fmt.Sprintf("the %s sandbox could not start here: %v", p.Backend, err))

@@ -37,6 +37,8 @@ type child struct {
 	onClose     func()              // asks the pool to prepare a replacement
 
 	ended     chan struct{} // every process gone, output copied, figures read
+	pidfdSet  chan struct{} // closed once pidfd is set (or will not be)
+	endedExit sandbox.Exit  // the figures, set before ended is closed
 	done      chan struct{} // and the exit status known
 	exit      sandbox.Exit
 	closeOnce sync.Once
@@ -73,6 +75,7 @@ func (c *child) attach(stdout, stderr io.Writer) {
 func (c *child) reap() {
 	var st exitStatus
 	gotStatus := false
+	<-c.pidfdSet
 	if c.pidfd > 0 {
 		fds := []unix.PollFd{{Fd: int32(c.pidfd), Events: unix.POLLIN}}
 		for {
@@ -98,6 +101,8 @@ func (c *child) reap() {
 	}
 	var e sandbox.Exit
 	sandbox.FinalFigures(c.cg, &e)
+	// WaitEnded's copy: c.exit is still written below, after ended.
+	c.endedExit = e
 	c.exit = e
 	close(c.ended)
 	if !gotStatus {
@@ -116,7 +121,7 @@ func (c *child) reap() {
 // WaitEnded implements sandbox.Ender.
 func (c *child) WaitEnded() sandbox.Exit {
 	<-c.ended
-	return c.exit
+	return c.endedExit
 }
 
 func (c *child) Wait() sandbox.Exit {

@@ -52,6 +52,12 @@ type Config struct {
 	Spec *sandbox.Spec
 	// Preload names modules the zygote imports once for every run.
 	Preload []string
+	// Learn is how many more modules the pool may preload on its own,
+	// having seen recent runs import them (0: none). LearnWindow and
+	// LearnMin say when a module is hot: imported by at least LearnMin of
+	// the last LearnWindow runs (defaults 50 and 10).
+	Learn                 int
+	LearnWindow, LearnMin int
 	// Size is how many children are kept ready.
 	Size int
 	// MemoryBudget caps the memory of the zygote plus the idle children;
@@ -83,10 +89,13 @@ type Pool struct {
 	extra   map[string]*flavor
 
 	// light's zygote has imported nothing but the worker; heavy's (nil
-	// without --preload) has imported the preloaded modules too. A run
-	// whose code imports one of those goes to heavy, every other run to
-	// light, which forks faster because it is small.
-	light, heavy *flavor
+	// until there is something to preload) has imported the preloaded
+	// modules too. A run whose code imports one of those goes to heavy,
+	// every other run to light, which forks faster because it is small.
+	// heavy is replaced when the pool learns a new hot module.
+	light *flavor
+	heavy atomic.Pointer[flavor]
+	learn *learner
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -102,6 +111,7 @@ type flavor struct {
 	lastUsed time.Time    // guarded by Pool.extraMu
 	active   atomic.Int64 // children handed out and not yet closed
 	mu       sync.Mutex
+	retiring bool    // guarded by mu: takes no more runs
 	z        *zygote // replaced when it dies (see zygote)
 	preload  []string
 	modules  []string
@@ -110,6 +120,28 @@ type flavor struct {
 	quit     chan struct{}
 	quitOnce sync.Once
 	restart  func(context.Context) (*zygote, error)
+}
+
+// acquire counts a run on f, unless f is being retired.
+func (f *flavor) acquire() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.retiring {
+		return false
+	}
+	f.active.Add(1)
+	return true
+}
+
+// markRetiring stops f from taking runs, if none is using it now.
+func (f *flavor) markRetiring() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.active.Load() > 0 {
+		return false
+	}
+	f.retiring = true
+	return true
 }
 
 // stop ends the flavor's refilling.
@@ -174,15 +206,22 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 	if p.light, err = p.newFlavor(ctx, cfg.Spec, nil); err != nil {
 		return nil, err
 	}
+	p.serve(p.light)
 	if len(cfg.Preload) > 0 {
-		if p.heavy, err = p.newFlavor(ctx, cfg.Spec, cfg.Preload); err != nil {
+		heavy, err := p.newFlavor(ctx, cfg.Spec, cfg.Preload)
+		if err != nil {
 			p.Close()
 			return nil, err
 		}
-		for name, why := range p.heavy.z.Ready.Failed {
+		for name, why := range heavy.z.Ready.Failed {
 			cfg.Logger.Warn("preload: module not available; runs will import it themselves if they can", "module", name, "error", why)
 		}
-		p.heavy.modules = p.heavy.z.Ready.Preloaded
+		heavy.modules = heavy.z.Ready.Preloaded
+		p.heavy.Store(heavy)
+		p.serve(heavy)
+	}
+	if cfg.Learn > 0 {
+		p.learn = newLearner(cfg.Learn, cfg.LearnWindow, cfg.LearnMin, cfg.Preload)
 	}
 	return p, nil
 }
@@ -213,10 +252,15 @@ func (p *Pool) newFlavor(ctx context.Context, base *sandbox.Spec, preload []stri
 	}
 	f := &flavor{z: z, preload: preload, ready: make(chan *child, max(cfg.Size, 1)), refill: make(chan struct{}, 1), quit: make(chan struct{})}
 	f.restart = func(ctx context.Context) (*zygote, error) { return startZygote(ctx, cfg.Backend, &zspec, preload) }
+	return f, nil
+}
+
+// serve starts keeping f's children ready. It is called once f is where
+// memoryUsed can see it.
+func (p *Pool) serve(f *flavor) {
 	p.wg.Add(1)
 	go p.refillLoop(f)
 	f.kick()
-	return f, nil
 }
 
 // Kind is native: a pooled run is a native sandbox.
@@ -230,10 +274,11 @@ func (p *Pool) CgroupSupport() (mem, pids bool, mode, reason string) {
 // Preload reports which modules the preloading zygote imported and which
 // failed.
 func (p *Pool) Preload() (loaded []string, failed map[string]string) {
-	if p.heavy == nil {
+	heavy := p.heavy.Load()
+	if heavy == nil {
 		return nil, nil
 	}
-	return p.heavy.z.Ready.Preloaded, p.heavy.z.Ready.Failed
+	return heavy.z.Ready.Preloaded, heavy.z.Ready.Failed
 }
 
 // Info describes the pool for check_environment.
@@ -242,7 +287,11 @@ func (p *Pool) Info() sandbox.PoolInfo {
 	if loaded == nil {
 		loaded = []string{}
 	}
-	return sandbox.PoolInfo{Size: p.cfg.Size, Preloaded: loaded, Failed: failed}
+	info := sandbox.PoolInfo{Size: p.cfg.Size, Preloaded: loaded, Failed: failed}
+	if p.learn != nil {
+		info.Learned = p.learn.learned()
+	}
+	return info
 }
 
 // Stats are counters for benchmarks and logs.
@@ -252,8 +301,8 @@ type Stats struct {
 
 func (p *Pool) Stats() Stats {
 	ready := len(p.light.ready)
-	if p.heavy != nil {
-		ready += len(p.heavy.ready)
+	if heavy := p.heavy.Load(); heavy != nil {
+		ready += len(heavy.ready)
 	}
 	return Stats{Ready: int64(ready), Hits: p.hits.Load(), Misses: p.misses.Load(), IdleDeaths: p.idleDeaths.Load()}
 }
@@ -266,17 +315,30 @@ func (p *Pool) Start(ctx context.Context, spec *sandbox.Spec) (sandbox.Sandbox, 
 	if !ok {
 		return p.cfg.Backend.Start(ctx, spec)
 	}
-	var f *flavor
-	if key == p.defaultKey {
-		f = p.flavorFor(spec.Imports)
-	} else {
-		var err error
-		if f, err = p.extraFlavor(ctx, key, spec); err != nil {
-			return nil, err
+	if key == p.defaultKey && p.learn != nil {
+		if m := p.learn.observe(spec.Imports, p.hasModule); m != "" {
+			p.wg.Add(1)
+			go p.preloadLearned(m)
 		}
-		if f == nil {
-			// Every extra zygote is busy: the same sandbox, started cold.
-			return p.cfg.Backend.Start(ctx, spec)
+	}
+	var f *flavor
+	for {
+		if key == p.defaultKey {
+			f = p.flavorFor(spec.Imports)
+		} else {
+			var err error
+			if f, err = p.extraFlavor(ctx, key, spec); err != nil {
+				return nil, err
+			}
+			if f == nil {
+				// Every extra zygote is busy: the same sandbox, started cold.
+				return p.cfg.Backend.Start(ctx, spec)
+			}
+		}
+		// A zygote being retired (replaced by one that preloads more, or
+		// evicted) takes no new runs: choose again.
+		if f.acquire() {
+			break
 		}
 	}
 	var c *child
@@ -306,12 +368,12 @@ func (p *Pool) Start(ctx context.Context, spec *sandbox.Spec) (sandbox.Sandbox, 
 		p.misses.Add(1)
 		var err error
 		if c, err = p.spawn(ctx, f, oneshot); err != nil {
+			f.active.Add(-1)
 			return nil, err
 		}
 	} else {
 		p.hits.Add(1)
 	}
-	f.active.Add(1)
 	c.onClose = func() { f.active.Add(-1); f.kick() }
 	c.attach(spec.Stdout, spec.Stderr)
 	return c, nil
@@ -338,7 +400,7 @@ func (p *Pool) extraFlavor(ctx context.Context, key string, spec *sandbox.Spec) 
 				victim = f
 			}
 		}
-		if victim == nil {
+		if victim == nil || !victim.markRetiring() {
 			return nil, nil
 		}
 		delete(p.extra, victim.key)
@@ -350,6 +412,7 @@ func (p *Pool) extraFlavor(ctx context.Context, key string, spec *sandbox.Spec) 
 	}
 	f.key, f.lastUsed = key, time.Now()
 	p.extra[key] = f
+	p.serve(f)
 	return f, nil
 }
 
@@ -373,14 +436,15 @@ func (p *Pool) retire(f *flavor) error {
 // flavorFor picks the preloading zygote when the code imports one of its
 // modules (or a submodule), the light one otherwise.
 func (p *Pool) flavorFor(imports []string) *flavor {
-	if p.heavy == nil {
+	heavy := p.heavy.Load()
+	if heavy == nil {
 		return p.light
 	}
 	for _, imp := range imports {
 		top, _, _ := strings.Cut(imp, ".")
-		for _, m := range p.heavy.modules {
+		for _, m := range heavy.modules {
 			if mtop, _, _ := strings.Cut(m, "."); mtop == top {
-				return p.heavy
+				return heavy
 			}
 		}
 	}
@@ -473,10 +537,13 @@ func (p *Pool) refillLoop(f *flavor) {
 // children: each zygote's resident set, and what each idle child has made
 // its own (its cgroup's usage; pages shared with the zygote are not
 // charged to it).
-func (p *Pool) underBudget() bool {
+func (p *Pool) underBudget() bool { return p.memoryUsed() <= p.cfg.MemoryBudget }
+
+// memoryUsed is underBudget's estimate.
+func (p *Pool) memoryUsed() int64 {
 	var used int64
 	p.extraMu.Lock()
-	all := []*flavor{p.light, p.heavy}
+	all := []*flavor{p.light, p.heavy.Load()}
 	for _, f := range p.extra {
 		all = append(all, f)
 	}
@@ -507,7 +574,7 @@ func (p *Pool) underBudget() bool {
 		}
 		used += int64(n+1) * perChild
 	}
-	return used <= p.cfg.MemoryBudget
+	return used
 }
 
 // spawn forks one child and waits until it is a complete sandbox.
@@ -623,6 +690,7 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, erro
 		return fail(err)
 	}
 	c.exitc = sp.exit
+	c.pidfdSet = make(chan struct{})
 	go c.reap()
 	// Only the child holds the write ends now: its death closes the pipes.
 	for _, f := range childFiles {
@@ -631,11 +699,14 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, erro
 	childFiles = nil
 
 	c.hostPID, err = hello(ctx, c.ctrl)
+	if err == nil {
+		if c.pidfd, err = unix.PidfdOpen(c.hostPID, 0); err != nil {
+			err = fmt.Errorf("pool: %w", os.NewSyscallError("pidfd_open", err))
+		}
+	}
+	close(c.pidfdSet) // reap may look at c.pidfd now
 	if err != nil {
 		return fail(err)
-	}
-	if c.pidfd, err = unix.PidfdOpen(c.hostPID, 0); err != nil {
-		return fail(fmt.Errorf("pool: %w", os.NewSyscallError("pidfd_open", err)))
 	}
 	if c.cg != nil {
 		if err := c.cg.AddProc(c.hostPID); err != nil {
@@ -685,7 +756,7 @@ func (p *Pool) Close() error {
 	}
 	p.extraMu.Unlock()
 	var err error
-	for _, f := range []*flavor{p.light, p.heavy} {
+	for _, f := range []*flavor{p.light, p.heavy.Load()} {
 		if f == nil {
 			continue
 		}

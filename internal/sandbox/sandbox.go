@@ -177,4 +177,7 @@ type PoolInfo struct {
 	Size      int               `json:"size"`
 	Preloaded []string          `json:"preloaded"`
 	Failed    map[string]string `json:"preload_failed,omitempty"`
+	// Learned are the preloaded modules the pool added on its own, having
+	// seen recent runs import them.
+	Learned []string `json:"learned,omitempty"`
 }

@@ -27,6 +27,9 @@ func (s *server) addCheckEnvironment(srv *mcp.Server) {
 func (s *server) checkEnvironment(ctx context.Context, req *mcp.CallToolRequest, _ CheckEnvironmentInput) (*mcp.CallToolResult, *engine.Posture, error) {
 	p := *s.posture(ctx) // a copy: the shared posture stays as measured
 	p.Governance = s.gov.summary()
+	if p.Pool != nil {
+		p.Pool = s.eng.PoolInfo() // it learns modules to preload as it runs
+	}
 	return &mcp.CallToolResult{
 		IsError: !p.Usable(),
 		Content: []mcp.Content{&mcp.TextContent{Text: PostureText(&p) + governanceText(p.Governance)}},
@@ -96,6 +99,9 @@ func PostureText(p *engine.Posture) string {
 		lim.DefaultTimeoutSeconds, lim.MaxTimeoutSeconds, lim.MaxConcurrent, lim.MaxQueue)
 	if p.Pool != nil {
 		fmt.Fprintf(&b, "warm pool: %d ready per zygote, preloaded %v", p.Pool.Size, p.Pool.Preloaded)
+		if len(p.Pool.Learned) > 0 {
+			fmt.Fprintf(&b, " (learned from recent runs: %v)", p.Pool.Learned)
+		}
 		for m, why := range p.Pool.Failed {
 			fmt.Fprintf(&b, "; could not preload %s (%s)", m, why)
 		}
