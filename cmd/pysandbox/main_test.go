@@ -132,17 +132,24 @@ func TestFlagErrors(t *testing.T) {
 	}
 }
 
-// The built binary, driven over stdio by the SDK's client.
-func TestServeStdio(t *testing.T) {
+// serveStdio starts the built binary's stdio server with args and connects
+// the SDK's client to it; both go when the test ends.
+func serveStdio(t *testing.T, args ...string) (context.Context, *mcp.ClientSession) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.Command(binary(t), "serve", "--log-level", "error")
-	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
-	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	t.Cleanup(cancel)
+	cmd := exec.Command(binary(t), append([]string{"serve", "--log-level", "error"}, args...)...)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cs.Close()
+	t.Cleanup(func() { cs.Close() })
+	return ctx, cs
+}
+
+// The built binary, driven over stdio by the SDK's client.
+func TestServeStdio(t *testing.T) {
+	ctx, cs := serveStdio(t)
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "print('hi')\n6*7"}})
 	if err != nil {
 		t.Fatal(err)
@@ -236,15 +243,7 @@ func TestServeMalformedInput(t *testing.T) {
 // A session over stdio against the built binary (warm pool on, as a user
 // gets it): state persists, files go in and out, and the server cleans up.
 func TestServeSessions(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.Command(binary(t), "serve", "--log-level", "error")
-	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
-	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cs.Close()
+	ctx, cs := serveStdio(t)
 	callOK := func(name string, args map[string]any) map[string]any {
 		t.Helper()
 		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})

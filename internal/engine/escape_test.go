@@ -168,18 +168,10 @@ const escPidNS = "os.readlink('/proc/self/ns/pid')"
 // escHostProcs lists host pids whose pid namespace is ns: the processes of
 // one sandbox, seen from the host.
 func escHostProcs(ns string) []int {
-	var out []int
-	ents, _ := os.ReadDir("/proc")
-	for _, d := range ents {
-		pid, err := strconv.Atoi(d.Name())
-		if err != nil {
-			continue
-		}
-		if l, err := os.Readlink("/proc/" + d.Name() + "/ns/pid"); err == nil && l == ns {
-			out = append(out, pid)
-		}
-	}
-	return out
+	return testutil.HostProcs(func(dir string) bool {
+		l, err := os.Readlink(dir + "/ns/pid")
+		return err == nil && l == ns
+	})
 }
 
 // escSandboxUIDProcs lists host processes running under a sandbox host uid
@@ -189,14 +181,10 @@ func escHostProcs(ns string) []int {
 func escSandboxUIDProcs() []string {
 	var out []string
 	mark := "/pysandbox/" + escCgroupPrefix()
-	ents, _ := os.ReadDir("/proc")
-	for _, d := range ents {
-		if _, err := strconv.Atoi(d.Name()); err != nil {
-			continue
-		}
-		st, err := os.ReadFile("/proc/" + d.Name() + "/status")
+	testutil.HostProcs(func(dir string) bool {
+		st, err := os.ReadFile(dir + "/status")
 		if err != nil {
-			continue
+			return false
 		}
 		uid := -1
 		for _, line := range strings.Split(string(st), "\n") {
@@ -205,13 +193,13 @@ func escSandboxUIDProcs() []string {
 			}
 		}
 		if uid < 3_000_000_000 {
-			continue
+			return false
 		}
-		cg, _ := os.ReadFile("/proc/" + d.Name() + "/cgroup")
-		if strings.Contains(string(cg), mark) {
-			out = append(out, d.Name()+" uid="+strconv.Itoa(uid))
+		if cg, _ := os.ReadFile(dir + "/cgroup"); strings.Contains(string(cg), mark) {
+			out = append(out, strings.TrimPrefix(dir, "/proc/")+" uid="+strconv.Itoa(uid))
 		}
-	}
+		return false
+	})
 	return out
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/testutil"
 )
 
 func newLearningPool(t *testing.T, budget int64) (*engine.Engine, *Pool) {
@@ -48,7 +49,7 @@ func TestLearnHotModules(t *testing.T) {
 		run(t, e, "import sqlite3\ntry:\n    import pysbx_no_such_module\nexcept ImportError:\n    pass")
 	}
 	waitLearned(t, p, "sqlite3")
-	if r := run(t, e, probe); r.ReturnValue == nil || !slices.Contains(toStrings(r.ReturnValue), "sqlite3") {
+	if r := run(t, e, probe); r.ReturnValue == nil || !slices.Contains(testutil.Strings(r.ReturnValue), "sqlite3") {
 		t.Fatalf("after learning, sqlite3 is not preloaded in a run: %v %s", r.ReturnValue, r.Stderr)
 	}
 
@@ -71,7 +72,7 @@ func TestLearnHotModules(t *testing.T) {
 		t.Fatalf("the run on the replaced zygote: %s %q %s", long.Status, long.Stdout, long.Stderr)
 	}
 	r := run(t, e, probe)
-	if got := toStrings(r.ReturnValue); !slices.Equal(got, []string{"sqlite3", "xml"}) {
+	if got := testutil.Strings(r.ReturnValue); !slices.Equal(got, []string{"sqlite3", "xml"}) {
 		t.Errorf("preloaded in a run: %v, want both", got)
 	}
 	if l := p.Info().Learned; len(l) != 2 || slices.Contains(l, "pysbx_no_such_module") {
@@ -153,14 +154,4 @@ func TestLearnerNames(t *testing.T) {
 	if m := l.observe([]string{"numpy"}, none); m != "" {
 		t.Errorf("numpy offered twice: %q", m)
 	}
-}
-
-func toStrings(v any) []string {
-	var out []string
-	list, _ := v.([]any)
-	for _, x := range list {
-		s, _ := x.(string)
-		out = append(out, s)
-	}
-	return out
 }

@@ -449,22 +449,10 @@ print(n, err, flush=True)
 
 // procsWithArg lists host processes with arg in their argv.
 func procsWithArg(arg string) []int {
-	var out []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		if slices.Contains(strings.Split(string(b), "\x00"), arg) {
-			out = append(out, pid)
-		}
-	}
-	return out
+	return testutil.HostProcs(func(dir string) bool {
+		b, err := os.ReadFile(dir + "/cmdline")
+		return err == nil && slices.Contains(strings.Split(string(b), "\x00"), arg)
+	})
 }
 
 func TestBwrapKillEscapedGrandchild(t *testing.T) {

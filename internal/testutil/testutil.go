@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -66,4 +67,33 @@ func Golden(t testing.TB, path string, got []byte, update bool) {
 	if !bytes.Equal(got, want) {
 		t.Errorf("%s is stale (run go test -update if the change is intended)\ngot:\n%s\nwant:\n%s", path, got, want)
 	}
+}
+
+// HostProcs lists the pids of the host's processes for which keep says
+// yes; keep gets the process's /proc directory. Tests use it to find a
+// sandbox's processes from outside, or processes that should be gone.
+func HostProcs(keep func(procDir string) bool) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, d := range ents {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		if keep("/proc/" + d.Name()) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// Strings converts a decoded JSON list to strings (non-strings become "").
+func Strings(v any) []string {
+	var out []string
+	list, _ := v.([]any)
+	for _, x := range list {
+		s, _ := x.(string)
+		out = append(out, s)
+	}
+	return out
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/metrics"
 	"github.com/pysandbox/pysandbox/internal/policy"
 	"github.com/pysandbox/pysandbox/internal/sandbox"
+	"github.com/pysandbox/pysandbox/internal/testutil"
 	"github.com/pysandbox/pysandbox/internal/testutil/pypi"
 )
 
@@ -380,7 +381,7 @@ func TestPackagePolicy(t *testing.T) {
 	}
 	// validate_script reports what run_python would refuse.
 	_, out = call(t, cs, "validate_script", map[string]any{"code": "1", "dependencies": []any{"pysbx-ok", "requests"}})
-	if out["valid"] != false || !strings.Contains(strings.Join(toStrings(out["problems"]), "\n"), `dependency "requests": package "requests" is not allowed`) {
+	if out["valid"] != false || !strings.Contains(strings.Join(testutil.Strings(out["problems"]), "\n"), `dependency "requests": package "requests" is not allowed`) {
 		t.Errorf("validate_script: %v", out)
 	}
 	_, out = call(t, cs, "create_session", nil)
@@ -541,14 +542,4 @@ func TestResourceReadsFollowDownloadFile(t *testing.T) {
 			}
 		})
 	}
-}
-
-func toStrings(v any) []string {
-	var out []string
-	list, _ := v.([]any)
-	for _, x := range list {
-		s, _ := x.(string)
-		out = append(out, s)
-	}
-	return out
 }
