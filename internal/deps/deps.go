@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/singleflight"
+	"golang.org/x/sys/unix"
 
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/pep"
@@ -100,9 +101,9 @@ type Env struct {
 
 // Cache is a directory of environments. It is safe for concurrent use.
 // Several processes may share one Dir: publishing is an atomic rename, and
-// the loser of a race keeps the winner's env. Only the in-use marks are
-// per process, so a Prune in one process can evict an env another process
-// is using (its open files stay valid; new sandboxes would miss it).
+// the loser of a race keeps the winner's env. An env in use holds a shared
+// flock(2) on its meta.json, so a Prune in any process (a running server,
+// `pysandbox cache prune`) skips it.
 type Cache struct {
 	cfg      Config
 	envsDir  string
@@ -118,6 +119,7 @@ type Cache struct {
 
 	mu     sync.Mutex
 	inUse  map[string]int         // key -> holders of a release func
+	locks  map[string]*os.File    // key -> meta.json, flock'd shared while in use
 	builds map[string]*buildState // key -> the build callers are waiting for
 
 	// installs counts installer runs (tests check that concurrent callers
@@ -159,6 +161,7 @@ func New(cfg Config) (*Cache, error) {
 		uid:      os.Getuid(),
 		gid:      os.Getgid(),
 		inUse:    map[string]int{},
+		locks:    map[string]*os.File{},
 		builds:   map[string]*buildState{},
 		uv:       findUV(),
 	}
@@ -437,6 +440,16 @@ func (c *Cache) acquire(key string) (*Env, func(), error) {
 	} else {
 		env.LastUsed = now
 	}
+	if c.inUse[key] == 0 {
+		lock, err := c.lockShared(key)
+		if err != nil {
+			// Evicted by another process between our read and our lock:
+			// build it again.
+			c.log.Info("deps: environment went away while being opened; rebuilding", "key", key, "err", err)
+			return nil, nil, nil
+		}
+		c.locks[key] = lock
+	}
 	c.inUse[key]++
 	var once sync.Once
 	release := func() {
@@ -445,10 +458,64 @@ func (c *Cache) acquire(key string) (*Env, func(), error) {
 			defer c.mu.Unlock()
 			if c.inUse[key]--; c.inUse[key] <= 0 {
 				delete(c.inUse, key)
+				if f := c.locks[key]; f != nil {
+					f.Close() // drops the shared lock
+					delete(c.locks, key)
+				}
 			}
 		})
 	}
 	return env, release, nil
+}
+
+// lockShared takes a shared lock on an env's meta.json, for as long as
+// this process uses the env. Prune in another process takes the exclusive
+// lock before moving an env away; if it moved one while we waited, our
+// file is no longer at the path, and the env counts as gone.
+func (c *Cache) lockShared(key string) (*os.File, error) {
+	p := filepath.Join(c.envDir(key), metaName)
+	f, err := os.OpenFile(p, os.O_RDONLY|noFollow, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := flock(f, unix.LOCK_SH); err != nil {
+		f.Close()
+		return nil, err
+	}
+	held, err1 := f.Stat()
+	now, err2 := os.Stat(p)
+	if err1 != nil || err2 != nil || !os.SameFile(held, now) {
+		f.Close()
+		return nil, fs.ErrNotExist
+	}
+	return f, nil
+}
+
+// lockedByOthers reports whether another process uses an env: it cannot
+// take the exclusive lock. When it returns false, the caller holds that
+// lock through f until it closes it (after moving the env away).
+func (c *Cache) lockedByOthers(key string) (bool, *os.File) {
+	f, err := os.OpenFile(filepath.Join(c.envDir(key), metaName), os.O_RDONLY|noFollow, 0)
+	if err != nil {
+		return false, nil // no meta.json (a broken env): nobody can be using it
+	}
+	if err := flock(f, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return true, nil
+	}
+	return false, f
+}
+
+func flock(f *os.File, how int) error {
+	for {
+		err := unix.Flock(int(f.Fd()), how)
+		if err != unix.EINTR {
+			if err != nil {
+				return os.NewSyscallError("flock", err)
+			}
+			return nil
+		}
+	}
 }
 
 // errAbandoned is a build killed because every caller waiting for it left.
@@ -602,7 +669,15 @@ func (c *Cache) Prune(maxBytes int64) ([]Env, error) {
 		if c.inUse[e.Key] > 0 {
 			continue
 		}
-		if err := move(e.Key); err != nil {
+		others, lock := c.lockedByOthers(e.Key)
+		if others {
+			continue
+		}
+		err := move(e.Key)
+		if lock != nil {
+			lock.Close()
+		}
+		if err != nil {
 			c.log.Warn("deps: evict", "key", e.Key, "err", err)
 			continue
 		}
