@@ -71,7 +71,13 @@ func Open(path string, opts Options) (*Writer, error) {
 // openLocked opens path for appending and locks it, refusing anything but
 // a regular file. The directory is synced so a new file survives a crash.
 func openLocked(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	// Not through a symbolic link (a link planted where the log will be
+	// would have a root server append to any file), and without blocking
+	// on a FIFO; a regular file is checked below.
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o600)
+	if errors.Is(err, syscall.ELOOP) {
+		return nil, fmt.Errorf("%s is a symbolic link; give the real path of the audit log", path)
+	}
 	if err != nil {
 		return nil, err
 	}

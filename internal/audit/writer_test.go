@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -214,6 +215,39 @@ func TestOpenRefusesSecondWriter(t *testing.T) {
 func TestOpenRefusesDirectory(t *testing.T) {
 	if _, err := Open(t.TempDir(), Options{}); err == nil {
 		t.Fatal("opened a directory")
+	}
+}
+
+// TestOpenRefusesLinksAndFIFOs: a symbolic link planted where the log
+// will be is not followed (a root server would append to its target), and
+// a FIFO neither blocks the server nor is accepted.
+func TestOpenRefusesLinksAndFIFOs(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "passwd")
+	os.WriteFile(target, []byte("root:x:0:0::/root:/bin/sh\n"), 0o644)
+	link := filepath.Join(dir, "audit.log")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(link, Options{}); err == nil || !strings.Contains(err.Error(), "symbolic link") {
+		t.Errorf("opened through a symlink: %v", err)
+	}
+	if b, _ := os.ReadFile(target); string(b) != "root:x:0:0::/root:/bin/sh\n" {
+		t.Errorf("the link's target was written: %q", b)
+	}
+	fifo := filepath.Join(dir, "fifo.log")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := Open(fifo, Options{}); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("opened a FIFO")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Open blocked on a FIFO")
 	}
 }
 
