@@ -9,11 +9,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/testutil"
 )
 
 type bearer struct{ token string }
@@ -249,5 +253,111 @@ func TestServeRefusals(t *testing.T) {
 		if code != tc.code || !strings.Contains(stderr, tc.want) {
 			t.Errorf("%v: exit %d, %s; want %d and %q", tc.args, code, stderr, tc.code, tc.want)
 		}
+	}
+}
+
+// TestServePolicyReload: SIGHUP replaces the policy (tool list and
+// refusals follow, clients are told the list changed, the audit log
+// records it); a broken file changes nothing.
+func TestServePolicyReload(t *testing.T) {
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "policy.json")
+	write := func(s string) {
+		if err := os.WriteFile(pol, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`{"version": "1", "default": "allow", "tools": {"validate_script": {"action": "deny", "reason": "first policy"}}}`)
+	auditLog := filepath.Join(dir, "audit.log")
+	addr := freePort(t)
+	cmd := exec.Command(binary(t), "serve", "--http", addr, "--policy", pol, "--audit-log", auditLog)
+	stderr := &testutil.SyncBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var cs *mcp.ClientSession
+	changed := make(chan struct{}, 4)
+	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, &mcp.ClientOptions{
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} },
+	})
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var err error
+		if cs, err = client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: "http://" + addr + "/mcp"}, nil); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server did not come up: %v\n%s", err, stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	defer cs.Close()
+	names := func() []string {
+		list, err := cs.ListTools(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, tl := range list.Tools {
+			out = append(out, tl.Name)
+		}
+		return out
+	}
+	callText := func(name string) (bool, string) {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: map[string]any{"code": "1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b strings.Builder
+		for _, c := range res.Content {
+			if tc, ok := c.(*mcp.TextContent); ok {
+				b.WriteString(tc.Text)
+			}
+		}
+		return res.IsError, b.String()
+	}
+	if slices.Contains(names(), "validate_script") {
+		t.Fatal("validate_script offered under the first policy")
+	}
+
+	write(`{"version": "1", "default": "allow", "tools": {"run_python": {"action": "deny", "reason": "second policy"}}}`)
+	cmd.Process.Signal(syscall.SIGHUP)
+	select {
+	case <-changed:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("no tools/list_changed after SIGHUP\n%s", stderr.String())
+	}
+	if n := names(); !slices.Contains(n, "validate_script") || slices.Contains(n, "run_python") {
+		t.Errorf("tools after the reload: %v", n)
+	}
+	if isErr, msg := callText("run_python"); !isErr || !strings.Contains(msg, "second policy") {
+		t.Errorf("run_python under the second policy: %v %s", isErr, msg)
+	}
+	if isErr, msg := callText("validate_script"); isErr {
+		t.Errorf("validate_script under the second policy: %s", msg)
+	}
+
+	// A broken file: refused, logged, nothing changes.
+	write(`{"version": "1", "tools": {"run_python": {"action": "alow"}}}`)
+	cmd.Process.Signal(syscall.SIGHUP)
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(stderr.String(), "policy reload refused"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no refusal logged:\n%s", stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !strings.Contains(stderr.String(), `tools.run_python.action: \"alow\" is not an action`) {
+		t.Errorf("the refusal does not name the field:\n%s", stderr.String())
+	}
+	if isErr, msg := callText("run_python"); !isErr || !strings.Contains(msg, "second policy") {
+		t.Errorf("after a broken reload: %v %s", isErr, msg)
+	}
+	out, _, code := runBin(t, "", "audit", "verify", auditLog)
+	data, _ := os.ReadFile(auditLog)
+	if code != 0 || strings.Count(string(data), `"event":"policy"`) != 1 {
+		t.Errorf("audit log: %s\n%s", out, data)
 	}
 }

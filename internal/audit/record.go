@@ -56,6 +56,9 @@ const (
 	EventCall   = "call"
 	EventStart  = "start"
 	EventRotate = "rotate"
+	// EventPolicy records a policy replacing the one in force (serve
+	// reloads its policy file on SIGHUP); Detail holds its digest.
+	EventPolicy = "policy"
 )
 
 // MaxErrorBytes caps Record.Error: the client already saw the full text,

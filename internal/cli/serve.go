@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -35,7 +36,7 @@ func serve(args []string, stderr io.Writer) error {
 	fs.Var(&sessionsMemory, "sessions-memory", "memory budget of all sessions together (each may use --memory)")
 	maxUpload := size(16 << 20)
 	fs.Var(&maxUpload, "max-upload", "largest file upload_file accepts")
-	policyFile := fs.String("policy", "", "policy file (JSON or YAML): which tools are allowed, denied or need the user's approval, rate limits, package rules; default: everything allowed")
+	policyFile := fs.String("policy", "", "policy file (JSON or YAML): which tools are allowed, denied or need the user's approval, rate limits, package rules; default: everything allowed. SIGHUP reloads it (a broken file changes nothing)")
 	auditLog := fs.String("audit-log", "", "append a tamper-evident record of every tool call to this file (JSON lines, hash-chained; check it with 'pysandbox audit verify')")
 	auditMaxSize := size(100 << 20)
 	fs.Var(&auditMaxSize, "audit-max-size", "rotate the audit log to FILE.1, FILE.2, ... when it would grow past this size (the chain continues across files); 0 never rotates")
@@ -75,18 +76,21 @@ func serve(args []string, stderr io.Writer) error {
 	// The policy is read first: a server with a broken policy must not
 	// start at all, not even its sandboxes.
 	pol := policy.AllowAll()
+	// current is the policy in force; SIGHUP replaces it (see below).
+	var current atomic.Pointer[policy.Policy]
 	if *policyFile != "" {
 		if pol, err = policy.Load(*policyFile, tools.Names); err != nil {
 			return err
 		}
-		rules := pol.Packages
 		o.checkPackage = func(name string, requested bool) error {
+			rules := current.Load().Packages
 			if requested {
 				return rules.Check(name)
 			}
 			return rules.CheckInstalled(name)
 		}
 	}
+	current.Store(pol)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	eng, release, err := o.engine(ctx, log)
@@ -155,6 +159,14 @@ func serve(args []string, stderr io.Writer) error {
 		gov.Audit = w
 	}
 	logPolicy(log, pol)
+	if *policyFile != "" {
+		updates := make(chan *policy.Policy)
+		gov.Updates = updates
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		go reloadPolicy(ctx, hup, *policyFile, gov.Audit, &current, updates, log)
+	}
 	srv := tools.NewServer(tools.Options{Engine: eng, Posture: posture, Sessions: sessions, MaxUploadBytes: int64(maxUpload), Governance: gov, Logger: log})
 	if *httpAddr == "" {
 		log.Info("serving MCP on stdio", "backend", posture.Backend, "posture", posture.Posture, "python", posture.Python.Version)
@@ -207,6 +219,38 @@ func serve(args []string, stderr io.Writer) error {
 		return err
 	}
 	return nil
+}
+
+// reloadPolicy replaces the policy when the server gets SIGHUP. A file
+// that does not parse changes nothing: the policy in force stays, and the
+// error is logged. A new policy is recorded in the audit log (by digest)
+// before any call runs under it.
+func reloadPolicy(ctx context.Context, hup <-chan os.Signal, path string, w *audit.Writer, current *atomic.Pointer[policy.Policy], updates chan<- *policy.Policy, log *slog.Logger) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+		}
+		pol, err := policy.Load(path, tools.Names)
+		if err != nil {
+			log.Error("policy reload refused; the policy in force stays", "err", err)
+			continue
+		}
+		if w != nil {
+			if err := w.Append(&audit.Record{Event: audit.EventPolicy, Detail: map[string]string{"policy": pol.Source, "policy_sha256": pol.SHA256}}); err != nil {
+				log.Error("policy reload refused: the audit log cannot record it", "err", err)
+				continue
+			}
+		}
+		current.Store(pol)
+		select {
+		case updates <- pol:
+		case <-ctx.Done():
+			return
+		}
+		logPolicy(log, pol)
+	}
 }
 
 // logPolicy says at startup what the policy does, so an operator can see

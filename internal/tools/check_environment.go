@@ -37,10 +37,11 @@ func (s *server) checkEnvironment(ctx context.Context, req *mcp.CallToolRequest,
 }
 
 func (g *governor) summary() *engine.Governance {
-	sum := &engine.Governance{Policy: g.pol.Source, Tools: map[string]string{},
-		PackagesAllowed: g.pol.Packages.Allow, PackagesDenied: g.pol.Packages.Deny}
+	pol := g.policy()
+	sum := &engine.Governance{Policy: pol.Source, Tools: map[string]string{},
+		PackagesAllowed: pol.Packages.Allow, PackagesDenied: pol.Packages.Deny}
 	for _, name := range Names {
-		d := g.pol.Decide(name)
+		d := pol.Decide(name)
 		v := string(d.Action)
 		for _, l := range d.Limits {
 			v += "; " + l.String()

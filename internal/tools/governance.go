@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -33,6 +34,9 @@ type Governance struct {
 	// ApprovalTTL is how long a user's approval stays valid for its retry
 	// (default 10 minutes).
 	ApprovalTTL time.Duration
+	// Updates, when set, delivers policies that replace the one in force
+	// (serve reloads its file on SIGHUP). Rate-limit counts carry over.
+	Updates <-chan *policy.Policy
 }
 
 // approvalKey names the one input request of an approval.
@@ -40,7 +44,7 @@ const approvalKey = "approval"
 
 // governor enforces Governance for one server.
 type governor struct {
-	pol     *policy.Policy
+	pol     atomic.Pointer[policy.Policy] // replaced by Governance.Updates
 	limiter *policy.Limiter
 	sealer  *policy.Sealer
 	audit   *audit.Writer
@@ -69,8 +73,13 @@ func newGovernor(g Governance, eng *engine.Engine, log *slog.Logger) *governor {
 		// cannot be granted, which fails closed.
 		log.Error("approvals disabled", "err", err)
 	}
-	return &governor{pol: pol, limiter: policy.NewLimiter(nil), sealer: sealer, audit: g.Audit, metrics: g.Metrics, log: log, eng: eng}
+	gv := &governor{limiter: policy.NewLimiter(nil), sealer: sealer, audit: g.Audit, metrics: g.Metrics, log: log, eng: eng}
+	gv.pol.Store(pol)
+	return gv
 }
+
+// policy is the policy in force now.
+func (g *governor) policy() *policy.Policy { return g.pol.Load() }
 
 // callInfo is what a handler learned that the audit record needs: set
 // through the context by the approval step and by handlers that refuse a
@@ -115,11 +124,12 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		if err := g.brokenErr(); err != nil {
 			return errorResult("This server cannot record tool calls in its audit log (" + err.Error() + "), so it refuses them. Nothing was run; tell the server's operator."), nil
 		}
-		d := g.pol.Decide(tool)
+		pol := g.policy()
+		d := pol.Decide(tool)
 		if d.Action == policy.Deny {
 			reason := d.Reason
 			rule := "tool"
-			if _, listed := g.pol.Tools[tool]; !listed {
+			if _, listed := pol.Tools[tool]; !listed {
 				rule = "default"
 			}
 			if reason == "" {
@@ -192,7 +202,7 @@ func (g *governor) readResource(ctx context.Context, method string, req *mcp.Rea
 	if err := g.brokenErr(); err != nil {
 		return nil, errors.New("this server cannot record calls in its audit log, so it refuses them")
 	}
-	d := g.pol.Decide(tool)
+	d := g.policy().Decide(tool)
 	switch d.Action {
 	case policy.Deny:
 		return refuse("deny", "tool", "the server's policy does not allow reading session files (download_file is denied)")
@@ -375,13 +385,14 @@ func gated[In, Out any](s *server, tool string, h mcp.ToolHandlerFor[In, Out]) m
 }
 
 func (g *governor) check(ctx context.Context, req *mcp.CallToolRequest, tool string, in any) *mcp.CallToolResult {
+	pol := g.policy()
 	pkgs := requestedPackages(in)
 	for _, p := range pkgs {
-		if err := g.pol.Packages.Check(p.name); err != nil {
+		if err := pol.Packages.Check(p.name); err != nil {
 			return packageRefusal(ctx, err)
 		}
 	}
-	if g.pol.Decide(tool).Action != policy.Approve {
+	if pol.Decide(tool).Action != policy.Approve {
 		return nil
 	}
 	return g.approve(ctx, req, tool, in, pkgs)
@@ -515,7 +526,7 @@ func (g *governor) approvalMessage(tool string, in any, pkgs []requested) string
 		fmt.Fprintf(&b, "Packages to install: %s\n", strings.Join(names, ", "))
 	}
 	b.WriteString("Limits: " + g.limitsText(in))
-	if d := g.pol.Decide(tool); len(d.Limits) > 0 {
+	if d := g.policy().Decide(tool); len(d.Limits) > 0 {
 		var ls []string
 		for _, l := range d.Limits {
 			ls = append(ls, l.String())

@@ -100,6 +100,26 @@ func NewServer(opts Options) *mcp.Server {
 		Logger: log,
 	})
 	s.gov = newGovernor(opts.Governance, opts.Engine, log)
+	s.register(srv)
+	srv.AddReceivingMiddleware(s.gov.middleware)
+	if up := opts.Governance.Updates; up != nil {
+		go func() {
+			for pol := range up {
+				s.gov.pol.Store(pol)
+				// Clients are told the tool list changed.
+				s.register(srv)
+				log.Info("policy replaced", "source", pol.Source, "sha256", pol.SHA256)
+			}
+		}()
+	}
+	return srv
+}
+
+// register adds the tools and resources the policy offers, and removes
+// those it denies outright; a call to a hidden tool still gets its reason
+// from the middleware, which sees every call. Adding a tool again replaces
+// it, so this also applies a new policy.
+func (s *server) register(srv *mcp.Server) {
 	s.addRunPython(srv)
 	s.addCheckEnvironment(srv)
 	s.addValidateScript(srv)
@@ -107,19 +127,16 @@ func NewServer(opts Options) *mcp.Server {
 	s.addInstallPackage(srv)
 	s.addFileTools(srv)
 	s.addFigureResources(srv)
-	// Tools the policy denies outright are not offered; a call to one
-	// still gets its reason from the middleware, which sees every call.
+	pol := s.gov.policy()
 	for _, name := range Names {
-		if s.gov.pol.Hidden(name) {
+		if pol.Hidden(name) {
 			srv.RemoveTools(name)
 		}
 	}
 	// Session files are resources too; they follow download_file's rule.
-	if s.gov.pol.Decide("download_file").Action != policy.Allow {
+	if pol.Decide("download_file").Action != policy.Allow {
 		srv.RemoveResourceTemplates(FileTemplate)
 	}
-	srv.AddReceivingMiddleware(s.gov.middleware)
-	return srv
 }
 
 // addTool registers a tool behind the policy's per-call checks.

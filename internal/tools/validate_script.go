@@ -84,7 +84,7 @@ func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, i
 		seen[req.String()] = true
 		dep := Dependency{Requirement: strings.TrimSpace(r), Valid: true, Name: req.Normalized}
 		// Say now what run_python would refuse.
-		if err := s.gov.pol.Packages.Check(req.Normalized); err != nil {
+		if err := s.gov.policy().Packages.Check(req.Normalized); err != nil {
 			dep.Error = err.Error()
 			out.Problems = append(out.Problems, fmt.Sprintf("dependency %q: %v", r, err))
 		}
