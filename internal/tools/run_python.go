@@ -15,9 +15,8 @@ import (
 	"github.com/pysandbox/pysandbox/internal/pep"
 )
 
-// RunPythonInput is run_python's input. session_id, dependencies and
-// python_version are reserved for sessions and dependencies; until those
-// exist a call that sets them is refused rather than silently ignored.
+// RunPythonInput is run_python's input: the code, and optionally a
+// session to run in, dependencies to install first and the interpreter.
 type RunPythonInput struct {
 	Code           string         `json:"code" jsonschema:"Python 3 source code to run. The value of the last expression statement is returned as return_value, like a notebook cell. Top-level await works. Print to show output."`
 	TimeoutSeconds float64        `json:"timeout_seconds,omitempty" jsonschema:"Wall-clock limit in seconds (default 30; the server's maximum applies). Every process the code started is killed when it passes."`
