@@ -3,8 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"io"
+	"math/big"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,14 +28,6 @@ import (
 
 	"github.com/pysandbox/pysandbox/internal/testutil"
 )
-
-type bearer struct{ token string }
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.token)
-	return http.DefaultTransport.RoundTrip(r)
-}
 
 // startServe starts the real binary with args and waits for /healthz.
 func startServe(t *testing.T, addr string, args ...string) {
@@ -121,7 +122,7 @@ packages:
 	defer cancel()
 	connect := func(token string) *mcp.ClientSession {
 		client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
-		cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: bearer{token}}}, nil)
+		cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: bearerOver{token, http.DefaultTransport}}}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -360,4 +361,77 @@ func TestServePolicyReload(t *testing.T) {
 	if code != 0 || strings.Count(string(data), `"event":"policy"`) != 1 {
 		t.Errorf("audit log: %s\n%s", out, data)
 	}
+}
+
+// TestServeTLS: --tls-cert/--tls-key serve HTTPS, with bearer tokens on
+// top; plain HTTP to the same port does not reach MCP.
+func TestServeTLS(t *testing.T) {
+	dir := t.TempDir()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "pysandbox test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600)
+	tokens := filepath.Join(dir, "tokens")
+	os.WriteFile(tokens, []byte("alice alice-0123456789abcdef\n"), 0o600)
+	addr := freePort(t)
+	cmd := exec.Command(binary(t), "serve", "--http", addr, "--tls-cert", certFile, "--tls-key", keyFile, "--auth-token-file", tokens, "--log-level", "error")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	cert, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
+	client := &http.Client{Transport: tr}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := client.Get("https://" + addr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no HTTPS: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if resp, err := http.Get("http://" + addr + "/healthz"); err == nil && resp.StatusCode == 200 {
+		t.Error("plain HTTP reached the server")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	mc := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	cs, err := mc.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: "https://" + addr + "/mcp",
+		HTTPClient: &http.Client{Transport: bearerOver{"alice-0123456789abcdef", tr}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "6*7"}})
+	if err != nil || res.IsError || res.StructuredContent.(map[string]any)["return_value"] != float64(42) {
+		t.Fatalf("run over HTTPS: %v %+v", err, res)
+	}
+}
+
+type bearerOver struct {
+	token string
+	base  http.RoundTripper
+}
+
+func (b bearerOver) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.base.RoundTrip(r)
 }

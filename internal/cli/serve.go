@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -41,6 +42,8 @@ func serve(args []string, stderr io.Writer) error {
 	auditMaxSize := size(100 << 20)
 	fs.Var(&auditMaxSize, "audit-max-size", "rotate the audit log to FILE.1, FILE.2, ... when it would grow past this size (the chain continues across files); 0 never rotates")
 	tokenFile := fs.String("auth-token-file", "", "require a bearer token on /mcp and /metrics: a file of 'NAME TOKEN' lines; NAME becomes the caller's identity in the audit log and rate limits")
+	tlsCert := fs.String("tls-cert", "", "with --http: serve HTTPS with this PEM certificate (chain) file; needs --tls-key")
+	tlsKey := fs.String("tls-key", "", "with --http: the PEM private key of --tls-cert")
 	insecure := fs.Bool("insecure-no-auth", false, "allow --http on a non-loopback address without --auth-token-file: ANYONE who can reach the port can run code")
 	var allowedHosts listFlag
 	fs.Var(&allowedHosts, "allowed-host", "with --http: a further Host name clients may use (e.g. sandbox.example.com behind a proxy); repeat or separate with commas. Loopback names and the listen address are always allowed")
@@ -50,8 +53,19 @@ func serve(args []string, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("serve takes no arguments, got %q", fs.Args())}
 	}
-	if *httpAddr == "" && (*tokenFile != "" || *insecure || len(allowedHosts) > 0) {
-		return usageError{errors.New("--auth-token-file, --insecure-no-auth and --allowed-host apply to --http only")}
+	if *httpAddr == "" && (*tokenFile != "" || *insecure || len(allowedHosts) > 0 || *tlsCert != "" || *tlsKey != "") {
+		return usageError{errors.New("--auth-token-file, --insecure-no-auth, --allowed-host, --tls-cert and --tls-key apply to --http only")}
+	}
+	if (*tlsCert == "") != (*tlsKey == "") {
+		return usageError{errors.New("--tls-cert and --tls-key go together")}
+	}
+	var tlsConfig *tls.Config
+	if *tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(*tlsCert, *tlsKey)
+		if err != nil {
+			return fmt.Errorf("--tls-cert/--tls-key: %w", err)
+		}
+		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 	var tokens *httpserver.Tokens
 	if *tokenFile != "" {
@@ -72,6 +86,9 @@ func serve(args []string, stderr io.Writer) error {
 	}
 	if tokens != nil && tokens.Warning != "" {
 		log.Warn(tokens.Warning)
+	}
+	if tokens != nil && tlsConfig == nil && checkExposure(*httpAddr, false, false) != nil {
+		log.Warn("bearer tokens travel in clear text over plain HTTP on a non-loopback address; use --tls-cert/--tls-key or a TLS-terminating proxy")
 	}
 	// The policy is read first: a server with a broken policy must not
 	// start at all, not even its sandboxes.
@@ -197,7 +214,12 @@ func serve(args []string, stderr io.Writer) error {
 		ln.Close()
 		return usageError{err}
 	}
-	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsConfig}
+	scheme := "http"
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
+		scheme = "https"
+	}
 	auth := "none (loopback only)"
 	switch {
 	case tokens != nil:
@@ -205,7 +227,7 @@ func serve(args []string, stderr io.Writer) error {
 	case *insecure:
 		auth = "NONE on a non-loopback address (--insecure-no-auth)"
 	}
-	log.Info("serving MCP over HTTP", "url", "http://"+ln.Addr().String()+"/mcp", "auth", auth, "backend", posture.Backend, "posture", posture.Posture)
+	log.Info("serving MCP over HTTP", "url", scheme+"://"+ln.Addr().String()+"/mcp", "auth", auth, "backend", posture.Backend, "posture", posture.Posture)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
