@@ -167,8 +167,14 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			rec.Decision = "approval_requested"
 			reservation.Cancel()
 			ran = false
+		case rec.Decision == "declined":
+			// Nothing ran, but the user was asked: that counts, so the
+			// limits also bound how often an agent can ask.
+			ran = false
+			g.metrics.Denied(tool, rule)
 		case rec.Decision != "allow" && rec.Decision != "approved":
-			// Declined, or refused by a package rule: nothing ran.
+			// Refused by a package rule, or approval impossible: nothing
+			// ran and nobody was bothered.
 			reservation.Cancel()
 			ran = false
 			g.metrics.Denied(tool, rule)

@@ -258,14 +258,21 @@ func TestApprovalDeclined(t *testing.T) {
 			if last := recs[len(recs)-1]; last.Decision != "declined" || last.Status != "" || !strings.Contains(last.Error, "did not approve") {
 				t.Errorf("record %+v", last)
 			}
-			// Declined calls do not use up the rate limit (3 a day).
+			// A declined call counts against the limit (3 a day): the user
+			// was asked. Two more may run, then the limit refuses.
 			el.mu.Lock()
 			el.action = "accept"
 			el.mu.Unlock()
-			for i := range 3 {
+			for i := range 2 {
 				if res, _ := call(t, cs, "run_python", map[string]any{"code": "1"}); res.IsError {
 					t.Fatalf("accepted call %d after a decline: %s", i, text(res))
 				}
+			}
+			if res, _ := call(t, cs, "run_python", map[string]any{"code": "1"}); !res.IsError || !strings.Contains(text(res), "rate limit") {
+				t.Errorf("fourth call of the day: %s", text(res))
+			}
+			if n := len(el.asked()); n != 3 {
+				t.Errorf("the user was asked %d times, want 3 (not for the rate-limited call)", n)
 			}
 		})
 	}
