@@ -143,7 +143,7 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		reservation, exceeded := g.limiter.Take(d.Limits, rec.Identity)
 		if exceeded != nil {
 			rec.Decision, rec.Reason = "rate_limited", exceeded.Error()
-			rec.LimitsHit = []string{"rate:" + exceeded.Limit.Counter + "/" + exceeded.Limit.Window}
+			rec.LimitsHit = []string{rateHit(exceeded)}
 			g.metrics.RateLimited(tool, exceeded.Limit.Counter)
 			res := errorResult(fmt.Sprintf("Refused: the server's %s. Nothing was run; wait until then before calling %s again.", exceeded.Error(), tool))
 			return g.finish(rec, res, nil, start, false)
@@ -183,6 +183,9 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 	}
 }
 
+// rateHit names a rate limit in a record's limits_hit, e.g. rate:runs/minute.
+func rateHit(e *policy.Exceeded) string { return "rate:" + e.Limit.Counter + "/" + e.Limit.Window }
+
 // sessionURIPrefix starts the URIs of session files.
 const sessionURIPrefix = "pysandbox://sessions/"
 
@@ -200,9 +203,7 @@ func (g *governor) readResource(ctx context.Context, method string, req *mcp.Rea
 		if rule != "" {
 			g.metrics.Denied(tool, rule)
 		}
-		if _, err := g.finish(rec, nil, nil, start, false); err != nil {
-			return nil, err
-		}
+		g.record(rec, start, false) // refused either way
 		return nil, errors.New(msg)
 	}
 	if err := g.brokenErr(); err != nil {
@@ -217,7 +218,7 @@ func (g *governor) readResource(ctx context.Context, method string, req *mcp.Rea
 	}
 	reservation, exceeded := g.limiter.Take(d.Limits, rec.Identity)
 	if exceeded != nil {
-		rec.LimitsHit = []string{"rate:" + exceeded.Limit.Counter + "/" + exceeded.Limit.Window}
+		rec.LimitsHit = []string{rateHit(exceeded)}
 		g.metrics.RateLimited(tool, exceeded.Limit.Counter)
 		return refuse("rate_limited", "", "refused: the server's "+exceeded.Error())
 	}
@@ -227,19 +228,15 @@ func (g *governor) readResource(ctx context.Context, method string, req *mcp.Rea
 		reservation.Cancel()
 		rec.Status, rec.Error = "error", err.Error()
 	}
-	if _, ferr := g.finish(rec, nil, nil, start, err == nil); ferr != nil {
-		return nil, ferr
-	}
-	if g.audit != nil && g.brokenErr() != nil {
+	if g.record(rec, start, err == nil) != nil {
 		return nil, errors.New("the read could not be recorded in the server's audit log, so its result is withheld")
 	}
 	return res, err
 }
 
-// finish fills in the outcome, writes the audit record and counts the
-// call. The record is on disk before the client gets the result.
+// finish fills in a tool call's outcome and records it; a result that
+// could not be recorded is withheld.
 func (g *governor) finish(rec *audit.Record, result mcp.Result, callErr error, start time.Time, ran bool) (mcp.Result, error) {
-	rec.DurationMS = time.Since(start).Milliseconds()
 	res, _ := result.(*mcp.CallToolResult)
 	switch {
 	case callErr != nil:
@@ -251,6 +248,18 @@ func (g *governor) finish(rec *audit.Record, result mcp.Result, callErr error, s
 		// client was told.
 		rec.Error = resultText(res)
 	}
+	if err := g.record(rec, start, ran); err != nil {
+		// Fail closed: a result that could not be recorded is withheld.
+		return errorResult("The call could not be recorded in the server's audit log (" + err.Error() + "), so its result is withheld. Tell the server's operator."), nil
+	}
+	return result, callErr
+}
+
+// record counts a call and writes its audit record, which is on disk
+// before the client gets the result. After a failed write every later
+// call is refused.
+func (g *governor) record(rec *audit.Record, start time.Time, ran bool) error {
+	rec.DurationMS = time.Since(start).Milliseconds()
 	runStatus := ""
 	if rec.Tool == "run_python" && ran {
 		runStatus = rec.Status
@@ -262,19 +271,18 @@ func (g *governor) finish(rec *audit.Record, result mcp.Result, callErr error, s
 	}
 	g.metrics.Call(rec.Tool, rec.Decision, ran, time.Since(start), runStatus)
 	if g.audit == nil {
-		return result, callErr
+		return nil
 	}
-	if err := g.audit.Append(rec); err != nil {
+	err := g.audit.Append(rec)
+	if err != nil {
 		g.mu.Lock()
 		if g.broken == nil {
 			g.broken = err
 		}
 		g.mu.Unlock()
 		g.log.Error("audit log write failed; refusing every call from now on", "err", err)
-		// Fail closed: a result that could not be recorded is withheld.
-		return errorResult("The call could not be recorded in the server's audit log (" + err.Error() + "), so its result is withheld. Tell the server's operator."), nil
 	}
-	return result, callErr
+	return err
 }
 
 func (g *governor) brokenErr() error {
