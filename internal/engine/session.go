@@ -286,16 +286,25 @@ func (s *Sessions) get(id string) (*Session, error) {
 	if why, ok := s.gone[id]; ok {
 		return nil, &SessionGoneError{ID: id, Why: why}
 	}
-	return nil, fmt.Errorf("%w %q (it never existed, or ended long ago)", ErrNoSession, id)
+	return nil, noSession(id)
 }
 
-// Owner returns who created a live session.
-func (s *Sessions) Owner(id string) (string, error) {
+func noSession(id string) error {
+	return fmt.Errorf("%w %q (it never existed, or ended long ago)", ErrNoSession, id)
+}
+
+// CheckOwner refuses a session that owner did not create exactly as if it
+// did not exist, so callers cannot even learn that another's session is
+// there.
+func (s *Sessions) CheckOwner(id, owner string) error {
 	sess, err := s.get(id)
 	if err != nil {
-		return "", err
+		return err
 	}
-	return sess.Owner, nil
+	if sess.Owner != owner {
+		return noSession(id)
+	}
+	return nil
 }
 
 // Close ends a session and deletes its workspace.

@@ -168,18 +168,11 @@ func (s *server) installPackage(ctx context.Context, req *mcp.CallToolRequest, i
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "installed: " + strings.Join(env.Requirements, ", ") + "; import them in the next run_python call"}}}, out, nil
 }
 
-// ownSession refuses a session another caller created exactly as if it
-// did not exist: over authenticated HTTP, sessions are private to the
-// token that created them (to the connection without authentication).
+// ownSession refuses a session another caller created: over
+// authenticated HTTP, sessions are private to the token that created them
+// (to the connection without authentication).
 func (s *server) ownSession(req mcp.Request, id string) error {
-	owner, err := s.sessions.Owner(id)
-	if err != nil {
-		return err
-	}
-	if owner != identity(req) {
-		return fmt.Errorf("%w %q (it never existed, or ended long ago)", engine.ErrNoSession, id)
-	}
-	return nil
+	return s.sessions.CheckOwner(id, identity(req))
 }
 
 // sessionError turns a session failure into a message the agent can act on.
