@@ -122,7 +122,7 @@ packages:
 	defer cancel()
 	connect := func(token string) *mcp.ClientSession {
 		client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
-		cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: bearerOver{token, http.DefaultTransport}}}, nil)
+		cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: testutil.Bearer(token, nil)}}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -414,7 +414,7 @@ func TestServeTLS(t *testing.T) {
 	defer cancel()
 	mc := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
 	cs, err := mc.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: "https://" + addr + "/mcp",
-		HTTPClient: &http.Client{Transport: bearerOver{"alice-0123456789abcdef", tr}}}, nil)
+		HTTPClient: &http.Client{Transport: testutil.Bearer("alice-0123456789abcdef", tr)}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,15 +423,4 @@ func TestServeTLS(t *testing.T) {
 	if err != nil || res.IsError || res.StructuredContent.(map[string]any)["return_value"] != float64(42) {
 		t.Fatalf("run over HTTPS: %v %+v", err, res)
 	}
-}
-
-type bearerOver struct {
-	token string
-	base  http.RoundTripper
-}
-
-func (b bearerOver) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.token)
-	return b.base.RoundTrip(r)
 }

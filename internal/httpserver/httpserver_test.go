@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/testutil"
 )
 
 // whoami is a tool that reports the caller's identity as the server saw it.
@@ -47,21 +49,10 @@ func start(t *testing.T, tokens *Tokens, allowed ...string) string {
 	return hs.URL
 }
 
-type bearer struct {
-	token string
-	base  http.RoundTripper
-}
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.token)
-	return b.base.RoundTrip(r)
-}
-
 func whoami(t *testing.T, url, token string) (string, error) {
 	t.Helper()
 	client := mcp.NewClient(&mcp.Implementation{Name: "c", Version: "1"}, nil)
-	tr := &mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: bearer{token, http.DefaultTransport}}}
+	tr := &mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: testutil.Bearer(token, nil)}}
 	cs, err := client.Connect(context.Background(), tr, nil)
 	if err != nil {
 		return "", err

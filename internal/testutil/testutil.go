@@ -4,6 +4,7 @@ package testutil
 
 import (
 	"bytes"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -96,4 +97,24 @@ func Strings(v any) []string {
 		out = append(out, s)
 	}
 	return out
+}
+
+// Bearer is an HTTP transport that sends token as a bearer token on every
+// request, over base (nil: http.DefaultTransport).
+func Bearer(token string, base http.RoundTripper) http.RoundTripper {
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	return bearer{token, base}
+}
+
+type bearer struct {
+	token string
+	base  http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.base.RoundTrip(r)
 }
