@@ -29,12 +29,17 @@ import (
 	"github.com/pysandbox/pysandbox/internal/testutil"
 )
 
-// startServe starts the real binary with args and waits for /healthz.
-func startServe(t *testing.T, addr string, args ...string) {
+// startServe starts the real binary as `serve --http addr` with args and
+// waits until baseURL/healthz answers through client (nil: the default
+// client). It returns the process (to signal) and its stderr.
+func startServe(t *testing.T, addr, baseURL string, client *http.Client, args ...string) (*exec.Cmd, *testutil.SyncBuffer) {
 	t.Helper()
+	if client == nil {
+		client = http.DefaultClient
+	}
 	cmd := exec.Command(binary(t), append([]string{"serve", "--http", addr, "--log-level", "error"}, args...)...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	stderr := &testutil.SyncBuffer{}
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -51,10 +56,10 @@ func startServe(t *testing.T, addr string, args ...string) {
 	})
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		resp, err := http.Get("http://" + addr + "/healthz")
+		resp, err := client.Get(baseURL + "/healthz")
 		if err == nil {
 			resp.Body.Close()
-			return
+			return cmd, stderr
 		}
 		select {
 		case <-exited:
@@ -87,7 +92,7 @@ packages:
 `), 0o600)
 	auditLog := filepath.Join(dir, "audit.log")
 	addr := freePort(t)
-	startServe(t, addr, "--auth-token-file", tokens, "--policy", pol, "--audit-log", auditLog)
+	startServe(t, addr, "http://"+addr, nil, "--auth-token-file", tokens, "--policy", pol, "--audit-log", auditLog)
 	url := "http://" + addr
 
 	// No token, a wrong token: 401, on /mcp and /metrics.
@@ -271,29 +276,16 @@ func TestServePolicyReload(t *testing.T) {
 	write(`{"version": "1", "default": "allow", "tools": {"validate_script": {"action": "deny", "reason": "first policy"}}}`)
 	auditLog := filepath.Join(dir, "audit.log")
 	addr := freePort(t)
-	cmd := exec.Command(binary(t), "serve", "--http", addr, "--policy", pol, "--audit-log", auditLog)
-	stderr := &testutil.SyncBuffer{}
-	cmd.Stderr = stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	cmd, stderr := startServe(t, addr, "http://"+addr, nil, "--policy", pol, "--audit-log", auditLog)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var cs *mcp.ClientSession
 	changed := make(chan struct{}, 4)
 	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, &mcp.ClientOptions{
 		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} },
 	})
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		var err error
-		if cs, err = client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: "http://" + addr + "/mcp"}, nil); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("server did not come up: %v\n%s", err, stderr.String())
-		}
-		time.Sleep(50 * time.Millisecond)
+	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: "http://" + addr + "/mcp"}, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
 	defer cs.Close()
 	names := func() []string {
@@ -385,28 +377,11 @@ func TestServeTLS(t *testing.T) {
 	tokens := filepath.Join(dir, "tokens")
 	os.WriteFile(tokens, []byte("alice alice-0123456789abcdef\n"), 0o600)
 	addr := freePort(t)
-	cmd := exec.Command(binary(t), "serve", "--http", addr, "--tls-cert", certFile, "--tls-key", keyFile, "--auth-token-file", tokens, "--log-level", "error")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	cert, _ := x509.ParseCertificate(der)
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
 	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
-	client := &http.Client{Transport: tr}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := client.Get("https://" + addr + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no HTTPS: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	startServe(t, addr, "https://"+addr, &http.Client{Transport: tr}, "--tls-cert", certFile, "--tls-key", keyFile, "--auth-token-file", tokens)
 	if resp, err := http.Get("http://" + addr + "/healthz"); err == nil && resp.StatusCode == 200 {
 		t.Error("plain HTTP reached the server")
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -25,26 +24,14 @@ func freePort(t *testing.T) string {
 
 func TestServeHTTP(t *testing.T) {
 	addr := freePort(t)
-	cmd := exec.Command(binary(t), "serve", "--http", addr, "--log-level", "error")
-	if err := cmd.Start(); err != nil {
+	startServe(t, addr, "http://"+addr, nil)
+	var health map[string]string
+	resp, err := http.Get("http://" + addr + "/healthz")
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-
-	var health map[string]string
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp, err := http.Get("http://" + addr + "/healthz")
-		if err == nil {
-			json.NewDecoder(resp.Body).Decode(&health)
-			resp.Body.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("server did not come up: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	json.NewDecoder(resp.Body).Decode(&health)
+	resp.Body.Close()
 	if health["status"] != "ok" || health["posture"] != "sandboxed" {
 		t.Fatalf("healthz: %v", health)
 	}
@@ -70,7 +57,7 @@ func TestServeHTTP(t *testing.T) {
 	req, _ := http.NewRequest("POST", "http://"+addr+"/mcp", strings.NewReader(`{}`))
 	req.Host = "evil.example:80"
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err = http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
