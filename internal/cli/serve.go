@@ -87,7 +87,7 @@ func serve(args []string, stderr io.Writer) error {
 	if tokens != nil && tokens.Warning != "" {
 		log.Warn(tokens.Warning)
 	}
-	if tokens != nil && tlsConfig == nil && checkExposure(*httpAddr, false, false) != nil {
+	if host, _, _ := net.SplitHostPort(*httpAddr); tokens != nil && tlsConfig == nil && !isLoopback(host) {
 		log.Warn("bearer tokens travel in clear text over plain HTTP on a non-loopback address; use --tls-cert/--tls-key or a TLS-terminating proxy")
 	}
 	// The policy is read first: a server with a broken policy must not
@@ -301,15 +301,15 @@ func checkExposure(addr string, authenticated, insecure bool) error {
 	if err != nil {
 		return fmt.Errorf("--http %q: want HOST:PORT such as 127.0.0.1:8080", addr)
 	}
-	if authenticated || insecure {
-		return nil
-	}
-	if host == "localhost" {
-		return nil
-	}
-	ip := net.ParseIP(host)
-	if ip == nil || !ip.IsLoopback() {
+	if !authenticated && !insecure && !isLoopback(host) {
 		return fmt.Errorf("--http %q: refusing a non-loopback address without authentication, because anyone who can reach it could run code; pass --auth-token-file FILE (lines of 'NAME TOKEN'), or --insecure-no-auth if something in front of this server authenticates callers", addr)
 	}
 	return nil
+}
+
+// isLoopback reports whether a listen host is reachable from this machine
+// only.
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
 }
