@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/pysandbox/pysandbox/internal/testutil"
 )
 
 // asUser runs the binary as a throwaway unprivileged user, the way most
@@ -105,10 +106,13 @@ func TestUnprivilegedUser(t *testing.T) {
 	cmd.Dir = binDir
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + binDir, "LANG=C.UTF-8"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid, Groups: []uint32{}}}
+	// The server's log says why it stopped if it does.
+	var serverLog testutil.SyncBuffer
+	cmd.Stderr = &serverLog
 	ctx := context.Background()
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v\nserver log:\n%s", err, serverLog.String())
 	}
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "import os\nos.getuid()"}})
 	if err != nil || res.IsError {
