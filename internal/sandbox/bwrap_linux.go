@@ -1001,12 +1001,15 @@ func runBwrapShim(setup *os.File) error {
 	if len(cfg.Argv) == 0 || cfg.LastFD < fdSetup {
 		return errors.New("bwrap shim: incomplete config")
 	}
+	// Everything that allocates comes before the limits (see exec_linux.go).
+	ex, err := prepareExec(cfg.Bwrap, cfg.Argv, []string{})
+	if err != nil {
+		return fmt.Errorf("bwrap shim: %w", err)
+	}
+	freeze()
 	// Limits first, while a root server's shim may still raise them.
-	for _, rl := range cfg.Rlimits {
-		lim := unix.Rlimit{Cur: rl.Cur, Max: rl.Max}
-		if err := unix.Setrlimit(rl.Resource, &lim); err != nil {
-			return fmt.Errorf("bwrap shim: rlimit %d: %w", rl.Resource, os.NewSyscallError("setrlimit", err))
-		}
+	if err := setRlimits(cfg.Rlimits); err != nil {
+		return fmt.Errorf("bwrap shim: %w", err)
 	}
 	if cfg.HostID != 0 {
 		// Go applies these to every thread of the process. Dropping root
@@ -1036,8 +1039,7 @@ func runBwrapShim(setup *os.File) error {
 		return fmt.Errorf("bwrap shim: %w", os.NewSyscallError("close_range", err))
 	}
 	unix.CloseOnExec(fdSetup)
-	err = unix.Exec(cfg.Bwrap, cfg.Argv, []string{})
-	return fmt.Errorf("bwrap shim: exec %s: %w", cfg.Bwrap, os.NewSyscallError("execve", err))
+	return fmt.Errorf("bwrap shim: exec %s: %w", cfg.Bwrap, ex.exec())
 }
 
 // OpenWorkspace implements Sessioner: /work is reached through the

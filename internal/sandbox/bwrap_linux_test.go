@@ -1,8 +1,6 @@
 package sandbox
 
 import (
-	"github.com/pysandbox/pysandbox/internal/testutil"
-
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -20,6 +18,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pysandbox/pysandbox/internal/sandbox/cgroup"
+	"github.com/pysandbox/pysandbox/internal/testutil"
 )
 
 // requireBwrap skips the test only when bwrap is not installed; any other
@@ -532,5 +533,33 @@ func TestBwrapSeccompBytes(t *testing.T) {
 	// The first instruction loads seccomp_data.arch: BPF_LD|BPF_W|BPF_ABS (0x20), k=4.
 	if want := []byte{0x20, 0, 0, 0, 4, 0, 0, 0}; !bytes.Equal(raw[:8], want) {
 		t.Errorf("first instruction % x, want % x", raw[:8], want)
+	}
+}
+
+// The bwrap shim sets RLIMIT_AS (no memory cgroup) before it execs bwrap,
+// and must not grow its heap after that (see
+// TestNativeRlimitASStartsWithLargeEnvironment). The environment reaches
+// bwrap through a descriptor, so here its argument list is made large. This
+// one did not fail reliably before the fix (the shim's heap usually had room
+// left from decoding its config); it guards the path, not the bug.
+func TestBwrapRlimitASStartsWithLargeArguments(t *testing.T) {
+	b := requireBwrap(t)
+	b.cgroups = cgroup.Info{} // as for a user without cgroup delegation
+	for range 3 {
+		out, errb := &testutil.SyncBuffer{}, &testutil.SyncBuffer{}
+		spec := bwrapSpec("import sys, resource; print(len(sys.argv), len(sys.argv[-1]), resource.getrlimit(resource.RLIMIT_AS)[0] >> 20)",
+			Limits{MemoryBytes: 96 << 20, MaxProcs: 16, TmpBytes: 16 << 20}, out, errb)
+		for range 12 {
+			spec.Args = append(spec.Args, strings.Repeat("x", 100<<10))
+		}
+		sb, err := b.Start(context.Background(), spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := sb.Wait()
+		sb.Close()
+		if e.Code != 0 || out.String() != "13 102400 96\n" {
+			t.Fatalf("exit %+v stdout %q stderr %.2000s", e, out.String(), errb.String())
+		}
 	}
 }

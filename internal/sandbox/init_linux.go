@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -64,12 +65,6 @@ func runInit(setup *os.File) error {
 			return err
 		}
 	}
-	for _, rl := range cfg.Rlimits {
-		lim := unix.Rlimit{Cur: rl.Cur, Max: rl.Max}
-		if err := unix.Setrlimit(rl.Resource, &lim); err != nil {
-			return fmt.Errorf("sandbox init: rlimit %d: %w", rl.Resource, os.NewSyscallError("setrlimit", err))
-		}
-	}
 	if err := os.Chdir(cfg.Cwd); err != nil {
 		return fmt.Errorf("sandbox init: %w", err)
 	}
@@ -78,17 +73,45 @@ func runInit(setup *os.File) error {
 	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
 		return fmt.Errorf("sandbox init: %w", os.NewSyscallError("prctl(PR_SET_PDEATHSIG)", err))
 	}
-	if err := dropPrivileges(cfg.DropToUID, cfg.KeepSetID); err != nil {
-		return err
-	}
+	// Everything that allocates comes before the limits (see exec_linux.go).
+	var filter *seccomp.Filter
 	if cfg.Seccomp {
-		// Install also sets no_new_privs, which seccomp requires of an
-		// unprivileged process anyway.
 		profile := seccomp.Strict
 		if cfg.Zygote {
 			profile = seccomp.Zygote
 		}
-		if err := seccomp.InstallProfile(profile); err != nil {
+		if filter, err = seccomp.Prepare(profile); err != nil {
+			return fmt.Errorf("sandbox init: %w", err)
+		}
+	}
+	if len(cfg.Argv) == 0 {
+		return errors.New("sandbox init: no command")
+	}
+	argv0, err := lookInRoot(cfg.Argv[0])
+	if err != nil {
+		return err
+	}
+	ex, err := prepareExec(argv0, cfg.Argv, cfg.Env)
+	if err != nil {
+		return fmt.Errorf("sandbox init: %w", err)
+	}
+	capLast := lastCap()
+	freeze()
+
+	if err := setRlimits(cfg.Rlimits); err != nil {
+		return fmt.Errorf("sandbox init: %w", err)
+	}
+	if err := dropPrivileges(cfg.DropToUID, cfg.KeepSetID, capLast); err != nil {
+		return err
+	}
+	// A change of uid clears the parent-death signal, so arm it again.
+	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
+		return fmt.Errorf("sandbox init: %w", os.NewSyscallError("prctl(PR_SET_PDEATHSIG)", err))
+	}
+	if filter != nil {
+		// Install also sets no_new_privs, which seccomp requires of an
+		// unprivileged process anyway.
+		if err := filter.Install(); err != nil {
 			return fmt.Errorf("sandbox init: %w", err)
 		}
 	} else if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
@@ -100,12 +123,7 @@ func runInit(setup *os.File) error {
 		return fmt.Errorf("sandbox init: %w", os.NewSyscallError("close_range", err))
 	}
 	unix.CloseOnExec(fdSetup)
-	argv0, err := lookInRoot(cfg.Argv[0])
-	if err != nil {
-		return err
-	}
-	err = unix.Exec(argv0, cfg.Argv, cfg.Env)
-	return fmt.Errorf("sandbox init: exec %s: %w", cfg.Argv[0], os.NewSyscallError("execve", err))
+	return fmt.Errorf("sandbox init: exec %s: %w", cfg.Argv[0], ex.exec())
 }
 
 func lookInRoot(path string) (string, error) {
@@ -143,11 +161,10 @@ func loopbackUp() error {
 // dropPrivileges becomes the sandbox user (when starting as root of the
 // namespace) and empties every capability set, the bounding set included,
 // so nothing can be regained by exec.
-func dropPrivileges(toUser, keepSetID bool) error {
+func dropPrivileges(toUser, keepSetID bool, last int) error {
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
 		return fmt.Errorf("sandbox init: %w", os.NewSyscallError("prctl(PR_CAP_AMBIENT_CLEAR_ALL)", err))
 	}
-	last := lastCap()
 	for c := 0; c <= last; c++ {
 		if keepSetID && (c == unix.CAP_SETUID || c == unix.CAP_SETGID) {
 			continue

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pysandbox/pysandbox/internal/sandbox/cgroup"
 )
 
 // startPy runs /usr/bin/python3 -I -c code in a native sandbox, with no
@@ -281,5 +283,39 @@ func TestNativeHostNetwork(t *testing.T) {
 	_, out, _ = startSpec(t, &Spec{Args: []string{"-I", "-c", code}})
 	if !strings.HasPrefix(out, "refused") {
 		t.Errorf("without HostNetwork: %q", out)
+	}
+}
+
+// Without a memory cgroup the memory limit is RLIMIT_AS, which is far below
+// the address space the Go init has already reserved. The init must then
+// not grow its heap between setting the limit and the exec, or the Go
+// runtime dies with "fatal error: runtime: out of memory" instead of
+// starting the interpreter. A large environment makes that growth certain
+// when the exec's arguments are built late (it was first seen under load,
+// with an ordinary environment).
+func TestNativeRlimitASStartsWithLargeEnvironment(t *testing.T) {
+	n := NewNative()
+	n.cgroups = cgroup.Info{} // as for a user without cgroup delegation
+	env := []string{"PATH=/usr/bin:/bin"}
+	for i := range 12 {
+		env = append(env, fmt.Sprintf("BIG%d=%s", i, strings.Repeat("x", 100<<10)))
+	}
+	for range 3 {
+		var out, errb bytes.Buffer
+		sb, err := n.Start(context.Background(), &Spec{
+			Python: "/usr/bin/python3", Prefix: "/usr",
+			Args:   []string{"-I", "-c", "import os, resource; print(len(os.environ['BIG11']), resource.getrlimit(resource.RLIMIT_AS)[0] >> 20)"},
+			Env:    env,
+			Limits: Limits{MemoryBytes: 96 << 20, MaxProcs: 16, TmpBytes: 16 << 20},
+			Stdout: &out, Stderr: &errb,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := sb.Wait()
+		sb.Close()
+		if e.Code != 0 || out.String() != "102400 96\n" {
+			t.Fatalf("exit %+v stdout %q stderr %.2000s", e, out.String(), errb.String())
+		}
 	}
 }

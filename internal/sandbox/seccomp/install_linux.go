@@ -1,6 +1,7 @@
 package seccomp
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -25,16 +26,43 @@ func Install() error { return InstallProfile(Strict) }
 
 // InstallProfile is Install with the filter of profile p.
 func InstallProfile(p Profile) error {
-	filter, err := ProgramFor(p)
+	f, err := Prepare(p)
 	if err != nil {
 		return err
 	}
-	socks := make([]unix.SockFilter, len(filter))
-	for i, ins := range filter {
-		socks[i] = unix.SockFilter{Code: ins.Op, Jt: ins.Jt, Jf: ins.Jf, K: ins.K}
-	}
-	prog := unix.SockFprog{Len: uint16(len(socks)), Filter: &socks[0]}
+	return f.Install()
+}
 
+// A Filter is a profile's program in the form the kernel takes, built ahead
+// of Install so that Install itself allocates nothing. A sandbox init sets
+// RLIMIT_AS before it installs the filter, and past that point any heap
+// growth of the Go runtime fails (see the sandbox package's exec).
+type Filter struct {
+	socks []unix.SockFilter
+	prog  unix.SockFprog
+}
+
+// Prepare builds the filter of profile p.
+func Prepare(p Profile) (*Filter, error) {
+	filter, err := ProgramFor(p)
+	if err != nil {
+		return nil, err
+	}
+	if len(filter) == 0 {
+		return nil, errors.New("seccomp: empty program")
+	}
+	f := &Filter{socks: make([]unix.SockFilter, len(filter))}
+	for i, ins := range filter {
+		f.socks[i] = unix.SockFilter{Code: ins.Op, Jt: ins.Jt, Jf: ins.Jf, K: ins.K}
+	}
+	f.prog = unix.SockFprog{Len: uint16(len(f.socks)), Filter: &f.socks[0]}
+	return f, nil
+}
+
+// Install sets no_new_privs and attaches f to every thread of the calling
+// process, with the caveats of the package-level Install.
+func (f *Filter) Install() error {
+	socks, prog := f.socks, &f.prog
 	runtime.LockOSThread()
 
 	// Without no_new_privs the kernel refuses a filter from an unprivileged
@@ -48,7 +76,7 @@ func InstallProfile(p Profile) error {
 	// TSYNC puts the filter on all threads at once. A Go process always has
 	// several, and any of them may be the one that later forks and execs.
 	r, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER,
-		unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&prog)))
+		unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(prog)))
 	runtime.KeepAlive(socks)
 	switch {
 	case errno == unix.ENOSYS:
@@ -57,7 +85,7 @@ func InstallProfile(p Profile) error {
 		// Raw syscall rather than unix.Prctl: a pointer may only be passed
 		// as uintptr in the call expression of the syscall itself.
 		_, _, errno := unix.Syscall(unix.SYS_PRCTL, unix.PR_SET_SECCOMP,
-			unix.SECCOMP_MODE_FILTER, uintptr(unsafe.Pointer(&prog)))
+			unix.SECCOMP_MODE_FILTER, uintptr(unsafe.Pointer(prog)))
 		runtime.KeepAlive(socks)
 		if errno != 0 {
 			return fmt.Errorf("seccomp: install filter: %w", os.NewSyscallError("prctl", errno))
