@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// proc is a host process, named by pid and start time so that a recycled
+// pid is not mistaken for it.
+type proc struct {
+	pid   int
+	start string
+	comm  string
+	state string
+}
+
+// procStat reads a process's parent, start time and name from /proc.
+func procStat(pid int) (ppid int, p proc, ok bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, proc{}, false
+	}
+	// The name is in parentheses and may hold spaces; fields follow it.
+	s := string(b)
+	open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || closing < open {
+		return 0, proc{}, false
+	}
+	f := strings.Fields(s[closing+1:])
+	if len(f) < 20 {
+		return 0, proc{}, false
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	return ppid, proc{pid: pid, start: f[19], comm: s[open+1 : closing], state: f[0]}, true
+}
+
+// descendants lists every process below root on the host.
+func descendants(root int) []proc {
+	children := map[int][]proc{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, p, ok := procStat(pid); ok {
+			children[ppid] = append(children[ppid], p)
+		}
+	}
+	var out []proc
+	queue := []int{root}
+	for len(queue) > 0 {
+		for _, c := range children[queue[0]] {
+			out = append(out, c)
+			queue = append(queue, c.pid)
+		}
+		queue = queue[1:]
+	}
+	return out
+}
+
+// alive says whether p still runs; a zombie is dead, only not yet reaped
+// by whoever inherited it.
+func alive(p proc) bool {
+	_, now, ok := procStat(p.pid)
+	return ok && now.start == p.start && now.state != "Z"
+}
+
+// A server killed with SIGKILL gets no chance to clean up. Its sandboxes
+// must still die with it (parent-death signal on every sandbox's pid 1,
+// whose death takes its pid namespace along): the warm pool, a session
+// with a background process, and a run in flight.
+func TestServerKilledTakesSandboxesWithIt(t *testing.T) {
+	for _, backend := range []string{"native", "bwrap"} {
+		t.Run(backend, func(t *testing.T) {
+			if backend == "bwrap" {
+				if _, err := exec.LookPath("bwrap"); err != nil {
+					t.Skip("bwrap is not installed (apt-get install bubblewrap)")
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cmd := exec.Command(binary(t), "serve", "--log-level", "error", "--sandbox", backend)
+			cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cs.Close()
+			res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "create_session", Arguments: map[string]any{}})
+			if err != nil || res.IsError {
+				t.Fatalf("create_session: %v %+v", err, res)
+			}
+			id := res.StructuredContent.(map[string]any)["session_id"].(string)
+			res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{
+				"session_id": id, "code": "import subprocess\np = subprocess.Popen(['sleep', '300'])\np.pid"}})
+			if err != nil || res.IsError {
+				t.Fatalf("session run: %v %+v", err, res)
+			}
+			// A run in flight when the server dies.
+			go cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{
+				"code": "import subprocess, time\nsubprocess.Popen(['sleep', '301'])\ntime.sleep(300)", "timeout_seconds": 120}})
+
+			// Wait until the host shows the sleeping processes.
+			var before []proc
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				before = descendants(cmd.Process.Pid)
+				sleeps := 0
+				for _, p := range before {
+					if p.comm == "sleep" {
+						sleeps++
+					}
+				}
+				if sleeps == 2 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the sandboxes did not show up under the server: %+v", before)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+
+			if err := cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			deadline = time.Now().Add(10 * time.Second)
+			for {
+				var left []proc
+				for _, p := range before {
+					if alive(p) {
+						left = append(left, p)
+					}
+				}
+				if len(left) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d of %d sandbox processes outlived the killed server: %+v", len(left), len(before), left)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			t.Logf("%d sandbox processes went with the server", len(before))
+		})
+	}
+}
