@@ -22,11 +22,18 @@ const figurePrefix = "pysandbox://figures/"
 
 // figureStore keeps the most recent oversized figures in memory, bounded
 // in count and bytes: a one-shot run has no workspace to leave them in.
+// Each belongs to the caller whose run drew it, as a session does: another
+// caller who learns the link still cannot read it.
 type figureStore struct {
 	mu    sync.Mutex
-	byID  map[string][]byte
+	byID  map[string]storedFigure
 	order []string
 	bytes int
+}
+
+type storedFigure struct {
+	png   []byte
+	owner string
 }
 
 const (
@@ -34,35 +41,40 @@ const (
 	maxStoredFigureBytes = 64 << 20
 )
 
-func newFigureStore() *figureStore { return &figureStore{byID: map[string][]byte{}} }
+func newFigureStore() *figureStore { return &figureStore{byID: map[string]storedFigure{}} }
 
-func (f *figureStore) put(png []byte) string {
+func (f *figureStore) put(png []byte, owner string) string {
 	var b [12]byte
 	rand.Read(b[:])
 	id := hex.EncodeToString(b[:]) + ".png"
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.byID[id] = png
+	f.byID[id] = storedFigure{png: png, owner: owner}
 	f.order = append(f.order, id)
 	f.bytes += len(png)
 	for len(f.order) > maxStoredFigures || f.bytes > maxStoredFigureBytes {
 		old := f.order[0]
 		f.order = f.order[1:]
-		f.bytes -= len(f.byID[old])
+		f.bytes -= len(f.byID[old].png)
 		delete(f.byID, old)
 	}
 	return figurePrefix + id
 }
 
-func (f *figureStore) get(uri string) ([]byte, bool) {
+// get returns the figure at uri if who owns it. Someone else's figure is
+// not found, as an unknown one is, so its existence does not leak.
+func (f *figureStore) get(uri, who string) ([]byte, bool) {
 	id, ok := strings.CutPrefix(uri, figurePrefix)
 	if !ok {
 		return nil, false
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	png, ok := f.byID[id]
-	return png, ok
+	fig, ok := f.byID[id]
+	if !ok || fig.owner != who {
+		return nil, false
+	}
+	return fig.png, true
 }
 
 func (s *server) addFigureResources(srv *mcp.Server) {
@@ -73,7 +85,7 @@ func (s *server) addFigureResources(srv *mcp.Server) {
 		MIMEType:    "image/png",
 		Description: "A matplotlib figure from a run_python call without a session, kept for a limited time.",
 	}, func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-		png, ok := s.figures.get(req.Params.URI)
+		png, ok := s.figures.get(req.Params.URI, identity(req))
 		if !ok {
 			return nil, mcp.ResourceNotFoundError(req.Params.URI)
 		}
@@ -83,8 +95,8 @@ func (s *server) addFigureResources(srv *mcp.Server) {
 
 // figureContent turns a run's figures into image content, or into links
 // for those too large to inline: in a session's workspace (figures/), or
-// in the in-memory store for one-shot runs.
-func (s *server) figureContent(res *engine.Result, sessionID string, run int) []mcp.Content {
+// in the in-memory store for one-shot runs, readable by owner alone.
+func (s *server) figureContent(res *engine.Result, sessionID string, run int, owner string) []mcp.Content {
 	var out []mcp.Content
 	for i := range res.Figures {
 		fig := &res.Figures[i]
@@ -103,7 +115,7 @@ func (s *server) figureContent(res *engine.Result, sessionID string, run int) []
 			}
 		}
 		if fig.URI == "" {
-			fig.URI = s.figures.put(fig.PNG)
+			fig.URI = s.figures.put(fig.PNG, owner)
 		}
 		size := int64(len(fig.PNG))
 		out = append(out, &mcp.ResourceLink{URI: fig.URI, Name: fmt.Sprintf("figure %d (%dx%d)", i+1, fig.Width, fig.Height), MIMEType: "image/png", Size: &size})

@@ -1,6 +1,7 @@
 package tools
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -447,10 +448,11 @@ func TestAuditArgs(t *testing.T) {
 }
 
 // TestSessionsArePrivate: a caller cannot see, run in, read or close a
-// session another caller created. Without authentication each HTTP
-// connection is its own caller.
+// session another caller created, nor read the figure of another's
+// one-shot run. Without authentication each HTTP connection is its own
+// caller.
 func TestSessionsArePrivate(t *testing.T) {
-	srv := newServer(t, nil, nil)
+	srv := newServer(t, nil, func(o *Options) { o.MaxInlineBytes = 2048 })
 	hs := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
 	t.Cleanup(hs.Close)
 	connectHTTP := func() *mcp.ClientSession {
@@ -500,6 +502,25 @@ func TestSessionsArePrivate(t *testing.T) {
 	}
 	if _, err := alice.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: fileURI(id, "secret.txt")}); err != nil {
 		t.Errorf("alice reading her file: %v", err)
+	}
+
+	// A one-shot plot too large to inline is a link into the figure store.
+	res, _ = call(t, alice, "run_python", map[string]any{"code": "import matplotlib.pyplot as plt\nplt.plot(range(100))\n"})
+	var link string
+	for _, c := range res.Content {
+		if l, ok := c.(*mcp.ResourceLink); ok {
+			link = l.URI
+		}
+	}
+	if res.IsError || !strings.HasPrefix(link, figurePrefix) {
+		t.Fatalf("alice's plot: %s %q", text(res), link)
+	}
+	_, err := bob.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: link})
+	if err == nil || !strings.Contains(err.Error(), "not found") {
+		t.Errorf("bob reading alice's figure: %v", err)
+	}
+	if rr, err := alice.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: link}); err != nil || !bytes.HasPrefix(rr.Contents[0].Blob, []byte("\x89PNG")) {
+		t.Errorf("alice reading her figure: %v", err)
 	}
 }
 

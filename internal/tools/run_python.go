@@ -76,7 +76,7 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 		return errorResult(fmt.Sprintf("The sandbox could not run the code: %v. Nothing was run; run check_environment to see whether the sandbox works on this server.", err)), nil, nil
 	}
 	content := []mcp.Content{&mcp.TextContent{Text: summary(res)}}
-	content = append(content, s.figureContent(res, in.SessionID, s.runNumber(in.SessionID))...)
+	content = append(content, s.figureContent(res, in.SessionID, s.runNumber(in.SessionID), identity(req))...)
 	return &mcp.CallToolResult{IsError: res.Status != engine.StatusSuccess, Content: content}, res, nil
 }
 
