@@ -69,7 +69,8 @@ func TestRunPythonTimeout(t *testing.T) {
 	if !res.IsError || out["status"] != "timeout" {
 		t.Fatalf("isError %v status %v", res.IsError, out["status"])
 	}
-	if el := time.Since(start); el > 5*time.Second {
+	// Well under the 60 s sleep: the timeout, not the code, ended it.
+	if el := time.Since(start); el > 30*time.Second {
 		t.Errorf("timeout result took %s", el)
 	}
 }

@@ -25,7 +25,7 @@ func TestWorkerDiesMidRun(t *testing.T) {
 		if !errors.Is(err, io.ErrUnexpectedEOF) || !strings.HasPrefix(err.Error(), "worker: read reply: ") {
 			t.Errorf("Run(%q) error = %v, want unexpected EOF", code, err)
 		}
-		if d := time.Since(start); d > 5*time.Second {
+		if d := time.Since(start); d > 20*time.Second {
 			t.Errorf("took %v", d)
 		}
 		if _, err2 := w.conn.Run(testContext(t), Request{Code: "1"}); !errors.Is(err2, io.ErrUnexpectedEOF) {
@@ -46,7 +46,8 @@ func TestContextCancelsRun(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("error = %v, want deadline exceeded", err)
 	}
-	if d := time.Since(start); d > 3*time.Second {
+	// Well under the 30 s sleep: the context, not the code, ended it.
+	if d := time.Since(start); d > 15*time.Second {
 		t.Errorf("cancellation took %v", d)
 	}
 	// The reply to the abandoned run would arrive later: the Conn must not

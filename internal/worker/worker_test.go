@@ -621,13 +621,16 @@ func TestOutputPrecedesReply(t *testing.T) {
 func TestOutputIsLineBuffered(t *testing.T) {
 	w := startPython(t, systemPython, false)
 	ctx := testContext(t)
+	// The code waits for the test to see its output, so no timing is
+	// involved: output held back until the end would never be seen.
+	release := filepath.Join(t.TempDir(), "release")
 	done := make(chan error, 1)
 	go func() {
-		_, err := w.conn.Run(ctx, Request{Code: "import time\nprint('early')\ntime.sleep(1)"})
+		code := fmt.Sprintf("import os, time\nprint('early')\nfor _ in range(1500):\n    if os.path.exists(%q): break\n    time.sleep(0.01)\n", release)
+		_, err := w.conn.Run(ctx, Request{Code: code})
 		done <- err
 	}()
-	deadline := time.Now().Add(900 * time.Millisecond)
-	for {
+	for deadline := time.Now().Add(15 * time.Second); ; {
 		b, _ := os.ReadFile(w.stdout)
 		if string(b) == "early\n" {
 			break
@@ -636,6 +639,9 @@ func TestOutputIsLineBuffered(t *testing.T) {
 			t.Fatal("output not seen while the code was still running")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if err := os.WriteFile(release, nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
