@@ -223,14 +223,20 @@ func sessionPidNS(t *testing.T, s *Sessions, id string) string {
 
 func waitGone(t *testing.T, ns string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	// Generous: on a loaded machine the kernel takes a while to tear a pid
+	// namespace down, and what this looks for would stay for good.
+	deadline := time.Now().Add(15 * time.Second)
 	for len(escHostProcs(ns)) > 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("processes of %s still alive: %v", ns, escHostProcs(ns))
+			var desc []string
+			for _, pid := range escHostProcs(ns) {
+				stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+				desc = append(desc, strings.TrimSpace(string(stat)))
+			}
+			t.Fatalf("processes of %s still there:\n%s", ns, strings.Join(desc, "\n"))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	_ = os.Getpid
 }
 
 // Sessions work on the bwrap backend too: state, interrupts, files.
