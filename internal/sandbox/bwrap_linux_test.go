@@ -546,20 +546,11 @@ func TestBwrapRlimitASStartsWithLargeArguments(t *testing.T) {
 	b := requireBwrap(t)
 	b.cgroups = cgroup.Info{} // as for a user without cgroup delegation
 	for range 3 {
-		out, errb := &testutil.SyncBuffer{}, &testutil.SyncBuffer{}
 		spec := bwrapSpec("import sys, resource; print(len(sys.argv), len(sys.argv[-1]), resource.getrlimit(resource.RLIMIT_AS)[0] >> 20)",
-			Limits{MemoryBytes: 96 << 20, MaxProcs: 16, TmpBytes: 16 << 20}, out, errb)
+			Limits{MemoryBytes: 96 << 20, MaxProcs: 16, TmpBytes: 16 << 20}, nil, nil)
 		for range 12 {
 			spec.Args = append(spec.Args, strings.Repeat("x", 100<<10))
 		}
-		sb, err := b.Start(context.Background(), spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e := sb.Wait()
-		sb.Close()
-		if e.Code != 0 || out.String() != "13 102400 96\n" {
-			t.Fatalf("exit %+v stdout %q stderr %.2000s", e, out.String(), errb.String())
-		}
+		wantOutput(t, b, spec, "13 102400 96\n")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pysandbox/pysandbox/internal/sandbox/cgroup"
+	"github.com/pysandbox/pysandbox/internal/testutil"
 )
 
 // startPy runs /usr/bin/python3 -I -c code in a native sandbox, with no
@@ -301,21 +302,28 @@ func TestNativeRlimitASStartsWithLargeEnvironment(t *testing.T) {
 		env = append(env, fmt.Sprintf("BIG%d=%s", i, strings.Repeat("x", 100<<10)))
 	}
 	for range 3 {
-		var out, errb bytes.Buffer
-		sb, err := n.Start(context.Background(), &Spec{
+		wantOutput(t, n, &Spec{
 			Python: "/usr/bin/python3", Prefix: "/usr",
 			Args:   []string{"-I", "-c", "import os, resource; print(len(os.environ['BIG11']), resource.getrlimit(resource.RLIMIT_AS)[0] >> 20)"},
 			Env:    env,
 			Limits: Limits{MemoryBytes: 96 << 20, MaxProcs: 16, TmpBytes: 16 << 20},
-			Stdout: &out, Stderr: &errb,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		e := sb.Wait()
-		sb.Close()
-		if e.Code != 0 || out.String() != "102400 96\n" {
-			t.Fatalf("exit %+v stdout %q stderr %.2000s", e, out.String(), errb.String())
-		}
+		}, "102400 96\n")
+	}
+}
+
+// wantOutput runs spec on b to its end and wants a clean exit with stdout
+// want.
+func wantOutput(t *testing.T, b Backend, spec *Spec, want string) {
+	t.Helper()
+	out, errb := &testutil.SyncBuffer{}, &testutil.SyncBuffer{}
+	spec.Stdout, spec.Stderr = out, errb
+	sb, err := b.Start(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := sb.Wait()
+	sb.Close()
+	if e.Code != 0 || out.String() != want {
+		t.Fatalf("exit %+v stdout %q (want %q) stderr %.2000s", e, out.String(), want, errb.String())
 	}
 }
