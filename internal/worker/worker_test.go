@@ -801,3 +801,20 @@ func TestTracebackMatchesPython(t *testing.T) {
 		})
 	}
 }
+
+// A one-shot run keeps the reserves it started with (it does not free and
+// take them around compiling, as a session does), and they must still give
+// the reply room when small objects fill the memory.
+func TestOneShotMemoryErrorSmallObjects(t *testing.T) {
+	requirePython(t, systemPython)
+	argv := append([]string{"/bin/sh", "-c", `ulimit -v 120000 && exec "$@"`, "sh"}, Command(systemPython, "WORKER_PY", true)...)
+	w := startWorker(t, argv)
+	res, _, stderr := w.run(t, Request{Code: "x = []\nwhile True:\n    x.append(str(len(x)) * 3)\n"})
+	wantError(t, res, "MemoryError", 1)
+	if !strings.Contains(res.Error.Traceback, "line 3, in <module>") || !strings.Contains(stderr, "MemoryError") {
+		t.Errorf("traceback %q stderr %q", res.Error.Traceback, stderr)
+	}
+	if code := w.exitCode(t); code != 1 {
+		t.Errorf("one-shot worker exited with %d, want 1", code)
+	}
+}
