@@ -495,6 +495,34 @@ func TestKillWithoutFreezerV1(t *testing.T) {
 	}
 }
 
+// A process in a child group of a sandbox's group still counts: a group
+// is reset for the next run only when nothing is left anywhere below it.
+func TestResetSeesDescendantGroupsV1(t *testing.T) {
+	requireV1(t)
+	g := newGroup(t, Limits{Pids: 64})
+	sub := filepath.Join(g.v1.dirs[cgroup1.Pids], "nested")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := startIn(t, g, io.Discard, io.Discard, "sleep", "30")
+	if err := os.WriteFile(filepath.Join(sub, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if err := os.Remove(sub); err != nil {
+			t.Errorf("remove %s: %v", sub, err)
+		}
+	})
+	if pids := g.v1.pids(); !slices.Contains(pids, cmd.Process.Pid) {
+		t.Errorf("pids %v miss %d in a child group", pids, cmd.Process.Pid)
+	}
+	if err := g.Reset(); err == nil {
+		t.Error("Reset succeeded with a process in a child group")
+	}
+}
+
 func TestNewRejectsBadNames(t *testing.T) {
 	for _, name := range []string{"", ".", "..", "a/b", "/abs", "../escape", "a..b", "x\ny", serverLeaf, probePfx + "1-1", strings.Repeat("x", 201)} {
 		if g, err := New(name, Limits{}); err == nil {
