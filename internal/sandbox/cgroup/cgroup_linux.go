@@ -95,8 +95,8 @@ func (g *Group) Reset() error {
 	if g.v2 != nil {
 		return ErrNoReuse
 	}
-	if pids := g.v1.pids(); len(pids) > 0 {
-		return fmt.Errorf("cgroup: reset %s: %d processes still in it", g.Path(), len(pids))
+	if !g.v1.empty() {
+		return fmt.Errorf("cgroup: reset %s: processes are still in it", g.Path())
 	}
 	if err := g.v1.reset(); err != nil {
 		return fmt.Errorf("cgroup: reset %s: %w", g.Path(), err)

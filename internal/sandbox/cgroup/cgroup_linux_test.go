@@ -52,7 +52,7 @@ func leftovers() []string {
 	var parents []string
 	if hostMode() == ModeV1 {
 		if subs, err := v1Subsystems(); err == nil {
-			if dirs, err := v1Dirs(subs, baseName); err == nil {
+			if dirs, _, err := v1Dirs(subs, baseName); err == nil {
 				for _, d := range dirs {
 					parents = append(parents, d)
 				}

@@ -57,23 +57,33 @@ func v1Subsystems() ([]cgroup1.Subsystem, error) {
 
 // v1Dirs maps each subsystem to its absolute directory for the nested path
 // rel (below our own group in that hierarchy). Subsystems our process is not
-// attached to are left out.
-func v1Dirs(subs []cgroup1.Subsystem, rel string) (map[cgroup1.Name]string, error) {
+// attached to are left out. It also returns the path within each hierarchy,
+// as a cgroup1.Path: the library's NestedPath would read /proc/self/cgroup
+// again on every call (every AddProc), and a pooled run makes many.
+func v1Dirs(subs []cgroup1.Subsystem, rel string) (map[cgroup1.Name]string, cgroup1.Path, error) {
 	path := cgroup1.NestedPath(rel)
 	dirs := make(map[cgroup1.Name]string)
+	rels := make(map[cgroup1.Name]string)
 	for _, s := range subs {
 		p, err := path(s.Name())
 		if errors.Is(err, cgroup1.ErrControllerNotActive) {
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if ps, ok := s.(pather); ok {
 			dirs[s.Name()] = ps.Path(p)
+			rels[s.Name()] = p
 		}
 	}
-	return dirs, nil
+	fixed := func(n cgroup1.Name) (string, error) {
+		if p, ok := rels[n]; ok {
+			return p, nil
+		}
+		return "", cgroup1.ErrControllerNotActive
+	}
+	return dirs, fixed, nil
 }
 
 // newV1 creates <own>/pysandbox/<name> in the mounted hierarchies among
@@ -86,7 +96,7 @@ func newV1(name string, lim Limits, only []cgroup1.Name) (*v1Group, error) {
 	if only != nil {
 		subs = slices.DeleteFunc(subs, func(s cgroup1.Subsystem) bool { return !slices.Contains(only, s.Name()) })
 	}
-	dirs, err := v1Dirs(subs, baseName+"/"+name)
+	dirs, paths, err := v1Dirs(subs, baseName+"/"+name)
 	if err != nil {
 		return nil, fmt.Errorf("cgroup: find v1 group paths: %w", err)
 	}
@@ -127,7 +137,7 @@ func newV1(name string, lim Limits, only []cgroup1.Name) (*v1Group, error) {
 		n := lim.Pids
 		res.Pids = &specs.LinuxPids{Limit: &n}
 	}
-	cg, err := cgroup1.New(cgroup1.NestedPath(baseName+"/"+name), res,
+	cg, err := cgroup1.New(paths, res,
 		cgroup1.WithHierarchy(func() ([]cgroup1.Subsystem, error) { return subs, nil }))
 	if err != nil {
 		// cgroup1.New leaves behind whatever it created before failing.
@@ -208,31 +218,47 @@ func (g *v1Group) oomKills() int64 {
 	return n
 }
 
+// empty reports whether no process is left in the group or below it. One
+// hierarchy is enough, since every process of a sandbox is in all of them
+// (AddProc writes to each, children inherit). Not pids.current, which still
+// counts a process that exited until its parent reaps it.
+func (g *v1Group) empty() bool {
+	for _, n := range v1Wanted {
+		if d, ok := g.dirs[n]; ok {
+			return len(procsBelow(d, nil)) == 0
+		}
+	}
+	return true
+}
+
 // pids lists the processes in the group and its descendants across all
 // its hierarchies. It reads cgroup.procs files rather than asking the
 // library, whose walk stats every file of every directory.
 func (g *v1Group) pids() []int {
 	var out []int
-	var walk func(dir string)
-	walk = func(dir string) {
-		procs, err := readPids(filepath.Join(dir, "cgroup.procs"))
-		if err != nil {
-			return
-		}
-		for _, p := range procs {
-			if !slices.Contains(out, p) {
-				out = append(out, p)
-			}
-		}
-		ents, _ := os.ReadDir(dir)
-		for _, e := range ents {
-			if e.IsDir() {
-				walk(filepath.Join(dir, e.Name()))
-			}
+	for _, d := range g.dirs {
+		out = procsBelow(d, out)
+	}
+	return out
+}
+
+// procsBelow adds to out the pids in the cgroup.procs of dir and of every
+// group below it, once each.
+func procsBelow(dir string, out []int) []int {
+	procs, err := readPids(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return out
+	}
+	for _, p := range procs {
+		if !slices.Contains(out, p) {
+			out = append(out, p)
 		}
 	}
-	for _, d := range g.dirs {
-		walk(d)
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if e.IsDir() {
+			out = procsBelow(filepath.Join(dir, e.Name()), out)
+		}
 	}
 	return out
 }
@@ -318,7 +344,7 @@ func (g *v1Group) delete(deadline time.Time) error {
 // v1Parent describes where v1 groups go, e.g.
 // "memory=/sys/fs/cgroup/memory/x/pysandbox pids=/sys/fs/cgroup/pids/pysandbox".
 func v1Parent(subs []cgroup1.Subsystem) string {
-	dirs, err := v1Dirs(subs, baseName)
+	dirs, _, err := v1Dirs(subs, baseName)
 	if err != nil {
 		return ""
 	}
