@@ -675,12 +675,19 @@ os.system('ls -l /proc/self/fd > via_system.txt')
 	}
 }
 
+// startUnderRlimitAS starts a worker of the system python whose address
+// space is limited to kib KiB, as a sandbox without a memory cgroup is.
+func startUnderRlimitAS(t *testing.T, kib int, oneshot bool) *testWorker {
+	t.Helper()
+	requirePython(t, systemPython)
+	argv := append([]string{"/bin/sh", "-c", fmt.Sprintf(`ulimit -v %d && exec "$@"`, kib), "sh"}, Command(systemPython, "WORKER_PY", oneshot)...)
+	return startWorker(t, argv)
+}
+
 // A real allocation failure under RLIMIT_AS must still produce a reply with
 // the MemoryError type, and the worker must remain usable.
 func TestRealMemoryError(t *testing.T) {
-	requirePython(t, systemPython)
-	argv := append([]string{"/bin/sh", "-c", `ulimit -v 500000 && exec "$@"`, "sh"}, Command(systemPython, "WORKER_PY", false)...)
-	w := startWorker(t, argv)
+	w := startUnderRlimitAS(t, 500000, false)
 
 	res, _, _ := w.run(t, Request{Code: "b = bytearray(1 << 40)"})
 	wantError(t, res, "MemoryError", 1)
@@ -710,9 +717,7 @@ func TestRealMemoryError(t *testing.T) {
 // arenas: the worker's reserve must make room for the reply, and be taken
 // again for the next run.
 func TestMemoryErrorSmallObjects(t *testing.T) {
-	requirePython(t, systemPython)
-	argv := append([]string{"/bin/sh", "-c", `ulimit -v 120000 && exec "$@"`, "sh"}, Command(systemPython, "WORKER_PY", false)...)
-	w := startWorker(t, argv)
+	w := startUnderRlimitAS(t, 120000, false)
 	for i := 0; i < 2; i++ {
 		res, _, _ := w.run(t, Request{Code: "x = []\nwhile True:\n    x.append(str(len(x)) * 3)\n"})
 		wantError(t, res, "MemoryError", 1)
@@ -806,9 +811,7 @@ func TestTracebackMatchesPython(t *testing.T) {
 // take them around compiling, as a session does), and they must still give
 // the reply room when small objects fill the memory.
 func TestOneShotMemoryErrorSmallObjects(t *testing.T) {
-	requirePython(t, systemPython)
-	argv := append([]string{"/bin/sh", "-c", `ulimit -v 120000 && exec "$@"`, "sh"}, Command(systemPython, "WORKER_PY", true)...)
-	w := startWorker(t, argv)
+	w := startUnderRlimitAS(t, 120000, true)
 	res, _, stderr := w.run(t, Request{Code: "x = []\nwhile True:\n    x.append(str(len(x)) * 3)\n"})
 	wantError(t, res, "MemoryError", 1)
 	if !strings.Contains(res.Error.Traceback, "line 3, in <module>") || !strings.Contains(stderr, "MemoryError") {
