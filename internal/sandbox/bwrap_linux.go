@@ -1027,8 +1027,8 @@ func runBwrapShim(setup *os.File) error {
 	}
 	// A uid change clears the parent-death signal; bwrap's
 	// --die-with-parent only takes over after its exec.
-	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
-		return fmt.Errorf("bwrap shim: %w", os.NewSyscallError("prctl(PR_SET_PDEATHSIG)", err))
+	if err := dieWithParent(); err != nil {
+		return fmt.Errorf("bwrap shim: %w", err)
 	}
 	if os.Getppid() != cfg.Parent {
 		return errors.New("bwrap shim: the server has exited")

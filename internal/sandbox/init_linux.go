@@ -70,8 +70,8 @@ func runInit(setup *os.File) error {
 	}
 	// Re-arm the parent-death signal: if the server dies, so does the
 	// sandbox (pid 1 dying takes every process of the namespace with it).
-	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
-		return fmt.Errorf("sandbox init: %w", os.NewSyscallError("prctl(PR_SET_PDEATHSIG)", err))
+	if err := dieWithParent(); err != nil {
+		return fmt.Errorf("sandbox init: %w", err)
 	}
 	// Everything that allocates comes before the limits (see exec_linux.go).
 	var filter *seccomp.Filter
@@ -105,8 +105,8 @@ func runInit(setup *os.File) error {
 		return err
 	}
 	// A change of uid clears the parent-death signal, so arm it again.
-	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
-		return fmt.Errorf("sandbox init: %w", os.NewSyscallError("prctl(PR_SET_PDEATHSIG)", err))
+	if err := dieWithParent(); err != nil {
+		return fmt.Errorf("sandbox init: %w", err)
 	}
 	if filter != nil {
 		// Install also sets no_new_privs, which seccomp requires of an
@@ -154,6 +154,15 @@ func loopbackUp() error {
 	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
 	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
 		return fmt.Errorf("sandbox init: lo: %w", os.NewSyscallError("ioctl(SIOCSIFFLAGS)", err))
+	}
+	return nil
+}
+
+// dieWithParent arms the parent-death signal: SIGKILL when the server
+// exits. A change of uid clears it, so callers arm it again after one.
+func dieWithParent() error {
+	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
+		return os.NewSyscallError("prctl(PR_SET_PDEATHSIG)", err)
 	}
 	return nil
 }
