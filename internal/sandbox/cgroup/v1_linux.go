@@ -181,7 +181,7 @@ func (g *v1Group) stats() (Stats, error) {
 		if st.MemoryPeakBytes, err = readInt(filepath.Join(d, pre+"max_usage_in_bytes")); err != nil {
 			return Stats{}, err
 		}
-		if st.OOMKills, _, err = readKey(filepath.Join(d, "memory.oom_control"), "oom_kill"); err != nil {
+		if st.OOMKills, err = readOOMKills(d); err != nil {
 			return Stats{}, err
 		}
 	}
@@ -203,19 +203,23 @@ func (g *v1Group) stats() (Stats, error) {
 	return st, nil
 }
 
-// oomKills reads the oom_kill counter of memory.oom_control directly: the
-// library only exposes it through Stat, which reads every file of every
-// hierarchy and fails as a whole if one of them does.
+// oomKills is the oom_kill counter of memory.oom_control, 0 when it cannot
+// be read (or there is no memory hierarchy).
 func (g *v1Group) oomKills() int64 {
 	d, ok := g.dirs[cgroup1.Memory]
 	if !ok {
 		return 0
 	}
-	n, _, err := readKey(filepath.Join(d, "memory.oom_control"), "oom_kill")
+	n, err := readOOMKills(d)
 	if err != nil {
 		return 0
 	}
 	return n
+}
+
+func readOOMKills(memoryDir string) (int64, error) {
+	n, _, err := readKey(filepath.Join(memoryDir, "memory.oom_control"), "oom_kill")
+	return n, err
 }
 
 // empty reports whether no process is left in the group or below it. One
