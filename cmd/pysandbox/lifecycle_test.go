@@ -2,59 +2,34 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/testutil"
 )
 
 // proc is a host process, named by pid and start time so that a recycled
 // pid is not mistaken for it.
 type proc struct {
-	pid   int
-	start string
-	comm  string
-	state string
-}
-
-// procStat reads a process's parent, start time and name from /proc.
-func procStat(pid int) (ppid int, p proc, ok bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, proc{}, false
-	}
-	// The name is in parentheses and may hold spaces; fields follow it.
-	s := string(b)
-	open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-	if open < 0 || closing < open {
-		return 0, proc{}, false
-	}
-	f := strings.Fields(s[closing+1:])
-	if len(f) < 20 {
-		return 0, proc{}, false
-	}
-	ppid, _ = strconv.Atoi(f[1])
-	return ppid, proc{pid: pid, start: f[19], comm: s[open+1 : closing], state: f[0]}, true
+	pid int
+	testutil.ProcStat
 }
 
 // descendants lists every process below root on the host.
 func descendants(root int) []proc {
 	children := map[int][]proc{}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
+	testutil.HostProcs(func(dir string) bool {
+		pid, _ := strconv.Atoi(filepath.Base(dir))
+		if st, ok := testutil.ReadProcStat(pid); ok {
+			children[st.PPid] = append(children[st.PPid], proc{pid, st})
 		}
-		if ppid, p, ok := procStat(pid); ok {
-			children[ppid] = append(children[ppid], p)
-		}
-	}
+		return false
+	})
 	var out []proc
 	queue := []int{root}
 	for len(queue) > 0 {
@@ -70,8 +45,8 @@ func descendants(root int) []proc {
 // alive says whether p still runs; a zombie is dead, only not yet reaped
 // by whoever inherited it.
 func alive(p proc) bool {
-	_, now, ok := procStat(p.pid)
-	return ok && now.start == p.start && now.state != "Z"
+	now, ok := testutil.ReadProcStat(p.pid)
+	return ok && now.Start == p.Start && !now.Dead()
 }
 
 // A server killed with SIGKILL gets no chance to clean up. Its sandboxes
@@ -115,7 +90,7 @@ func TestServerKilledTakesSandboxesWithIt(t *testing.T) {
 				before = descendants(cmd.Process.Pid)
 				sleeps := 0
 				for _, p := range before {
-					if p.comm == "sleep" {
+					if p.Comm == "sleep" {
 						sleeps++
 					}
 				}

@@ -306,13 +306,8 @@ func escAlive(pid int) bool {
 	if syscall.Kill(pid, 0) != nil {
 		return false
 	}
-	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// "pid (comm) S ...": the state follows the last ')'.
-	i := bytes.LastIndexByte(st, ')')
-	return i > 0 && i+2 < len(st) && st[i+2] != 'Z' && st[i+2] != 'X'
+	st, ok := testutil.ReadProcStat(pid)
+	return ok && !st.Dead()
 }
 
 func escSHA(t testing.TB, path string) [32]byte {

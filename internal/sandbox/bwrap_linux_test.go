@@ -112,12 +112,8 @@ func cgroupDirs(name string) []string {
 
 // alive reports whether pid exists and is not a zombie.
 func alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	return i < 0 || len(b) <= i+2 || (b[i+2] != 'Z' && b[i+2] != 'X')
+	st, ok := testutil.ReadProcStat(pid)
+	return ok && !st.Dead()
 }
 
 const isolationProbe = `

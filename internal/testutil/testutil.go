@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -68,6 +69,37 @@ func Golden(t testing.TB, path string, got []byte, update bool) {
 	if !bytes.Equal(got, want) {
 		t.Errorf("%s is stale (run go test -update if the change is intended)\ngot:\n%s\nwant:\n%s", path, got, want)
 	}
+}
+
+// ProcStat is what tests read of a host process from /proc/PID/stat.
+type ProcStat struct {
+	Comm  string
+	State byte
+	PPid  int
+	Start string // start time in clock ticks: with the pid, names a process
+}
+
+// Dead reports whether the process has exited and only waits to be reaped.
+func (s ProcStat) Dead() bool { return s.State == 'Z' || s.State == 'X' }
+
+// ReadProcStat reads /proc/PID/stat; false when there is no such process.
+func ReadProcStat(pid int) (ProcStat, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ProcStat{}, false
+	}
+	// "pid (comm) state ppid ...": comm may hold anything, but its ')' is
+	// the last one.
+	open, closing := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
+	if open < 0 || closing < open {
+		return ProcStat{}, false
+	}
+	f := strings.Fields(string(b[closing+1:]))
+	if len(f) < 20 || len(f[0]) != 1 {
+		return ProcStat{}, false
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ProcStat{Comm: string(b[open+1 : closing]), State: f[0][0], PPid: ppid, Start: f[19]}, true
 }
 
 // HostProcs lists the pids of the host's processes for which keep says

@@ -173,15 +173,8 @@ func killedBy(err error) syscall.Signal {
 // gone reports whether pid has exited (no such process, or a zombie
 // waiting for a parent that is not us to reap it).
 func gone(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
-		return s[i+2] == 'Z' || s[i+2] == 'X'
-	}
-	return false
+	st, ok := testutil.ReadProcStat(pid)
+	return !ok || st.Dead()
 }
 
 func readTrim(t *testing.T, path string) string {
