@@ -83,7 +83,7 @@ func (s *server) addFigureResources(srv *mcp.Server) {
 		Title:       "A plot too large to return inline",
 		URITemplate: FigureTemplate,
 		MIMEType:    "image/png",
-		Description: "A matplotlib figure from a run_python call without a session, kept for a limited time.",
+		Description: "A matplotlib figure from a run_python call without a session, kept for a limited time and readable only by the caller whose run drew it.",
 	}, func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 		png, ok := s.figures.get(req.Params.URI, identity(req))
 		if !ok {
