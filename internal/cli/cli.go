@@ -133,6 +133,8 @@ type options struct {
 	preload       string
 	learnPreload  int
 	poolMemory    size
+	zygoteRuns    int64
+	zygoteAge     duration
 
 	cacheDir       string
 	cacheSize      size
@@ -150,8 +152,14 @@ type listFlag []string
 func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
-// defaultCacheDir is where dependency environments are cached.
+// defaultCacheDir is where dependency environments are cached. A root
+// server uses the system's cache directory rather than root's home: the
+// path of a mounted environment is visible inside a sandbox (in
+// /proc/self/mountinfo), and a home directory would tell whose it is.
 func defaultCacheDir() string {
+	if os.Geteuid() == 0 {
+		return "/var/cache/pysandbox"
+	}
 	if d, err := os.UserCacheDir(); err == nil {
 		return filepath.Join(d, "pysandbox")
 	}
@@ -168,6 +176,8 @@ func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *option
 		maxOutput:      1 << 20,
 		tmpSize:        256 << 20,
 		poolMemory:     1 << 30,
+		zygoteRuns:     1000,
+		zygoteAge:      duration(30 * time.Minute),
 		cacheSize:      2 << 30,
 		installTimeout: duration(5 * time.Minute),
 	}
@@ -185,6 +195,8 @@ func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *option
 	fs.IntVar(&o.poolSize, "pool-size", 4, "warm pool: sandboxes kept ready, forked from a zygote with the interpreter started (native backend; 0 turns the pool off)")
 	fs.StringVar(&o.preload, "preload", "", "warm pool: comma-separated modules imported once in the zygote, e.g. numpy,pandas (a missing one is a warning)")
 	fs.Var(&o.poolMemory, "pool-memory", "warm pool: memory budget of the zygote and its idle sandboxes")
+	fs.Int64Var(&o.zygoteRuns, "zygote-max-runs", o.zygoteRuns, "warm pool: replace a zygote after it has forked this many runs (runs forked from one zygote share its memory layout and str hash seed); 0: never")
+	fs.Var(&o.zygoteAge, "zygote-max-age", "warm pool: replace a zygote this long after it started; 0: never")
 	fs.IntVar(&o.learnPreload, "adaptive-preload", 4, "warm pool: preload up to this many more modules on its own once recent runs keep importing them (within --pool-memory); 0 turns it off")
 	fs.StringVar(&o.cacheDir, "cache-dir", defaultCacheDir(), "dependencies: where installed environments are cached")
 	fs.Var(&o.cacheSize, "cache-size", "dependencies: size cap of the cache (least recently used environments go first)")
@@ -224,8 +236,8 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 	if o.timeout > o.maxTimeout {
 		return nil, noop, usageError{fmt.Errorf("--timeout %s is above --max-timeout %s", o.timeout.String(), o.maxTimeout.String())}
 	}
-	if o.memory < 16<<20 || o.tmpSize < 1<<20 || o.maxOutput < 1024 || o.maxProcs < 1 || o.maxConcurrent < 1 || o.maxQueue < 0 || o.poolSize < 0 || o.learnPreload < 0 {
-		return nil, noop, usageError{errors.New("limits too small: --memory needs at least 16MiB, --tmp-size 1MiB, --max-output 1KiB, --max-procs and --max-concurrent 1, --pool-size and --adaptive-preload 0")}
+	if o.memory < 16<<20 || o.tmpSize < 1<<20 || o.maxOutput < 1024 || o.maxProcs < 1 || o.maxConcurrent < 1 || o.maxQueue < 0 || o.poolSize < 0 || o.learnPreload < 0 || o.zygoteRuns < 0 || o.zygoteAge < 0 {
+		return nil, noop, usageError{errors.New("limits too small: --memory needs at least 16MiB, --tmp-size 1MiB, --max-output 1KiB, --max-procs and --max-concurrent 1, --pool-size, --adaptive-preload, --zygote-max-runs and --zygote-max-age 0")}
 	}
 	preload, err := parsePreload(o.preload)
 	if err != nil {
@@ -299,6 +311,8 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 		Size:          o.poolSize,
 		MemoryBudget:  int64(o.poolMemory),
 		MaxConcurrent: o.maxConcurrent,
+		ZygoteMaxRuns: o.zygoteRuns,
+		ZygoteMaxAge:  time.Duration(o.zygoteAge),
 		Logger:        log,
 	})
 	if err != nil {

@@ -39,6 +39,18 @@ type Layers struct {
 	Rlimits             Layer `json:"rlimits"`
 	ReadOnlyRoot        Layer `json:"read_only_root"`
 	UnprivilegedUser    Layer `json:"unprivileged_user"`
+	// NoHostRoot: the sandbox's uid_map maps nothing to uid 0 of the
+	// namespace above it (host root, for a cold sandbox).
+	NoHostRoot Layer `json:"no_host_root"`
+	// ProcMasked: what /proc would tell about the host is empty or
+	// unreadable, and /proc/sys and its kin are read-only.
+	ProcMasked Layer `json:"proc_masked"`
+	// InotifyDenied: file watches on the shared read-only trees are
+	// refused (they would show what other tenants' runs open).
+	InotifyDenied Layer `json:"inotify_denied"`
+	// UsrLocalHidden: the host's /usr/local shows only its Python
+	// directories.
+	UsrLocalHidden Layer `json:"usr_local_hidden"`
 }
 
 // Limits are the effective limits of every run.
@@ -188,6 +200,28 @@ func (e *Engine) Measure(ctx context.Context, interpreters []*interp.Interpreter
 	L.CapabilitiesDropped = Layer{Active: capsZero, Detail: strings.Join(capDetail, " ")}
 	L.ReadOnlyRoot = Layer{Active: !pr.RootWritable}
 	L.UnprivilegedUser = Layer{Active: pr.UID != 0, Detail: fmt.Sprintf("uid %d gid %d inside", pr.UID, pr.GID)}
+	L.NoHostRoot = noHostRoot(pr.UIDMap)
+	if f := strings.Fields(pr.UIDMap); p.Backend == string(sandbox.KindBwrap) && !L.NoHostRoot.Active && len(f) == 3 && f[1] == "0" {
+		// bwrap nests a user namespace: its "0" is the namespace bwrap set
+		// up as its own host uid (the shim's, a uid of the sandbox's own
+		// for a root server), which cannot be seen from inside.
+		L.NoHostRoot = Layer{Active: true, Detail: "nested user namespace (uid_map " + strings.Join(f, " ") + "); bwrap itself runs as an unprivileged host uid"}
+	}
+	if len(pr.Exposed) == 0 {
+		L.ProcMasked = Layer{Active: true, Detail: "OCI masked and read-only paths, plus cmdline, kallsyms, modules, diskstats"}
+	} else {
+		L.ProcMasked = Layer{Detail: "visible: " + strings.Join(pr.Exposed, ", ")}
+	}
+	L.InotifyDenied = Layer{Active: pr.Inotify == "denied", Detail: "inotify_init1: " + pr.Inotify}
+	switch {
+	case len(pr.UsrLocal) == 0:
+		L.UsrLocalHidden = Layer{Active: true, Detail: "empty"}
+	case slices.Equal(pr.UsrLocal, []string{"lib"}):
+		L.UsrLocalHidden = Layer{Active: true, Detail: "only lib/python3.*"}
+	default:
+		// The interpreter itself lives there (its prefix is /usr/local).
+		L.UsrLocalHidden = Layer{Detail: "shows " + strings.Join(pr.UsrLocal, ", ")}
+	}
 	var rl []string
 	for _, k := range []string{"AS", "NOFILE", "NPROC", "FSIZE", "CORE", "CPU"} {
 		if v, ok := pr.Rlimits[k]; ok && v[0] >= 0 {
@@ -225,6 +259,8 @@ func (e *Engine) Measure(ctx context.Context, interpreters []*interp.Interpreter
 		"network namespace": L.NetNamespace, "ipc namespace": L.IPCNamespace, "uts namespace": L.UTSNamespace,
 		"seccomp": L.Seccomp, "no_new_privs": L.NoNewPrivs, "capability drop": L.CapabilitiesDropped,
 		"read-only root": L.ReadOnlyRoot, "unprivileged uid": L.UnprivilegedUser,
+		"no host root in the uid map": L.NoHostRoot, "masked /proc": L.ProcMasked,
+		"inotify refused": L.InotifyDenied,
 	}
 	ok := true
 	for _, name := range slices.Sorted(maps.Keys(essential)) {
@@ -243,6 +279,32 @@ func (e *Engine) Measure(ctx context.Context, interpreters []*interp.Interpreter
 		p.Posture = "sandboxed"
 	}
 	return p
+}
+
+// noHostRoot reads a uid_map (inside, outside, count per line): no line
+// may map anything to uid 0 of the namespace above.
+func noHostRoot(uidMap string) Layer {
+	var maps []string
+	for _, line := range strings.Split(strings.TrimSpace(uidMap), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			continue
+		}
+		maps = append(maps, strings.Join(f, " "))
+		var in, out, n uint64
+		if _, err := fmt.Sscan(f[0], &in); err != nil {
+			return Layer{Detail: "unreadable uid_map"}
+		}
+		fmt.Sscan(f[1], &out)
+		fmt.Sscan(f[2], &n)
+		if out == 0 && n > 0 {
+			return Layer{Detail: "uid_map maps uid 0 above: " + strings.Join(f, " ")}
+		}
+	}
+	if len(maps) == 0 {
+		return Layer{Detail: "no uid_map"}
+	}
+	return Layer{Active: true, Detail: "uid_map " + strings.Join(maps, ", ")}
 }
 
 func cgDetail(active bool, mode, reason string) string {

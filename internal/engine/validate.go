@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
+
+	"github.com/pysandbox/pysandbox/internal/sandbox"
 
 	"github.com/pysandbox/pysandbox/internal/worker"
 )
@@ -48,7 +51,8 @@ func (e *Engine) probe(ctx context.Context) (*worker.Probe, error) {
 	var p *worker.Probe
 	err := e.withWorker(ctx, func(c *worker.Conn) error {
 		var err error
-		p, err = c.Probe(ctx)
+		m := sandbox.DefaultProcMasks()
+		p, err = c.Probe(ctx, append(slices.Clone(m.Files), m.Dirs...), m.ReadOnly)
 		return err
 	})
 	return p, err

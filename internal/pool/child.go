@@ -35,6 +35,7 @@ type child struct {
 	onIdleDeath func()
 	recycle     func(*cgroup.Group) // hands the empty cgroup back to the pool
 	onClose     func()              // asks the pool to prepare a replacement
+	release     func()              // uncounts the child on its zygote
 
 	ended     chan struct{} // every process gone, output copied, figures read
 	pidfdSet  chan struct{} // closed once pidfd is set (or will not be)
@@ -159,6 +160,9 @@ func (c *child) Close() error {
 			// Nothing is left in it (pid 1 is gone, and with it every
 			// process of the run): the next run can have it.
 			c.recycle(c.cg)
+		}
+		if c.release != nil {
+			c.release()
 		}
 		if c.onClose != nil {
 			c.onClose()

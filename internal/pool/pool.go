@@ -66,6 +66,14 @@ type Config struct {
 	// MaxConcurrent is the engine's concurrency cap: the zygote's process
 	// limits must leave room for that many runs at once.
 	MaxConcurrent int
+	// ZygoteMaxRuns and ZygoteMaxAge bound how long one zygote serves
+	// (0: no bound). Every child of a zygote shares its address-space
+	// layout and its str hash seed; a zygote that has forked MaxRuns
+	// children or is older than MaxAge is replaced by a fresh one (a new
+	// interpreter: new layout, new seed) at its next fork, and goes once
+	// its last child has ended.
+	ZygoteMaxRuns int64
+	ZygoteMaxAge  time.Duration
 	Logger        *slog.Logger
 }
 
@@ -111,8 +119,9 @@ type flavor struct {
 	lastUsed time.Time    // guarded by Pool.extraMu
 	active   atomic.Int64 // children handed out and not yet closed
 	mu       sync.Mutex
-	retiring bool    // guarded by mu: takes no more runs
-	z        *zygote // replaced when it dies (see zygote)
+	retiring bool      // guarded by mu: takes no more runs
+	z        *zygote   // replaced when it dies or has served enough (see zygote)
+	old      []*zygote // guarded by mu: replaced, waiting for their last child
 	preload  []string
 	modules  []string
 	ready    chan *child
@@ -147,25 +156,61 @@ func (f *flavor) markRetiring() bool {
 // stop ends the flavor's refilling.
 func (f *flavor) stop() { f.quitOnce.Do(func() { close(f.quit) }) }
 
-// zygote returns the flavor's zygote, starting a new one if it died (it
-// should not, but an OOM kill or a bug must not leave the server unable to
-// run anything until it is restarted).
-func (f *flavor) zygote(ctx context.Context, log *slog.Logger) (*zygote, error) {
+// zygote returns the flavor's zygote for one more child, starting a new
+// one if it died (it should not, but an OOM kill or a bug must not leave
+// the server unable to run anything until it is restarted) or has served
+// its share (Config.ZygoteMaxRuns, ZygoteMaxAge). The child is counted on
+// the zygote before the lock is released, so a zygote is never closed
+// between being chosen and forking; the caller calls release if it then
+// has no child to show for it.
+func (f *flavor) zygote(ctx context.Context, p *Pool) (*zygote, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.reapOld()
 	select {
 	case <-f.z.done:
+		p.cfg.Logger.Warn("pool: zygote died; starting a new one", "err", f.z.err())
+		f.z.close()
 	default:
-		return f.z, nil
+		if !f.z.expired(p.cfg.ZygoteMaxRuns, p.cfg.ZygoteMaxAge) {
+			f.z.live.Add(1)
+			return f.z, nil
+		}
+		p.cfg.Logger.Debug("pool: replacing a zygote that has served its share", "forks", f.z.forks.Load(), "age", time.Since(f.z.born).Round(time.Second))
+		f.z.retired.Store(true)
+		f.old = append(f.old, f.z)
 	}
-	log.Warn("pool: zygote died; starting a new one", "err", f.z.err())
-	f.z.close()
 	z, err := f.restart(ctx)
 	if err != nil {
 		return nil, err
 	}
 	f.z = z
+	z.live.Add(1)
 	return z, nil
+}
+
+// reapOld closes the replaced zygotes whose last child has ended. f.mu is
+// held.
+func (f *flavor) reapOld() {
+	f.old = slices.DeleteFunc(f.old, func(z *zygote) bool {
+		if z.live.Load() > 0 {
+			return false
+		}
+		z.close()
+		return true
+	})
+}
+
+// release gives back a child counted by zygote; a replaced zygote goes
+// with its last child.
+func (f *flavor) release(z *zygote) {
+	if z.live.Add(-1) == 0 && z.retired.Load() {
+		go func() {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.reapOld()
+		}()
+	}
 }
 
 // New starts the zygote, waits until it has imported cfg.Preload, and
@@ -430,6 +475,10 @@ func (p *Pool) retire(f *flavor) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	for _, z := range f.old {
+		z.close()
+	}
+	f.old = nil
 	return f.z.close()
 }
 
@@ -592,6 +641,9 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, erro
 	fail := func(e error) (*child, error) {
 		if c.exitc == nil {
 			// Never reached the zygote: nothing to wait for.
+			if c.release != nil {
+				c.release()
+			}
 			if c.ctrl != nil {
 				c.ctrl.Close()
 			}
@@ -675,10 +727,11 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, erro
 	if req.TmpBytes <= 0 {
 		req.TmpBytes = 256 << 20
 	}
-	z, err := f.zygote(ctx, p.cfg.Logger)
+	z, err := f.zygote(ctx, p)
 	if err != nil {
 		return fail(err)
 	}
+	c.release = func() { f.release(z) }
 	sp, err := z.spawn(ctx, req, []int{int(childFiles[0].Fd()), int(childFiles[1].Fd()), int(childFiles[2].Fd())})
 	if err != nil {
 		// The child may have said why on its control socket.

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -36,6 +37,17 @@ type zygote struct {
 
 	seq   atomic.Uint64
 	Ready zygoteReady
+
+	born    time.Time
+	forks   atomic.Int64 // children forked
+	live    atomic.Int64 // children (and forks under way) not yet closed
+	retired atomic.Bool  // replaced: closed once live is 0
+}
+
+// expired reports whether z has served its share: maxRuns forks, or
+// maxAge since it started (0: no bound).
+func (z *zygote) expired(maxRuns int64, maxAge time.Duration) bool {
+	return (maxRuns > 0 && z.forks.Load() >= maxRuns) || (maxAge > 0 && time.Since(z.born) >= maxAge)
 }
 
 type zygoteReady struct {
@@ -85,13 +97,14 @@ func startZygote(ctx context.Context, backend sandbox.Backend, spec *sandbox.Spe
 		sb.Close()
 		return nil, errors.New("pool: zygote control channel is not a Unix socket")
 	}
-	z := &zygote{sb: sb, conn: uc, replies: map[string]chan spawned{}, exits: map[int]chan exitStatus{}, done: make(chan struct{})}
+	z := &zygote{born: time.Now(), sb: sb, conn: uc, replies: map[string]chan spawned{}, exits: map[int]chan exitStatus{}, done: make(chan struct{})}
 	prog, err := seccomp.Program()
 	if err != nil {
 		sb.Close()
 		return nil, err
 	}
-	init, _ := json.Marshal(map[string]any{"op": "zygote", "preload": preload, "seccomp": base64.StdEncoding.EncodeToString(seccomp.Encode(prog))})
+	init, _ := json.Marshal(map[string]any{"op": "zygote", "preload": preload, "seccomp": base64.StdEncoding.EncodeToString(seccomp.Encode(prog)),
+		"proc_masks": sandbox.DefaultProcMasks()})
 	if _, err := uc.Write(append(init, '\n')); err != nil {
 		sb.Close()
 		return nil, fmt.Errorf("pool: zygote init: %w", err)
@@ -212,6 +225,7 @@ func (z *zygote) spawn(ctx context.Context, req spawnRequest, fds []int) (spawne
 		if !ok {
 			return spawned{}, z.err()
 		}
+		z.forks.Add(1)
 		return s, nil
 	case <-ctx.Done():
 		return spawned{}, ctx.Err()

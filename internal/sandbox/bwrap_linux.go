@@ -241,6 +241,13 @@ func (b *Bwrap) plan(spec *Spec) (*bwrapPlan, error) {
 		}
 		add("--ro-bind", d, d)
 	}
+	if hide, keep := usrLocal(spec.Prefix); hide {
+		add("--perms", "0755", "--tmpfs", "/usr/local")
+		for _, d := range keep {
+			add("--ro-bind", d, d)
+		}
+		add("--remount-ro", "/usr/local")
+	}
 	for _, f := range etcBinds() {
 		if _, err := os.Stat(f); err == nil {
 			add("--ro-bind", f, f)
@@ -259,7 +266,24 @@ func (b *Bwrap) plan(spec *Spec) (*bwrapPlan, error) {
 	if spec.HostNetwork {
 		add("--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf")
 	}
-	add("--proc", "/proc", "--dev", "/dev",
+	add("--proc", "/proc")
+	// DefaultProcMasks, as far as bwrap's options reach: /dev/null bound
+	// by --ro-bind is a device on a nodev mount, so a masked file cannot
+	// even be opened; and since bwrap would resolve a bind source under
+	// /proc in the host's /proc, the read-only paths are covered by making
+	// this /proc read-only as a whole (below).
+	for _, f := range procMaskedFiles {
+		if _, err := os.Lstat(f); err == nil {
+			add("--ro-bind", "/dev/null", f)
+		}
+	}
+	for _, d := range procMaskedDirs {
+		if _, err := os.Lstat(d); err == nil {
+			add("--perms", "0555", "--tmpfs", d, "--remount-ro", d)
+		}
+	}
+	add("--remount-ro", "/proc")
+	add("--dev", "/dev",
 		// bwrap's /dev is a tmpfs the sandbox user owns: give /dev/shm a
 		// capped tmpfs of its own, then make /dev itself read-only.
 		"--size", size, "--perms", "01777", "--tmpfs", "/dev/shm",

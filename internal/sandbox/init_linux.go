@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -101,7 +100,7 @@ func runInit(setup *os.File) error {
 	if err := setRlimits(cfg.Rlimits); err != nil {
 		return fmt.Errorf("sandbox init: %w", err)
 	}
-	if err := dropPrivileges(cfg.DropToUID, cfg.KeepSetID, capLast); err != nil {
+	if err := dropPrivileges(cfg.KeepSetID, capLast); err != nil {
 		return err
 	}
 	// A change of uid clears the parent-death signal, so arm it again.
@@ -167,10 +166,10 @@ func dieWithParent() error {
 	return nil
 }
 
-// dropPrivileges becomes the sandbox user (when starting as root of the
-// namespace) and empties every capability set, the bounding set included,
-// so nothing can be regained by exec.
-func dropPrivileges(toUser, keepSetID bool, last int) error {
+// dropPrivileges empties every capability set, the bounding set included,
+// so nothing can be regained by exec. The init already runs as the sandbox
+// user (see Native.Start); its capabilities came as ambient ones.
+func dropPrivileges(keepSetID bool, last int) error {
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
 		return fmt.Errorf("sandbox init: %w", os.NewSyscallError("prctl(PR_CAP_AMBIENT_CLEAR_ALL)", err))
 	}
@@ -180,24 +179,6 @@ func dropPrivileges(toUser, keepSetID bool, last int) error {
 		}
 		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && err != unix.EINVAL {
 			return fmt.Errorf("sandbox init: drop cap %d: %w", c, os.NewSyscallError("prctl(PR_CAPBSET_DROP)", err))
-		}
-	}
-	if keepSetID {
-		// Keep the permitted set across the uid change below.
-		if err := unix.Prctl(unix.PR_SET_KEEPCAPS, 1, 0, 0, 0); err != nil {
-			return fmt.Errorf("sandbox init: %w", os.NewSyscallError("prctl(PR_SET_KEEPCAPS)", err))
-		}
-	}
-	if toUser {
-		// Go applies these to every thread of the process.
-		if err := syscall.Setgroups(nil); err != nil {
-			return fmt.Errorf("sandbox init: %w", os.NewSyscallError("setgroups", err))
-		}
-		if err := syscall.Setresgid(sandboxGID, sandboxGID, sandboxGID); err != nil {
-			return fmt.Errorf("sandbox init: %w", os.NewSyscallError("setresgid", err))
-		}
-		if err := syscall.Setresuid(sandboxUID, sandboxUID, sandboxUID); err != nil {
-			return fmt.Errorf("sandbox init: %w", os.NewSyscallError("setresuid", err))
 		}
 	}
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}

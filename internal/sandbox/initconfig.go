@@ -42,17 +42,17 @@ type initConfig struct {
 	// NewCgroupNS asks the init to unshare a cgroup namespace once the
 	// parent has moved it into its cgroups, so the worker sees "/" only.
 	NewCgroupNS bool `json:"new_cgroupns"`
-	// DropToUID, when set, is done last: the init starts as root of its user
-	// namespace (mapped to host root, so it can reach every bind source)
-	// and becomes the sandbox user, a different host uid, before exec. An
-	// unprivileged server maps only its own uid and starts the init as the
-	// sandbox user directly, with ambient capabilities for the setup.
-	DropToUID bool `json:"drop_to_uid"`
 	// KeepSetID keeps CAP_SETUID and CAP_SETGID, in the sandbox's own user
 	// namespace only, for a root server's zygote: it gives each child its
 	// own uid from the extra mapped range before the child leaves for a
-	// user namespace of its own (where those capabilities are gone).
+	// user namespace of its own (where those capabilities are gone). No
+	// host uid that namespace maps is privileged (see Native.Start).
 	KeepSetID bool `json:"keep_setid,omitempty"`
+	// MaskProc hides what /proc tells about the host (see procmask.go).
+	// Off for a zygote only: its children mount a /proc of their own and
+	// mask it themselves, and the kernel refuses a new /proc where the
+	// one it would cover has locked mounts hiding parts of it.
+	MaskProc bool `json:"mask_proc,omitempty"`
 	// HostNetwork: the sandbox kept the host's network namespace, so lo
 	// must not be touched and the host's resolver configuration is used.
 	HostNetwork bool `json:"host_network,omitempty"`
@@ -76,6 +76,15 @@ type bindMount struct {
 	Writable bool `json:"writable,omitempty"`
 	// Device keeps device nodes usable (nodev is not set).
 	Device bool `json:"device,omitempty"`
+	// FD, when not 0, is a detached mount of Source (open_tree) that the
+	// server made and passed in: a root server's sandbox runs as an
+	// unprivileged host uid that may not be able to open Source itself
+	// (a pyenv prefix in root's home, the dependency cache).
+	FD int `json:"fd,omitempty"`
+	// Empty mounts an empty tmpfs at Target instead of a host path, to
+	// hide what lies below it in an earlier bind (/usr/local under /usr).
+	// It is made read-only once everything inside it is mounted.
+	Empty bool `json:"empty,omitempty"`
 }
 
 type rlimit struct {

@@ -136,31 +136,47 @@ func (n *Native) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 	if spec.HostNetwork {
 		attr.Cloneflags &^= syscall.CLONE_NEWNET
 	}
+	// The init runs as the sandbox user from the start, with ambient
+	// capabilities carrying across its exec just what it needs to build the
+	// root; it drops them all before the worker. No host uid the namespace
+	// maps is privileged: host root never appears in a sandbox's uid_map,
+	// so nothing inside (not even a process that keeps CAP_SETUID, as a
+	// zygote does) can become host root.
+	attr.AmbientCaps = []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_NET_ADMIN, unix.CAP_SETPCAP, unix.CAP_DAC_OVERRIDE}
+	var bindFiles []*os.File
+	defer func() {
+		for _, f := range bindFiles {
+			f.Close()
+		}
+	}()
 	if n.root {
-		// Root inside maps to root outside only for the init, which needs to
-		// reach bind sources such as a pyenv prefix under /root (mode 0700).
-		// The worker runs as the second mapping, a host uid of its own.
+		// A root server gives each sandbox a host uid of its own, so
+		// concurrent sandboxes are different users to the kernel too.
 		id := n.nextHostID()
-		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}, {ContainerID: sandboxUID, HostID: id, Size: 1}}
-		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}, {ContainerID: sandboxGID, HostID: id, Size: 1}}
+		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: sandboxUID, HostID: id, Size: 1}}
+		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: sandboxGID, HostID: id, Size: 1}}
 		if spec.Zygote {
 			// A block of host ids of its own for the zygote's children.
 			base := childHostIDBase + int(childBlock.Add(1)%childBlocks)*ChildIDCount
 			attr.UidMappings = append(attr.UidMappings, syscall.SysProcIDMap{ContainerID: ChildIDBase, HostID: base, Size: ChildIDCount})
 			attr.GidMappings = append(attr.GidMappings, syscall.SysProcIDMap{ContainerID: ChildIDBase, HostID: base, Size: ChildIDCount})
+			attr.AmbientCaps = append(attr.AmbientCaps, unix.CAP_SETUID, unix.CAP_SETGID)
 			cfg.KeepSetID = true
 		}
-		// Clear root's supplementary groups; an unprivileged server cannot,
-		// since it must deny setgroups to map its gid.
+		// Clear root's supplementary groups (group 0 among them); an
+		// unprivileged server cannot, since it must deny setgroups to map
+		// its gid.
 		attr.GidMappingsEnableSetgroups = true
-		attr.Credential = &syscall.Credential{Uid: 0, Gid: 0, Groups: []uint32{}}
+		attr.Credential = &syscall.Credential{Uid: sandboxUID, Gid: sandboxGID, Groups: []uint32{}}
+		// That host uid cannot open what only root can (a pyenv prefix in
+		// /root, the dependency cache): root opens every bind source here,
+		// as a detached copy of its mount, and the init attaches it.
+		if bindFiles, err = openBindTrees(cfg.Binds); err != nil {
+			return nil, err
+		}
 	} else {
 		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: sandboxUID, HostID: os.Getuid(), Size: 1}}
 		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: sandboxGID, HostID: os.Getgid(), Size: 1}}
-		// The init runs as uid 1000 inside, which would lose every capability
-		// on execve; ambient capabilities carry just the ones it needs to
-		// build the root across that exec. It drops them all before the worker.
-		attr.AmbientCaps = []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_NET_ADMIN, unix.CAP_SETPCAP, unix.CAP_DAC_OVERRIDE}
 	}
 	cmd := &exec.Cmd{
 		Path:        "/proc/self/exe",
@@ -168,7 +184,7 @@ func (n *Native) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 		Env:         []string{},
 		Stdout:      spec.Stdout,
 		Stderr:      spec.Stderr,
-		ExtraFiles:  []*os.File{ctrlChild, setupChild},
+		ExtraFiles:  append([]*os.File{ctrlChild, setupChild}, bindFiles...),
 		SysProcAttr: attr,
 		// Every process of the sandbox dies with its pid 1, so the pipes
 		// close promptly; this only bounds a pathological wait.
@@ -248,16 +264,16 @@ func (n *Native) config(spec *Spec) (*initConfig, error) {
 		return nil, fmt.Errorf("sandbox: interpreter path %q is not absolute", spec.Python)
 	}
 	cfg := &initConfig{
-		TmpBytes:  spec.Limits.TmpBytes,
-		Argv:      append([]string{spec.Python}, spec.Args...),
-		Env:       spec.Env,
-		Cwd:       "/work",
-		Hostname:  "pysandbox",
-		Files:     spec.Files,
-		Etc:       etcFiles(),
-		Seccomp:   n.seccomp,
-		Zygote:    spec.Zygote,
-		DropToUID: n.root,
+		TmpBytes: spec.Limits.TmpBytes,
+		Argv:     append([]string{spec.Python}, spec.Args...),
+		Env:      spec.Env,
+		Cwd:      "/work",
+		Hostname: "pysandbox",
+		Files:    spec.Files,
+		Etc:      etcFiles(),
+		Seccomp:  n.seccomp,
+		Zygote:   spec.Zygote,
+		MaskProc: !spec.Zygote,
 	}
 	if cfg.TmpBytes <= 0 {
 		cfg.TmpBytes = 256 << 20
@@ -286,6 +302,17 @@ func (n *Native) config(spec *Spec) (*initConfig, error) {
 		}
 		if err := add(p, p, false); err != nil {
 			return nil, err
+		}
+	}
+	// /usr/local is the host's own (its etc, its programs): only the
+	// Python directories in it are needed, unless the interpreter lives
+	// there.
+	if hide, keep := usrLocal(spec.Prefix); hide {
+		cfg.Binds = append(cfg.Binds, bindMount{Target: "/usr/local", Dir: true, Empty: true})
+		for _, p := range keep {
+			if err := add(p, p, false); err != nil {
+				return nil, err
+			}
 		}
 	}
 	for _, p := range etcBinds() {
@@ -319,6 +346,29 @@ func (n *Native) config(spec *Spec) (*initConfig, error) {
 	return cfg, nil
 }
 
+// openBindTrees opens a detached copy of the mount of every bind source
+// (open_tree with OPEN_TREE_CLONE) and records, in each bind, the
+// descriptor number the init will find it under.
+func openBindTrees(binds []bindMount) ([]*os.File, error) {
+	var files []*os.File
+	for i := range binds {
+		b := &binds[i]
+		if b.Empty {
+			continue
+		}
+		fd, err := unix.OpenTree(unix.AT_FDCWD, b.Source, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+		if err != nil {
+			for _, f := range files {
+				f.Close()
+			}
+			return nil, fmt.Errorf("sandbox: bind source %s: %w", b.Source, os.NewSyscallError("open_tree", err))
+		}
+		b.FD = fdFirstBind + len(files)
+		files = append(files, os.NewFile(uintptr(fd), b.Source))
+	}
+	return files, nil
+}
+
 // systemDirs lists what the interpreter needs from the host: /usr, the
 // library directories (or their merged-/usr symlinks), and the
 // interpreter's own prefix when it lives elsewhere (pyenv, /opt).
@@ -328,6 +378,26 @@ func systemDirs(prefix string) []string {
 		dirs = append(dirs, filepath.Clean(prefix))
 	}
 	return dirs
+}
+
+// usrLocal reports whether /usr/local should be hidden behind an empty
+// directory, and which of its directories to show again: the site
+// directories Debian's interpreters look in (/usr/local/lib/python3.X).
+func usrLocal(prefix string) (hide bool, keep []string) {
+	const dir = "/usr/local"
+	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
+		return false, nil
+	}
+	if prefix != "" && underAny(prefix, []string{dir}) {
+		return false, nil
+	}
+	matches, _ := filepath.Glob(dir + "/lib/python3*")
+	for _, m := range matches {
+		if fi, err := os.Lstat(m); err == nil && fi.IsDir() {
+			keep = append(keep, m)
+		}
+	}
+	return true, keep
 }
 
 func underAny(p string, dirs []string) bool {

@@ -32,6 +32,10 @@ func buildRoot(cfg *initConfig) error {
 	// (a descriptor from the parent's namespace cannot be bind-mounted).
 	srcs := make([]int, len(cfg.Binds))
 	for i, b := range cfg.Binds {
+		srcs[i] = -1
+		if b.FD != 0 || b.Empty {
+			continue // a detached mount from the server, or no source at all
+		}
 		fd, err := unix.Open(b.Source, unix.O_PATH|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return fmt.Errorf("sandbox init: open %s: %w", b.Source, os.NewSyscallError("open", err))
@@ -40,7 +44,9 @@ func buildRoot(cfg *initConfig) error {
 	}
 	defer func() {
 		for _, fd := range srcs {
-			unix.Close(fd)
+			if fd >= 0 {
+				unix.Close(fd)
+			}
 		}
 	}()
 	root := stageDir
@@ -57,8 +63,21 @@ func buildRoot(cfg *initConfig) error {
 	if err := mount("tmpfs", filepath.Join(root, "dev"), "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755"); err != nil {
 		return err
 	}
+	var empties []string
 	for i, b := range cfg.Binds {
+		if b.Empty {
+			if err := emptyDir(root, b.Target); err != nil {
+				return err
+			}
+			empties = append(empties, filepath.Join(root, b.Target))
+			continue
+		}
 		if err := bind(root, b, srcs[i]); err != nil {
+			return err
+		}
+	}
+	for _, dir := range empties {
+		if err := setReadOnly(dir, false); err != nil {
 			return err
 		}
 	}
@@ -80,6 +99,11 @@ func buildRoot(cfg *initConfig) error {
 	}
 	if err := mount("proc", filepath.Join(root, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return err
+	}
+	if cfg.MaskProc {
+		if err := maskProc(root); err != nil {
+			return err
+		}
 	}
 	for _, f := range append(append([]File(nil), cfg.Etc...), cfg.Files...) {
 		if err := mkdirParents(root, f.Path); err != nil {
@@ -158,9 +182,17 @@ func bind(root string, b bindMount, fd int) error {
 		}
 		f.Close()
 	}
-	src := "/proc/self/fd/" + strconv.Itoa(fd)
-	if err := mount(src, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return err
+	if b.FD != 0 {
+		// A detached tree the server opened for us (see openBindTrees).
+		if err := unix.MoveMount(b.FD, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return fmt.Errorf("sandbox init: attach %s on %s: %w", b.Source, b.Target, os.NewSyscallError("move_mount", err))
+		}
+		unix.Close(b.FD)
+	} else {
+		src := "/proc/self/fd/" + strconv.Itoa(fd)
+		if err := mount(src, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return err
+		}
 	}
 	switch {
 	case b.Device:
@@ -203,6 +235,16 @@ func setReadOnly(path string, recursive bool) error {
 		return fmt.Errorf("sandbox init: read-only %s: %w", path, os.NewSyscallError("mount_setattr", err))
 	}
 	return nil
+}
+
+// emptyDir mounts an empty tmpfs at target (made read-only once the binds
+// inside it, if any, are in place).
+func emptyDir(root, target string) error {
+	dir := filepath.Join(root, target)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("sandbox init: %w", err)
+	}
+	return mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=64k,nr_inodes=256,mode=0755")
 }
 
 func mkdirParents(root, p string) error {

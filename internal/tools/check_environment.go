@@ -86,7 +86,9 @@ func PostureText(p *engine.Posture) string {
 		{"no_new_privs", p.Layers.NoNewPrivs}, {"capabilities dropped", p.Layers.CapabilitiesDropped},
 		{"cgroup memory", p.Layers.CgroupMemory}, {"cgroup pids", p.Layers.CgroupPids},
 		{"rlimits", p.Layers.Rlimits}, {"read-only root", p.Layers.ReadOnlyRoot},
-		{"unprivileged user", p.Layers.UnprivilegedUser},
+		{"unprivileged user", p.Layers.UnprivilegedUser}, {"no host root", p.Layers.NoHostRoot},
+		{"/proc masked", p.Layers.ProcMasked}, {"inotify refused", p.Layers.InotifyDenied},
+		{"/usr/local hidden", p.Layers.UsrLocalHidden},
 	} {
 		mark := "no "
 		if l.l.Active {

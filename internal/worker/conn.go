@@ -150,9 +150,11 @@ func (c *Conn) Validate(ctx context.Context, code, filename string) (*Validation
 }
 
 // Probe asks the worker to report its isolation as seen from inside.
-func (c *Conn) Probe(ctx context.Context) (*Probe, error) {
+// hidden are paths that should read as empty or not exist, readOnly paths
+// that should be on read-only mounts; the reply names those that are not.
+func (c *Conn) Probe(ctx context.Context, hidden, readOnly []string) (*Probe, error) {
 	var p Probe
-	req := Request{Op: OpProbe}
+	req := Request{Op: OpProbe, Hidden: hidden, ReadOnly: readOnly}
 	if err := c.call(ctx, &req, OpProbed, &p); err != nil {
 		return nil, err
 	}

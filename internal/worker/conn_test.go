@@ -52,7 +52,7 @@ func TestContextCancelsRun(t *testing.T) {
 	}
 	// The reply to the abandoned run would arrive later: the Conn must not
 	// be reused.
-	if _, err := w.conn.Probe(testContext(t)); err == nil {
+	if _, err := w.conn.Probe(testContext(t), nil, nil); err == nil {
 		t.Error("Conn usable after a cancelled exchange")
 	}
 }
@@ -154,7 +154,7 @@ func TestHostileReplies(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), c.wantErr) || !strings.HasPrefix(err.Error(), "worker: ") {
 				t.Fatalf("error = %v, want %q", err, c.wantErr)
 			}
-			if _, err2 := w.conn.Probe(ctx); err2 == nil {
+			if _, err2 := w.conn.Probe(ctx, nil, nil); err2 == nil {
 				t.Error("Conn usable after a hostile reply")
 			}
 		})

@@ -89,6 +89,10 @@ type Request struct {
 	// Marker is written as a line of its own to stdout and stderr (OpSync):
 	// 16 to 128 characters of [A-Za-z0-9_-].
 	Marker string `json:"marker,omitempty"`
+	// Hidden and ReadOnly are what OpProbe checks: paths that should read
+	// as empty (or not exist), and paths that should be on read-only mounts.
+	Hidden   []string `json:"hidden,omitempty"`
+	ReadOnly []string `json:"readonly,omitempty"`
 }
 
 // Figure limits applied by the worker.
@@ -209,6 +213,24 @@ type Probe struct {
 	ProcessesSeen int                 `json:"processes_seen"` // numeric entries in /proc
 	RootWritable  bool                `json:"root_writable"`
 	TmpWritable   bool                `json:"tmp_writable"`
+	// UIDMap is /proc/self/uid_map: inside id, id in the parent
+	// namespace, count.
+	UIDMap string `json:"uid_map"`
+	// Exposed are the Hidden paths that show something, and the ReadOnly
+	// ones that are writable.
+	Exposed []string `json:"exposed"`
+	// Inotify is "denied" when inotify_init1 fails with EPERM, "allowed"
+	// when it works, or the error it failed with.
+	Inotify string `json:"inotify"`
+	// UsrLocal lists what /usr/local holds ("lib" when only the Python
+	// directories are shown).
+	UsrLocal []string `json:"usr_local"`
+	// HostPaths are the mount sources in /proc/self/mountinfo that name a
+	// host path other than where they are mounted inside.
+	HostPaths []string `json:"host_paths"`
+	// Landlock is the Landlock ABI version the kernel offers (0: none) and
+	// whether this process is restricted by a Landlock domain.
+	LandlockABI int `json:"landlock_abi"`
 }
 
 // Synced is the reply to OpSync, sent once the marker has been written to

@@ -158,7 +158,7 @@ func sessionCases(t *testing.T, python string) {
 		}
 		res, _, _ = w.run(t, Request{Code: "x"})
 		jsonEqual(t, res.ReturnValue, "5")
-		if _, err := w.conn.Probe(testContext(t)); err != nil {
+		if _, err := w.conn.Probe(testContext(t), nil, nil); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -582,12 +582,12 @@ def _run(sock, req, rid, session=None):
 
 def _add_session_packages():
     # install_package copies packages into the workspace's .packages; put it
-    # on sys.path (ahead of everything but the working directory) once it
-    # exists.
+    # on sys.path (after the standard library, like every dependency
+    # directory) once it exists.
     try:
         path = os.path.join(os.getcwd(), ".packages")
         if os.path.isdir(path) and path not in sys.path:
-            sys.path.insert(1, path)
+            _add_site_dir(path)
             importlib_invalidate = getattr(sys.modules.get("importlib"), "invalidate_caches", None)
             if importlib_invalidate is not None:
                 importlib_invalidate()
@@ -760,13 +760,91 @@ def _can_write(directory):
         return False
 
 
-def _probe():
+def _exposed(hidden, readonly):
+    """The hidden paths that show something, the read-only ones that are
+    on writable mounts."""
+    out = []
+    for path in hidden if isinstance(hidden, list) else []:
+        try:
+            if not isinstance(path, str) or not os.path.lexists(path):
+                continue
+            if os.path.isdir(path):
+                if os.listdir(path):
+                    out.append(path)
+            else:
+                with open(path, "rb") as f:
+                    if f.read(1):
+                        out.append(path)
+        except OSError:
+            pass  # unreadable: hidden
+    for path in readonly if isinstance(readonly, list) else []:
+        try:
+            if isinstance(path, str) and os.path.lexists(path) and not os.statvfs(path).f_flag & os.ST_RDONLY:
+                out.append(path)
+        except OSError:
+            pass
+    return out
+
+
+def _inotify():
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.inotify_init1(0)
+        if fd >= 0:
+            os.close(fd)
+            return "allowed"
+        err = ctypes.get_errno()
+        return "denied" if err == 1 else os.strerror(err)
+    except Exception as e:
+        return "%s: %s" % (type(e).__name__, e)
+
+
+def _mount_host_paths():
+    """Mount sources in mountinfo that name another path than the mount
+    point (a bind of a host directory shows its host path there)."""
+    out = []
+    for line in _read_text("/proc/self/mountinfo").splitlines():
+        fields = line.split(" ")
+        if len(fields) < 5:
+            continue
+        root, point = fields[3], fields[4]
+        # Paths of sandbox-made filesystems (tmpfs, proc, /dev/null binds)
+        # are one level deep; only a bind of a host path goes deeper.
+        if root != point and root.count("/") > 1 and not root.endswith("//deleted"):
+            out.append(root)
+    return out
+
+
+def _landlock_abi():
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
+        v = libc.syscall(444, None, 0, 1)
+        return v if v > 0 else 0
+    except Exception:
+        return 0
+
+
+def _probe(req=None):
     """Isolation facts as seen from inside; never raises."""
+    req = req if isinstance(req, dict) else {}
     p = {
         "uid": -1, "gid": -1, "status": {}, "namespaces": {}, "interfaces": [],
         "rlimits": {}, "hostname": "", "cwd": "", "processes_seen": 0,
         "root_writable": False, "tmp_writable": False,
+        "uid_map": _read_text("/proc/self/uid_map"),
+        "exposed": _exposed(req.get("hidden"), req.get("readonly")),
+        "inotify": _inotify(), "usr_local": [], "host_paths": _mount_host_paths(),
+        "landlock_abi": _landlock_abi(),
     }
+    try:
+        p["usr_local"] = sorted(os.listdir("/usr/local"))
+    except OSError:
+        pass
     try:
         p["uid"], p["gid"] = os.getuid(), os.getgid()
     except Exception:
@@ -822,31 +900,79 @@ def _send_error(sock, rid, message):
     _send(sock, {"op": "error", "id": rid, "message": message})
 
 
-def _setup():
+def _setup(zygote=False):
     # -I already leaves the script's directory off sys.path; make sure, so
     # user code cannot import this file's neighbours by accident.
     here = os.path.dirname(os.path.abspath(_WORKER_FILE))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    # Like `python -c`, the working directory (/work) comes first, so user
-    # code can import the modules it or the user wrote there; "" follows
-    # later changes of directory, as it does in Python.
-    try:
-        cwd = os.getcwd()
-    except OSError:
-        cwd = None
-    if cwd is None or os.path.abspath(cwd) != here:
-        sys.path.insert(0, "")
-    # Dependency environments (--site DIR, read-only --target installs)
-    # come right after the working directory, ahead of the interpreter's
-    # own site-packages, so a requested version wins over a preinstalled one.
     args = sys.argv[1:]
-    sites = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--site"]
-    sys.path[1:1] = [d for d in sites if os.path.isabs(d)]
+    global _SITES
+    _SITES = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--site" and os.path.isabs(args[i + 1])]
     sys.argv = ["<code>"]
+    if not zygote:
+        # A zygote never puts anything a caller controls on sys.path: the
+        # working directory and the dependency environments are added by
+        # each child once it is locked down (see _child).
+        _user_paths()
     sock = socket.socket(fileno=CONTROL_FD)
     # Programs started by user code must not inherit the control channel.
     sock.set_inheritable(False)
     return sock
+
+
+# Dependency environments (--site DIR, read-only --target installs).
+_SITES = []
+
+
+def _user_paths():
+    """Put the paths a caller controls on sys.path.
+
+    Like `python -c`, the working directory (/work) comes first, so user
+    code can import the modules it or the user wrote there; "" follows
+    later changes of directory, as it does in Python. The dependency
+    environments go after the standard library and ahead of the
+    interpreter's own site-packages, as a virtualenv's would: a requested
+    version wins over a preinstalled one, but no wheel can shadow a stdlib
+    module (which the worker itself imports). Their .pth files are
+    processed here, with the privileges of user code and no more.
+    """
+    here = os.path.dirname(os.path.abspath(_WORKER_FILE))
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = None
+    if "" not in sys.path and (cwd is None or os.path.abspath(cwd) != here):
+        sys.path.insert(0, "")
+    for d in _SITES:
+        _add_site_dir(d)
+
+
+def _stdlib_end():
+    """The index in sys.path just past the standard library."""
+    for i, p in enumerate(sys.path):
+        if p and os.path.basename(p.rstrip("/")) in ("site-packages", "dist-packages"):
+            return i
+    return len(sys.path)
+
+
+def _add_site_dir(path):
+    """Add path (and what its .pth files name) right after the stdlib."""
+    if path in sys.path:
+        return
+    import site
+
+    before = list(sys.path)
+    try:
+        site.addsitedir(path)
+    except Exception:
+        pass
+    added = [p for p in sys.path if p not in before]
+    if path not in added:
+        added.insert(0, path)
+    rest = [p for p in sys.path if p not in added]
+    sys.path[:] = rest
+    at = _stdlib_end()
+    sys.path[at:at] = added
 
 
 # ---------------------------------------------------------------- zygote
@@ -879,7 +1005,7 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_CAPBSET_DROP = 24
@@ -893,13 +1019,20 @@ SCRATCH = "/.pysandbox/scratch"
 
 
 def _zygote_main():
+    # Everything a child needs before it is locked down is imported here,
+    # first, while sys.path holds only the interpreter's own directories:
+    # between fork and its seccomp filter a child imports nothing, so no
+    # module a caller controls can run with the privileges it has then.
+    import base64
     import ctypes
+    import fcntl
     import resource
     import select
     import signal
+    import site  # noqa: F401 (the child's _user_paths needs it)
     import struct
 
-    sock = _setup()
+    sock = _setup(zygote=True)
     rfile = sock.makefile("rb")
     init = _loads(rfile.readline() or b"null")
     if not isinstance(init, dict) or init.get("op") != "zygote":
@@ -911,12 +1044,11 @@ def _zygote_main():
             loaded.append(name)
         except BaseException as e:  # a broken module must not kill the pool
             failed[name] = "%s: %s" % (type(e).__name__, _safe_str(e))
-    import base64
-
     ctx = {
         "libc": ctypes.CDLL(None, use_errno=True),
         "seccomp": base64.b64decode(init["seccomp"]),
-        "ctypes": ctypes, "resource": resource, "struct": struct,
+        "ctypes": ctypes, "resource": resource, "struct": struct, "fcntl": fcntl,
+        "proc_masks": init.get("proc_masks") or {},
     }
     # Runs are reaped here and reported; a pipe wakes the loop on SIGCHLD.
     # The zygote is pid 1 of its sandbox, so orphaned run processes (every
@@ -1121,6 +1253,10 @@ def _child(req, fds, report_w, ctx):
             os._exit(0)
         os.close(report)
         _become_sandbox(req, ctx)
+        # Locked down now: only from here may code a caller controls run
+        # (the working directory and the dependency environments, with
+        # their .pth files).
+        _user_paths()
         _reseed()
     except BaseException as e:
         try:
@@ -1194,8 +1330,9 @@ def _become_sandbox(req, ctx):
         mount(path, target, None, MS_BIND)
     _libc_check(ctx, libc.umount2(SCRATCH.encode(), MNT_DETACH), "umount " + SCRATCH)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _mask_proc(ctx["proc_masks"], mount)
     socket.sethostname("pysandbox")
-    _loopback_up(struct)
+    _loopback_up(struct, ctx["fcntl"])
     resource = ctx["resource"]
     for res, cur, mx in req.get("rlimits") or []:
         resource.setrlimit(res, (cur, mx))
@@ -1230,9 +1367,23 @@ def _become_sandbox(req, ctx):
     _libc_check(ctx, libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
 
 
-def _loopback_up(struct):
-    import fcntl
+def _mask_proc(masks, mount):
+    """Hide and freeze what /proc tells about the host (the Go side's
+    DefaultProcMasks, as runc and Docker do)."""
+    for path in masks.get("files") or []:
+        if os.path.lexists(path):
+            mount("/dev/null", path, None, MS_BIND)
+    for path in masks.get("dirs") or []:
+        if os.path.lexists(path):
+            mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  "size=4k,nr_inodes=1,mode=0555")
+    for path in masks.get("readonly") or []:
+        if os.path.lexists(path):
+            mount(path, path, None, MS_BIND | MS_REC)
+            mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
+
+def _loopback_up(struct, fcntl):
     SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
@@ -1395,7 +1546,7 @@ def _handle(sock, line, session):
             msg["syntax_error"] = err
         _send(sock, msg)
     elif op == "probe":
-        msg = _probe()
+        msg = _probe(req)
         msg["op"], msg["id"] = "probed", rid
         _send(sock, msg)
     else:

@@ -486,7 +486,7 @@ func coreCases(t *testing.T, w *testWorker) {
 		}
 	})
 	t.Run("probe", func(t *testing.T) {
-		p, err := w.conn.Probe(testContext(t))
+		p, err := w.conn.Probe(testContext(t), nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -55,6 +55,12 @@ var native = archInfo{
 		"fanotify_init":     unix.SYS_FANOTIFY_INIT,
 		"lookup_dcookie":    unix.SYS_LOOKUP_DCOOKIE,
 
+		// Watching the shared read-only trees (/usr, the interpreter, the
+		// dependency cache) would show, as it happens, which files the
+		// runs of other tenants open: a channel between sandboxes.
+		// Watchdog-style libraries fall back to polling, or fail.
+		"inotify_init1": unix.SYS_INOTIFY_INIT1,
+
 		// Kernel and machine administration.
 		"kexec_load":      unix.SYS_KEXEC_LOAD,
 		"kexec_file_load": unix.SYS_KEXEC_FILE_LOAD,
