@@ -97,6 +97,11 @@ func buildRoot(cfg *initConfig) error {
 	if err := scratch(root, cfg.TmpBytes); err != nil {
 		return err
 	}
+	// The init made /dev as the sandbox user, who would otherwise own it:
+	// nothing may be created there.
+	if err := setReadOnly(filepath.Join(root, "dev"), false); err != nil {
+		return err
+	}
 	if err := mount("proc", filepath.Join(root, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return err
 	}
