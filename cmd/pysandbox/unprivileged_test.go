@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -34,25 +32,7 @@ func asUser(t *testing.T, uid, gid uint32, stdin string, args ...string) (string
 	return o.String(), e.String(), cmd.ProcessState.ExitCode()
 }
 
-func throwawayUser(t *testing.T) (uint32, uint32) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		// Already unprivileged: the other tests cover this path.
-		t.Skip("not root: this whole test run is the unprivileged path")
-	}
-	name := fmt.Sprintf("pysbx%d", os.Getpid()%100000)
-	if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name).CombinedOutput(); err != nil {
-		t.Fatalf("useradd: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("userdel", name).Run() })
-	u, err := user.Lookup(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	return uint32(uid), uint32(gid)
-}
+func throwawayUser(t *testing.T) (uint32, uint32) { return testutil.ThrowawayUser(t) }
 
 func TestUnprivilegedUser(t *testing.T) {
 	uid, gid := throwawayUser(t)

@@ -1,18 +1,25 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/pysandbox/pysandbox/internal/interp"
+	"github.com/pysandbox/pysandbox/internal/testutil"
 	"github.com/pysandbox/pysandbox/internal/testutil/pypi"
 	"github.com/pysandbox/pysandbox/internal/worker"
 )
@@ -251,4 +258,48 @@ found`
 func pyQuote(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
+}
+
+// TestEscapeUnprivileged runs the dependency-code and host-information
+// attacks again with this test binary started as a throwaway unprivileged
+// user (no cgroup delegation, the user's own uid mapped), cold and pooled:
+// how most people run pysandbox.
+func TestEscapeUnprivileged(t *testing.T) {
+	if os.Getenv("PYSANDBOX_TEST_UNPRIVILEGED") != "" || testing.Short() {
+		t.Skip("already the unprivileged run, or -short")
+	}
+	uid, gid := testutil.ThrowawayUser(t)
+	// The user must be able to run this binary and write its temp files.
+	dir, err := os.MkdirTemp("", "pysbx-unpriv-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	bin := filepath.Join(dir, "engine.test")
+	data, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(os.Chown(tmp, int(uid), int(gid)), os.Chmod(dir, 0o755)); err != nil {
+		t.Fatal(err)
+	}
+	for _, pooled := range []string{"", "1"} {
+		cmd := exec.Command(bin, "-test.run", "^(TestEscapeDependencyCode|TestEscapeDependencyState|TestEscapeHostInfo|TestEscapePrivileges)$", "-test.count=1", "-test.v")
+		cmd.Dir = tmp
+		cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + tmp, "TMPDIR=" + tmp, "LANG=C.UTF-8",
+			"PYSANDBOX_TEST_UNPRIVILEGED=1", "PYSANDBOX_TEST_POOLED=" + pooled}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid, Groups: []uint32{}}}
+		out, err := cmd.CombinedOutput()
+		if err != nil || !bytes.Contains(out, []byte("--- PASS: TestEscapeDependencyCode")) {
+			t.Fatalf("as uid %d (pooled %q): %v\n%s", uid, pooled, err, out)
+		}
+		t.Logf("as uid %d (pooled %q):\n%s", uid, pooled, out)
+	}
 }

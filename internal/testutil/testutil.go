@@ -4,9 +4,11 @@ package testutil
 
 import (
 	"bytes"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -149,4 +151,24 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set("Authorization", "Bearer "+b.token)
 	return b.base.RoundTrip(r)
+}
+
+// ThrowawayUser creates a system user for the test and deletes it after;
+// it skips the test when not root (the whole run is then unprivileged).
+func ThrowawayUser(t testing.TB) (uid, gid uint32) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("not root: this whole test run is the unprivileged path")
+	}
+	name := fmt.Sprintf("pysbx%d", os.Getpid()%100000)
+	if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name).CombinedOutput(); err != nil {
+		t.Fatalf("useradd: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("userdel", name).Run() })
+	u, err := user.Lookup(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u32 := func(s string) uint32 { n, _ := strconv.Atoi(s); return uint32(n) }
+	return u32(u.Uid), u32(u.Gid)
 }
