@@ -51,6 +51,11 @@ type Layers struct {
 	// UsrLocalHidden: the host's /usr/local shows only its Python
 	// directories.
 	UsrLocalHidden Layer `json:"usr_local_hidden"`
+	// Landlock: writes only beneath /tmp, /work and /dev/shm, abstract
+	// sockets and signals scoped to the sandbox, where the kernel has it.
+	// The kernel's ABI is measured inside; the domain is applied at setup
+	// (a process cannot see its own Landlock domain).
+	Landlock Layer `json:"landlock"`
 }
 
 // Limits are the effective limits of every run.
@@ -221,6 +226,16 @@ func (e *Engine) Measure(ctx context.Context, interpreters []*interp.Interpreter
 	default:
 		// The interpreter itself lives there (its prefix is /usr/local).
 		L.UsrLocalHidden = Layer{Detail: "shows " + strings.Join(pr.UsrLocal, ", ")}
+	}
+	switch {
+	case pr.LandlockABI == 0:
+		L.Landlock = Layer{Detail: "the kernel has no Landlock"}
+	case p.Backend == string(sandbox.KindBwrap):
+		L.Landlock = Layer{Detail: fmt.Sprintf("kernel ABI %d; not applied by the bwrap backend", pr.LandlockABI)}
+	case pr.LandlockABI >= 6:
+		L.Landlock = Layer{Active: true, Detail: fmt.Sprintf("ABI %d: writes only beneath /tmp, /work, /dev/shm; abstract sockets and signals scoped", pr.LandlockABI)}
+	default:
+		L.Landlock = Layer{Active: true, Detail: fmt.Sprintf("ABI %d: writes only beneath /tmp, /work, /dev/shm", pr.LandlockABI)}
 	}
 	var rl []string
 	for _, k := range []string{"AS", "NOFILE", "NPROC", "FSIZE", "CORE", "CPU"} {

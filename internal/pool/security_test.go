@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/testutil"
 )
@@ -137,4 +139,31 @@ func TestZygoteIsReplacedAfterMaxRuns(t *testing.T) {
 			return false
 		}
 	})
+}
+
+// TestChildLandlock: pool children put themselves in a Landlock domain.
+// Narrowed to /work, a write to /tmp (which the mounts allow) is refused.
+func TestChildLandlock(t *testing.T) {
+	if abi := landlockABIForTest(); abi == 0 {
+		t.Skip("this kernel has no Landlock")
+	}
+	saved := landlockWritable
+	landlockWritable = func() []string { return []string{"/work", "/dev/null"} }
+	defer func() { landlockWritable = saved }()
+	e, _ := newPooledEngine(t, 1, nil)
+	code := "import errno\ndef w(p):\n    try:\n        open(p, 'w').write('x')\n        return 'ok'\n    except OSError as e:\n        return errno.errorcode[e.errno]\n[w('/tmp/x'), w('/work/x'), w('/dev/null')]"
+	for i := range 2 { // a ready child and one forked on demand
+		r := run(t, e, code)
+		if got := fmt.Sprint(r.ReturnValue); r.Status != engine.StatusSuccess || got != "[EACCES ok ok]" {
+			t.Fatalf("run %d: %s %v %s", i, r.Status, r.ReturnValue, r.Stderr)
+		}
+	}
+}
+
+func landlockABIForTest() int {
+	v, _, errno := unix.Syscall(unix.SYS_LANDLOCK_CREATE_RULESET, 0, 0, unix.LANDLOCK_CREATE_RULESET_VERSION)
+	if errno != 0 {
+		return 0
+	}
+	return int(v)
 }

@@ -104,7 +104,7 @@ func startZygote(ctx context.Context, backend sandbox.Backend, spec *sandbox.Spe
 		return nil, err
 	}
 	init, _ := json.Marshal(map[string]any{"op": "zygote", "preload": preload, "seccomp": base64.StdEncoding.EncodeToString(seccomp.Encode(prog)),
-		"proc_masks": sandbox.DefaultProcMasks()})
+		"proc_masks": sandbox.DefaultProcMasks(), "landlock": landlockWritable()})
 	if _, err := uc.Write(append(init, '\n')); err != nil {
 		sb.Close()
 		return nil, fmt.Errorf("pool: zygote init: %w", err)
@@ -247,6 +247,10 @@ func (z *zygote) close() error {
 	<-z.done
 	return err
 }
+
+// landlockWritable is where pool children may write (a variable so that a
+// test can narrow it and see Landlock refuse what the mounts allow).
+var landlockWritable = sandbox.LandlockWritable
 
 // readLine reads one line, refusing lines longer than 1 MiB: the zygote
 // only ever sends short messages.

@@ -95,6 +95,11 @@ func runInit(setup *os.File) error {
 		return fmt.Errorf("sandbox init: %w", err)
 	}
 	capLast := lastCap()
+	if len(cfg.Landlock) > 0 {
+		if err := restrictWrites(cfg.Landlock); err != nil {
+			return err
+		}
+	}
 	freeze()
 
 	if err := setRlimits(cfg.Rlimits); err != nil {

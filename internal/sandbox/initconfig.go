@@ -53,6 +53,9 @@ type initConfig struct {
 	// mask it themselves, and the kernel refuses a new /proc where the
 	// one it would cover has locked mounts hiding parts of it.
 	MaskProc bool `json:"mask_proc,omitempty"`
+	// Landlock restricts writes to these paths (see landlock.go); empty
+	// for a zygote, whose children restrict themselves.
+	Landlock []string `json:"landlock,omitempty"`
 	// HostNetwork: the sandbox kept the host's network namespace, so lo
 	// must not be touched and the host's resolver configuration is used.
 	HostNetwork bool `json:"host_network,omitempty"`

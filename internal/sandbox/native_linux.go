@@ -30,6 +30,9 @@ type Native struct {
 	root    bool
 	// seccomp is off only in tests that look at the layers beneath it.
 	seccomp bool
+	// landlock, when not nil, replaces landlockWritable (tests narrow it
+	// to see Landlock refuse what the mounts alone would allow).
+	landlock []string
 }
 
 // NewNative returns the native backend. It measures which cgroup features
@@ -274,6 +277,17 @@ func (n *Native) config(spec *Spec) (*initConfig, error) {
 		Seccomp:  n.seccomp,
 		Zygote:   spec.Zygote,
 		MaskProc: !spec.Zygote,
+	}
+	if !spec.Zygote {
+		cfg.Landlock = slices.Clone(landlockWritable)
+		if n.landlock != nil {
+			cfg.Landlock = slices.Clone(n.landlock)
+		}
+		for _, b := range spec.Binds {
+			if b.Writable {
+				cfg.Landlock = append(cfg.Landlock, b.Target)
+			}
+		}
 	}
 	if cfg.TmpBytes <= 0 {
 		cfg.TmpBytes = 256 << 20

@@ -327,3 +327,39 @@ func wantOutput(t *testing.T, b Backend, spec *Spec, want string) {
 		t.Fatalf("exit %+v stdout %q (want %q) stderr %.2000s", e, out.String(), want, errb.String())
 	}
 }
+
+// TestNativeLandlock narrows Landlock to /work: a write to /tmp, which the
+// mounts allow, is then refused, so the layer is really in force; with the
+// default list both work.
+func TestNativeLandlock(t *testing.T) {
+	if landlockABI() == 0 {
+		t.Skip("this kernel has no Landlock")
+	}
+	code := `
+import errno
+def w(p):
+    try:
+        open(p, "w").write("x")
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+print(w("/tmp/x"), w("/work/x"), w("/dev/null"))`
+	for _, tc := range []struct {
+		landlock []string
+		want     string
+	}{{nil, "ok ok ok"}, {[]string{"/work", "/dev/null"}, "EACCES ok ok"}} {
+		n := NewNative()
+		n.landlock = tc.landlock
+		var out, errb bytes.Buffer
+		sb, err := n.Start(context.Background(), &Spec{Python: "/usr/bin/python3", Prefix: "/usr",
+			Args: []string{"-I", "-c", code}, Limits: small, Stdout: &out, Stderr: &errb})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := sb.Wait()
+		sb.Close()
+		if e.Code != 0 || strings.TrimSpace(out.String()) != tc.want {
+			t.Errorf("landlock %v: exit %+v, got %q want %q: %s", tc.landlock, e, out.String(), tc.want, errb.String())
+		}
+	}
+}

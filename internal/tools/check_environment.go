@@ -88,7 +88,7 @@ func PostureText(p *engine.Posture) string {
 		{"rlimits", p.Layers.Rlimits}, {"read-only root", p.Layers.ReadOnlyRoot},
 		{"unprivileged user", p.Layers.UnprivilegedUser}, {"no host root", p.Layers.NoHostRoot},
 		{"/proc masked", p.Layers.ProcMasked}, {"inotify refused", p.Layers.InotifyDenied},
-		{"/usr/local hidden", p.Layers.UsrLocalHidden},
+		{"/usr/local hidden", p.Layers.UsrLocalHidden}, {"landlock", p.Layers.Landlock},
 	} {
 		mark := "no "
 		if l.l.Active {

@@ -1049,6 +1049,7 @@ def _zygote_main():
         "seccomp": base64.b64decode(init["seccomp"]),
         "ctypes": ctypes, "resource": resource, "struct": struct, "fcntl": fcntl,
         "proc_masks": init.get("proc_masks") or {},
+        "landlock": init.get("landlock") or [],
     }
     # Runs are reaped here and reported; a pipe wakes the loop on SIGCHLD.
     # The zygote is pid 1 of its sandbox, so orphaned run processes (every
@@ -1357,6 +1358,7 @@ def _become_sandbox(req, ctx):
     hdr, data = Header(0x20080522, 0), (Data * 2)()
     _libc_check(ctx, libc.capset(ctypes.byref(hdr), ctypes.byref(data)), "capset")
     _libc_check(ctx, libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    _landlock(ctx, ctx["landlock"])
 
     class Fprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
@@ -1365,6 +1367,54 @@ def _become_sandbox(req, ctx):
     filt = ctypes.create_string_buffer(prog, len(prog))
     fprog = Fprog(len(prog) // 8, ctypes.cast(filt, ctypes.c_void_p))
     _libc_check(ctx, libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+
+
+# Landlock (see internal/sandbox/landlock.go): write access rights by ABI.
+LL_CREATE_RULESET, LL_ADD_RULE, LL_RESTRICT_SELF = 444, 445, 446
+LL_WRITE_V1 = 0x2 | 0x10 | 0x20 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800 | 0x1000
+LL_REFER, LL_TRUNCATE, LL_WRITE_FILE = 0x2000, 0x4000, 0x2
+LL_SCOPE = 0x1 | 0x2  # abstract Unix sockets, signals
+
+
+def _landlock(ctx, writable):
+    """Writes only beneath writable; abstract sockets and signals scoped to
+    this sandbox. Nothing without Landlock (the kernel is too old)."""
+    libc, ctypes, struct = ctx["libc"], ctx["ctypes"], ctx["struct"]
+    sc = libc.syscall
+    sc.restype = ctypes.c_long
+    abi = sc(ctypes.c_long(LL_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    if abi <= 0 or not writable:
+        return
+    handled, file_rights = LL_WRITE_V1, LL_WRITE_FILE
+    if abi >= 2:
+        handled |= LL_REFER
+    if abi >= 3:
+        handled |= LL_TRUNCATE
+        file_rights |= LL_TRUNCATE
+    attr = struct.pack("=QQQ", handled, 0, LL_SCOPE if abi >= 6 else 0)
+    size = 24 if abi >= 6 else 16
+    buf = ctypes.create_string_buffer(attr[:size], size)
+    rfd = sc(ctypes.c_long(LL_CREATE_RULESET), buf, ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if rfd < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+    try:
+        for path in writable:
+            try:
+                pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                is_dir = os.fstat(pfd).st_mode & 0o170000 == 0o040000
+                rights = handled if is_dir else file_rights
+                rule = ctypes.create_string_buffer(struct.pack("=Qi", rights, pfd), 12)
+                if sc(ctypes.c_long(LL_ADD_RULE), ctypes.c_int(rfd), ctypes.c_int(1), rule, ctypes.c_uint32(0)) != 0:
+                    raise OSError(ctypes.get_errno(), "landlock_add_rule " + path)
+            finally:
+                os.close(pfd)
+        if sc(ctypes.c_long(LL_RESTRICT_SELF), ctypes.c_int(rfd), ctypes.c_uint32(0)) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    finally:
+        os.close(rfd)
 
 
 def _mask_proc(masks, mount):
