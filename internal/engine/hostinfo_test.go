@@ -36,6 +36,14 @@ except OSError as e:
 out["mountinfo"] = open("/proc/self/mountinfo").read()
 out["inotify_init1"] = call(libc.inotify_init1, 0)
 out["fanotify_init"] = call(libc.fanotify_init, 0, 0)
+# dnotify on a shared directory would signal every read by other runs.
+d = os.open("/usr/lib", os.O_RDONLY | os.O_DIRECTORY)
+try:
+    fcntl.fcntl(d, fcntl.F_NOTIFY, fcntl.DN_ACCESS | fcntl.DN_MULTISHOT)
+    out["dnotify"] = "ok"
+except OSError as e:
+    out["dnotify"] = errno.errorcode.get(e.errno, "?")
+out["cachestat"] = call(libc.syscall, 451, d, None, None, 0)
 out["usr_local"] = sorted(os.listdir("/usr/local")) if os.path.isdir("/usr/local") else []
 out["usr_local_etc"] = os.path.exists("/usr/local/etc")
 # flock on a shared read-only file works (a documented residual channel).
@@ -64,12 +72,14 @@ func TestEscapeHostInfo(t *testing.T) {
 		Mountinfo       string            `json:"mountinfo"`
 		Inotify         string            `json:"inotify_init1"`
 		Fanotify        string            `json:"fanotify_init"`
+		Dnotify         string            `json:"dnotify"`
+		Cachestat       string            `json:"cachestat"`
 		UsrLocal        []string          `json:"usr_local"`
 		UsrLocalEtc     bool              `json:"usr_local_etc"`
 		FlockSharedFile string            `json:"flock_shared_file"`
 	}
 	escReturn(t, r, &got)
-	checkHostInfo(t, got.Masked, got.ReadOnly, got.CorePattern, got.Inotify, got.Fanotify)
+	checkHostInfo(t, got.Masked, got.ReadOnly, got.CorePattern, got.Inotify, got.Fanotify, got.Dnotify, got.Cachestat)
 	if _, ok := got.Masked["/proc/cmdline"]; !ok {
 		t.Errorf("/proc/cmdline not checked: %v", got.Masked)
 	}
@@ -85,7 +95,7 @@ func TestEscapeHostInfo(t *testing.T) {
 	t.Logf("flock on a shared read-only file: %s (residual channel, see README)", got.FlockSharedFile)
 }
 
-func checkHostInfo(t *testing.T, masked map[string]string, readonly map[string]bool, corePattern, inotify, fanotify string) {
+func checkHostInfo(t *testing.T, masked map[string]string, readonly map[string]bool, corePattern, inotify, fanotify, dnotify, cachestat string) {
 	t.Helper()
 	for p, v := range masked {
 		if v != "bytes:0" && v != "dir:" && v != "EACCES" && v != "EPERM" && v != "ENOENT" {
@@ -100,8 +110,8 @@ func checkHostInfo(t *testing.T, masked map[string]string, readonly map[string]b
 	if corePattern == "written" {
 		t.Errorf("/proc/sys/kernel/core_pattern was written")
 	}
-	if inotify != "EPERM" || fanotify != "EPERM" {
-		t.Errorf("inotify_init1 %s, fanotify_init %s, want EPERM", inotify, fanotify)
+	if inotify != "EPERM" || fanotify != "EPERM" || dnotify != "EPERM" || cachestat != "EPERM" {
+		t.Errorf("inotify_init1 %s, fanotify_init %s, fcntl(F_NOTIFY) %s, cachestat %s: want EPERM", inotify, fanotify, dnotify, cachestat)
 	}
 }
 
@@ -121,7 +131,9 @@ func TestEscapeHostInfoBwrap(t *testing.T) {
 		CorePattern string            `json:"core_pattern"`
 		Inotify     string            `json:"inotify_init1"`
 		Fanotify    string            `json:"fanotify_init"`
+		Dnotify     string            `json:"dnotify"`
+		Cachestat   string            `json:"cachestat"`
 	}
 	escReturn(t, r, &got)
-	checkHostInfo(t, got.Masked, got.ReadOnly, got.CorePattern, got.Inotify, got.Fanotify)
+	checkHostInfo(t, got.Masked, got.ReadOnly, got.CorePattern, got.Inotify, got.Fanotify, got.Dnotify, got.Cachestat)
 }

@@ -213,7 +213,7 @@ func (e *Engine) Measure(ctx context.Context, interpreters []*interp.Interpreter
 		L.NoHostRoot = Layer{Active: true, Detail: "nested user namespace (uid_map " + strings.Join(f, " ") + "); bwrap itself runs as an unprivileged host uid"}
 	}
 	if len(pr.Exposed) == 0 {
-		L.ProcMasked = Layer{Active: true, Detail: "OCI masked and read-only paths, plus cmdline, kallsyms, modules, diskstats"}
+		L.ProcMasked = Layer{Active: true, Detail: "OCI masked and read-only paths, plus cmdline, kallsyms, modules, partitions, diskstats, boot_id, pressure"}
 	} else {
 		L.ProcMasked = Layer{Detail: "visible: " + strings.Join(pr.Exposed, ", ")}
 	}

@@ -36,6 +36,7 @@ type child struct {
 	recycle     func(*cgroup.Group) // hands the empty cgroup back to the pool
 	onClose     func()              // asks the pool to prepare a replacement
 	release     func()              // uncounts the child on its zygote
+	zyg         *zygote             // the zygote it was forked from
 
 	ended     chan struct{} // every process gone, output copied, figures read
 	pidfdSet  chan struct{} // closed once pidfd is set (or will not be)

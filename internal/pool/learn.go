@@ -17,14 +17,25 @@ import (
 type learner struct {
 	max, window, min int
 
-	mu      sync.Mutex
-	recent  [][]string // top-level modules of the last runs, a ring
+	mu       sync.Mutex
+	attempts int        // zygotes started to try a module, failed ones too
+	recent   [][]string // top-level modules of the last runs, a ring
 	next    int
 	counts  map[string]int
 	tried   map[string]bool
 	added   []string
 	pending bool // a zygote with a new module is being prepared
 }
+
+// Bounds on what hostile code can make the learner do: the names taken
+// from one run, and the zygotes started to try modules over the pool's
+// life, whether or not the module imported (each costs a cold interpreter
+// start, and a name that never imports must not buy endless tries).
+const (
+	maxNamesPerRun   = 32
+	attemptsPerSlot  = 3
+	minLearnAttempts = 4
+)
 
 // noPreload are modules whose import has effects beyond defining things
 // (printing, opening windows or browsers, starting GUIs or demos).
@@ -56,6 +67,9 @@ func (l *learner) observe(imports []string, has func(string) bool) string {
 		top, _, _ := strings.Cut(imp, ".")
 		if plainName(top) && !slices.Contains(tops, top) {
 			tops = append(tops, top)
+			if len(tops) == maxNamesPerRun {
+				break
+			}
 		}
 	}
 	l.mu.Lock()
@@ -80,7 +94,7 @@ func (l *learner) observe(imports []string, has func(string) bool) string {
 // pick returns the next module to try, marking it pending, or "". l.mu is
 // held.
 func (l *learner) pick(has func(string) bool) string {
-	if l.pending || len(l.added) >= l.max {
+	if l.pending || len(l.added) >= l.max || l.attempts >= max(l.max*attemptsPerSlot, minLearnAttempts) {
 		return ""
 	}
 	// The hottest module not yet tried, whether or not this run imports
@@ -101,6 +115,7 @@ func (l *learner) pick(has func(string) bool) string {
 		l.tried[m] = true // once, whatever happens next
 		if !has(m) {
 			l.pending = true
+			l.attempts++
 			return m
 		}
 	}

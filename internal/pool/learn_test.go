@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -153,5 +154,32 @@ func TestLearnerNames(t *testing.T) {
 	l.done("numpy", false, none)
 	if m := l.observe([]string{"numpy"}, none); m != "" {
 		t.Errorf("numpy offered twice: %q", m)
+	}
+}
+
+// TestLearnerBoundsHostileNames: code that imports hundreds of names that
+// never import cannot make the pool start zygotes without end: a run
+// counts for at most maxNamesPerRun names, and failed tries use up the
+// learner's attempts as successful ones do.
+func TestLearnerBoundsHostileNames(t *testing.T) {
+	l := newLearner(2, 50, 2, nil)
+	none := func(string) bool { return false }
+	var names []string
+	for i := range 300 {
+		names = append(names, fmt.Sprintf("zz%d", i))
+	}
+	started := 0
+	for range 200 {
+		// As the pool does: each try ends with done, which may name the
+		// next module to try.
+		for m := l.observe(names, none); m != ""; m = l.done(m, false, none) {
+			started++
+		}
+	}
+	if want := max(2*attemptsPerSlot, minLearnAttempts); started != want {
+		t.Errorf("%d zygotes started for names that never import, want %d", started, want)
+	}
+	if n := len(l.counts); n > maxNamesPerRun {
+		t.Errorf("%d names counted from runs of 300 imports each", n)
 	}
 }

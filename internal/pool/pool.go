@@ -392,10 +392,12 @@ func (p *Pool) Start(ctx context.Context, spec *sandbox.Spec) (sandbox.Sandbox, 
 		for {
 			select {
 			case c = <-f.ready:
-				if c.alive() {
+				if c.alive() && !c.zyg.retired.Load() && !c.zyg.expired(p.cfg.ZygoteMaxRuns, p.cfg.ZygoteMaxAge) {
 					break take
 				}
-				// Died while idle: replaced, never handed out.
+				// Died while idle, or forked from a zygote that has served
+				// its share (its layout and hash seed have been shared long
+				// enough): replaced, never handed out.
 				c.Close()
 				c = nil
 			default:
@@ -731,7 +733,7 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, erro
 	if err != nil {
 		return fail(err)
 	}
-	c.release = func() { f.release(z) }
+	c.zyg, c.release = z, func() { f.release(z) }
 	sp, err := z.spawn(ctx, req, []int{int(childFiles[0].Fd()), int(childFiles[1].Fd()), int(childFiles[2].Fd())})
 	if err != nil {
 		// The child may have said why on its control socket.

@@ -167,3 +167,21 @@ func landlockABIForTest() int {
 	}
 	return int(v)
 }
+
+// TestZygoteMaxAgeSkipsReadyChildren: a child made ready by a zygote that
+// has since passed ZygoteMaxAge is not handed out (its layout and hash seed
+// have been shared long enough); the run gets one from a fresh zygote.
+func TestZygoteMaxAgeSkipsReadyChildren(t *testing.T) {
+	e, p := newPooledEngine(t, 2, nil)
+	p.cfg.ZygoteMaxAge = time.Second
+	first := run(t, e, "hash('seed')")
+	time.Sleep(1500 * time.Millisecond) // the age bound is the behaviour under test
+	waitFor(t, func() bool { return len(p.light.ready) > 0 })
+	second := run(t, e, "hash('seed')")
+	if first.Status != engine.StatusSuccess || second.Status != engine.StatusSuccess {
+		t.Fatalf("%+v %+v", first, second)
+	}
+	if fmt.Sprint(first.ReturnValue) == fmt.Sprint(second.ReturnValue) {
+		t.Errorf("a run after the zygote's max age had its hash seed: %v", first.ReturnValue)
+	}
+}

@@ -20,7 +20,7 @@ type archInfo struct {
 	denied map[string]uint32
 
 	// Syscalls whose verdict depends on an argument, or that get a special errno.
-	clone, clone3, ioctl, personality, socket uint32
+	clone, clone3, ioctl, fcntl, personality, socket uint32
 }
 
 // Offsets into struct seccomp_data (include/uapi/linux/seccomp.h):
@@ -117,6 +117,11 @@ var deniedSocketFamilies = []uint32{unix.AF_VSOCK}
 // input: TIOCSTI fakes keystrokes on a controlling terminal shared with the
 // parent, and TIOCLINUX can do the same through the console selection buffer.
 var deniedIoctls = []uint32{unix.TIOCSTI, unix.TIOCLINUX}
+
+// deniedFcntls: F_NOTIFY (dnotify) would let a run watch, as it happens,
+// which files other runs read in the shared read-only trees, just as
+// inotify and fanotify would.
+var deniedFcntls = []uint32{unix.F_NOTIFY}
 
 // Denied returns the sorted names of the system calls the filter refuses
 // whatever their arguments: all with EPERM except clone3, which gets ENOSYS.
@@ -220,6 +225,7 @@ func instructions(p Profile) ([]bpf.Instruction, error) {
 		bpf.RetConstant{Val: retAllow},
 	)
 	prog = append(prog, argIn(native.ioctl, 1, deniedIoctls, retEPERM, retAllow)...)
+	prog = append(prog, argIn(native.fcntl, 1, deniedFcntls, retEPERM, retAllow)...)
 	prog = append(prog, argIn(native.socket, 0, deniedSocketFamilies, retEPERM, retAllow)...)
 	prog = append(prog, argIn(native.personality, 0, allowedPersonalities, retAllow, retEPERM)...)
 

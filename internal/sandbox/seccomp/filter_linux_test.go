@@ -155,7 +155,7 @@ func TestDenied(t *testing.T) {
 			t.Errorf("%s is not denied", name)
 		}
 	}
-	for _, name := range []string{"clone", "ioctl", "socket", "personality", "landlock_create_ruleset", "seccomp"} {
+	for _, name := range []string{"clone", "ioctl", "fcntl", "socket", "personality", "landlock_create_ruleset", "seccomp"} {
 		if slices.Contains(names, name) {
 			t.Errorf("%s must not be denied outright", name)
 		}
@@ -207,6 +207,9 @@ func TestIoctl(t *testing.T) {
 	// The kernel takes cmd as unsigned int, so this is TIOCSTI to it.
 	expect(t, "TIOCSTI with high bits", f.call(t, native.ioctl, 0, 1<<32|unix.TIOCSTI), retEPERM)
 	expect(t, "TCGETS", f.call(t, native.ioctl, 0, unix.TCGETS, 0x7ffc0000), retAllow)
+	expect(t, "F_NOTIFY", f.call(t, native.fcntl, 3, unix.F_NOTIFY, 0x80000000), retEPERM)
+	expect(t, "F_GETFL", f.call(t, native.fcntl, 3, unix.F_GETFL), retAllow)
+	expect(t, "F_SETLK", f.call(t, native.fcntl, 3, unix.F_SETLK, 0x7ffc0000), retAllow)
 	expect(t, "FIONREAD (TIOCINQ)", f.call(t, native.ioctl, 5, unix.TIOCINQ, 0x7ffc0000), retAllow)
 	// TIOCSTI's value as the fd or the pointer is harmless.
 	expect(t, "TIOCSTI in args[0]", f.call(t, native.ioctl, unix.TIOCSTI, unix.TCGETS), retAllow)

@@ -11,6 +11,7 @@ var native = archInfo{
 	clone:       unix.SYS_CLONE,
 	clone3:      unix.SYS_CLONE3,
 	ioctl:       unix.SYS_IOCTL,
+	fcntl:       unix.SYS_FCNTL,
 	personality: unix.SYS_PERSONALITY,
 	socket:      unix.SYS_SOCKET,
 
@@ -62,6 +63,8 @@ var native = archInfo{
 		// Watchdog-style libraries fall back to polling, or fail.
 		"inotify_init":  unix.SYS_INOTIFY_INIT,
 		"inotify_init1": unix.SYS_INOTIFY_INIT1,
+		// Page-cache residency of shared files: which ones other runs read.
+		"cachestat": unix.SYS_CACHESTAT,
 
 		// Kernel and machine administration.
 		"kexec_load":      unix.SYS_KEXEC_LOAD,

@@ -10,6 +10,7 @@ var native = archInfo{
 	clone:       unix.SYS_CLONE,
 	clone3:      unix.SYS_CLONE3,
 	ioctl:       unix.SYS_IOCTL,
+	fcntl:       unix.SYS_FCNTL,
 	personality: unix.SYS_PERSONALITY,
 	socket:      unix.SYS_SOCKET,
 
@@ -60,6 +61,8 @@ var native = archInfo{
 		// runs of other tenants open: a channel between sandboxes.
 		// Watchdog-style libraries fall back to polling, or fail.
 		"inotify_init1": unix.SYS_INOTIFY_INIT1,
+		// Page-cache residency of shared files: which ones other runs read.
+		"cachestat": unix.SYS_CACHESTAT,
 
 		// Kernel and machine administration.
 		"kexec_load":      unix.SYS_KEXEC_LOAD,
