@@ -20,11 +20,11 @@ type learner struct {
 	mu       sync.Mutex
 	attempts int        // zygotes started to try a module, failed ones too
 	recent   [][]string // top-level modules of the last runs, a ring
-	next    int
-	counts  map[string]int
-	tried   map[string]bool
-	added   []string
-	pending bool // a zygote with a new module is being prepared
+	next     int
+	counts   map[string]int
+	tried    map[string]bool
+	added    []string
+	pending  bool // a zygote with a new module is being prepared
 }
 
 // Bounds on what hostile code can make the learner do: the names taken
