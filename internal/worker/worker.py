@@ -1015,6 +1015,7 @@ PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 SANDBOX_ID = 1000
+LANDLOCK_FIRST_FD = 10  # where a child opens the paths of its Landlock rules
 SCRATCH = "/.pysandbox/scratch"
 
 
@@ -1049,8 +1050,11 @@ def _zygote_main():
         "seccomp": base64.b64decode(init["seccomp"]),
         "ctypes": ctypes, "resource": resource, "struct": struct, "fcntl": fcntl,
         "proc_masks": init.get("proc_masks") or {},
-        "landlock": init.get("landlock") or [],
     }
+    # Landlock rules hold inodes, and /tmp, /work and /dev/shm are each
+    # child's own: the child builds its ruleset itself, from what is
+    # prepared here (the system calls' arguments), in a few system calls.
+    ctx["landlock"] = _landlock_prepare(ctx, init.get("landlock") or [])
     # Runs are reaped here and reported; a pipe wakes the loop on SIGCHLD.
     # The zygote is pid 1 of its sandbox, so orphaned run processes (every
     # B, once its A has left) are its children.
@@ -1358,7 +1362,7 @@ def _become_sandbox(req, ctx):
     hdr, data = Header(0x20080522, 0), (Data * 2)()
     _libc_check(ctx, libc.capset(ctypes.byref(hdr), ctypes.byref(data)), "capset")
     _libc_check(ctx, libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    _landlock(ctx, ctx["landlock"])
+    _landlock_enter(ctx)
 
     class Fprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
@@ -1376,45 +1380,62 @@ LL_REFER, LL_TRUNCATE, LL_WRITE_FILE = 0x2000, 0x4000, 0x2
 LL_SCOPE = 0x1 | 0x2  # abstract Unix sockets, signals
 
 
-def _landlock(ctx, writable):
-    """Writes only beneath writable; abstract sockets and signals scoped to
-    this sandbox. Nothing without Landlock (the kernel is too old)."""
+def _landlock_prepare(ctx, writable):
+    """The arguments of the Landlock calls a child makes (see _landlock_enter),
+    built once: None when the kernel has no Landlock."""
     libc, ctypes, struct = ctx["libc"], ctx["ctypes"], ctx["struct"]
     sc = libc.syscall
     sc.restype = ctypes.c_long
     abi = sc(ctypes.c_long(LL_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(1))
     if abi <= 0 or not writable:
-        return
+        return None
     handled, file_rights = LL_WRITE_V1, LL_WRITE_FILE
     if abi >= 2:
         handled |= LL_REFER
     if abi >= 3:
         handled |= LL_TRUNCATE
         file_rights |= LL_TRUNCATE
-    attr = struct.pack("=QQQ", handled, 0, LL_SCOPE if abi >= 6 else 0)
     size = 24 if abi >= 6 else 16
-    buf = ctypes.create_string_buffer(attr[:size], size)
-    rfd = sc(ctypes.c_long(LL_CREATE_RULESET), buf, ctypes.c_size_t(size), ctypes.c_uint32(0))
+    attr = ctypes.create_string_buffer(struct.pack("=QQQ", handled, 0, LL_SCOPE if abi >= 6 else 0)[:size], size)
+    rules = []
+    for i, path in enumerate(writable[:32]):
+        # Each rule names the descriptor the child will open path on.
+        fd = LANDLOCK_FIRST_FD + i
+        try:
+            is_dir = os.stat(path).st_mode & 0o170000 == 0o040000
+        except OSError:
+            continue
+        rights = handled if is_dir else file_rights
+        rules.append((path, fd, ctypes.create_string_buffer(struct.pack("=Qi", rights, fd), 12)))
+    return {"attr": attr, "size": ctypes.c_size_t(size), "rules": rules, "zero": ctypes.c_uint32(0),
+            "one": ctypes.c_int(1), "nrs": [ctypes.c_long(n) for n in (LL_CREATE_RULESET, LL_ADD_RULE, LL_RESTRICT_SELF)]}
+
+
+def _landlock_enter(ctx):
+    """Writes only beneath the prepared paths; abstract Unix sockets and
+    signals scoped to this sandbox. After no_new_privs."""
+    ll = ctx["landlock"]
+    if ll is None:
+        return
+    libc, ctypes = ctx["libc"], ctx["ctypes"]
+    create, add, restrict = ll["nrs"]
+    for path, fd, _ in ll["rules"]:
+        tmp = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        os.dup2(tmp, fd, inheritable=False)
+        os.close(tmp)
+    rfd = libc.syscall(create, ll["attr"], ll["size"], ll["zero"])
     if rfd < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
     try:
-        for path in writable:
-            try:
-                pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            except FileNotFoundError:
-                continue
-            try:
-                is_dir = os.fstat(pfd).st_mode & 0o170000 == 0o040000
-                rights = handled if is_dir else file_rights
-                rule = ctypes.create_string_buffer(struct.pack("=Qi", rights, pfd), 12)
-                if sc(ctypes.c_long(LL_ADD_RULE), ctypes.c_int(rfd), ctypes.c_int(1), rule, ctypes.c_uint32(0)) != 0:
-                    raise OSError(ctypes.get_errno(), "landlock_add_rule " + path)
-            finally:
-                os.close(pfd)
-        if sc(ctypes.c_long(LL_RESTRICT_SELF), ctypes.c_int(rfd), ctypes.c_uint32(0)) != 0:
+        for path, _, rule in ll["rules"]:
+            if libc.syscall(add, rfd, ll["one"], rule, ll["zero"]) != 0:
+                raise OSError(ctypes.get_errno(), "landlock_add_rule " + path)
+        if libc.syscall(restrict, rfd, ll["zero"]) != 0:
             raise OSError(ctypes.get_errno(), "landlock_restrict_self")
     finally:
         os.close(rfd)
+        for _, fd, _ in ll["rules"]:
+            os.close(fd)
 
 
 def _mask_proc(masks, mount):
