@@ -15,6 +15,24 @@
 //
 // The pool implements sandbox.Backend, so the engine does not know whether
 // a run is pooled.
+//
+// Trust. A zygote is more privileged than a run: its seccomp filter allows
+// unshare and mount, and a root server's zygote keeps CAP_SETUID/SETGID in
+// its own user namespace (which maps no privileged host id) to give each
+// child a host uid of its own. So nothing a caller controls ever executes
+// in a zygote, nor in a child before its lockdown:
+//   - a zygote imports only the interpreter's standard library and
+//     site-packages (--preload and learned names resolve there and nowhere
+//     else): the working directory and dependency environments are never on
+//     its sys.path, even when the environment is mounted in its sandbox;
+//   - a child imports nothing between the fork and its strict seccomp
+//     filter, capability drop, no_new_privs and Landlock domain; only then
+//     does it add the working directory and the environments (processing
+//     their .pth files) to sys.path, after the standard library;
+//   - dependency environments therefore get warm zygotes of their own
+//     without any of their code running in one.
+// A zygote is replaced after Config.ZygoteMaxRuns forks or ZygoteMaxAge,
+// since its children share its memory layout and str hash seed.
 package pool
 
 import (
