@@ -31,6 +31,7 @@
 //     their .pth files) to sys.path, after the standard library;
 //   - dependency environments therefore get warm zygotes of their own
 //     without any of their code running in one.
+//
 // A zygote is replaced after Config.ZygoteMaxRuns forks or ZygoteMaxAge,
 // since its children share its memory layout and str hash seed.
 package pool
