@@ -230,6 +230,10 @@ func TestServeMalformedInput(t *testing.T) {
 		{`this is not json`, `-32700`},
 		{`{"jsonrpc":"2.0","id":7,"method":42}`, `"id":7,"error"`},
 		{`{"jsonrpc":"2.0","id":2,"method":"no/such/method"}`, `"id":2,"error"`},
+		{`[]`, `-32600`},
+		{`[1,2,3]`, `-32600`},
+		{`[{"jsonrpc":"2.0","id":9,"method":"ping"},{"jsonrpc":"2.0","id":10,"method":"ping"}]`, `-32600`},
+		{`  [{"jsonrpc":"2.0","method":"notifications/initialized"}]`, `-32600`},
 		{`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"run_python","arguments":"not an object"}}`, `"isError":true`},
 		{`{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"run_python","arguments":{"code":"print(40+2)"}}}`, `"stdout":"42\n"`},
 	} {

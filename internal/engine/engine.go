@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -126,8 +127,20 @@ func New(cfg Config) (*Engine, error) {
 // Config returns the effective configuration.
 func (e *Engine) Config() Config { return e.cfg }
 
-// ErrBusy means the concurrency cap and the queue are both full.
-var ErrBusy = errors.New("engine: too many runs in progress")
+// ErrBusy means the server cannot take the run now: the concurrency cap
+// and the queue are full, or the machine is so loaded that no sandbox
+// could be prepared in time. Nothing was run; the caller may retry.
+var ErrBusy = errors.New("engine: the server is busy")
+
+// startError explains a sandbox that could not start: one that ran out of
+// time while the run still had time left is a machine too busy to prepare
+// it, which a retry may fix, not a broken sandbox.
+func startError(err error) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: no sandbox could be prepared in time, as other runs are using the machine (%v); retry in a few seconds", ErrBusy, err)
+	}
+	return fmt.Errorf("engine: %w", err)
+}
 
 // acquire takes a run slot, waiting in line (FIFO, as Go wakes channel
 // receivers in order) while the queue has room.
@@ -139,7 +152,7 @@ func (e *Engine) acquire(ctx context.Context) error {
 	}
 	if e.waiting.Add(1) > int64(e.cfg.MaxQueue) {
 		e.waiting.Add(-1)
-		return fmt.Errorf("%w: %d running and %d queued; retry in a few seconds", ErrBusy, e.cfg.MaxConcurrent, e.cfg.MaxQueue)
+		return fmt.Errorf("%w: %d runs are running and %d queued; retry in a few seconds", ErrBusy, e.cfg.MaxConcurrent, e.cfg.MaxQueue)
 	}
 	defer e.waiting.Add(-1)
 	select {
@@ -276,7 +289,7 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 		if ctx.Err() != nil || runCtx.Err() != nil {
 			return e.finish(ctx, runCtx, start, stdout, stderr, nil, nil, sandbox.Exit{}, timeout), nil
 		}
-		return nil, fmt.Errorf("engine: %w", err)
+		return nil, startError(err)
 	}
 	defer sb.Close()
 
@@ -293,6 +306,7 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 	conn := worker.NewConn(sb.Control())
 	defer conn.Close()
 	var res *worker.Result
+	var deadlineKill bool // the sandbox outlived its deadline (whatever its reply said)
 	_, err = conn.Ready(runCtx)
 	if err == nil {
 		res, err = conn.Run(runCtx, worker.Request{
@@ -311,7 +325,7 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 		// The one-shot worker exits after replying. Anything it left
 		// running dies with it (pid 1 of its namespace); wait for that, but
 		// never past the deadline.
-		waitOrKill(runCtx, sb)
+		deadlineKill = waitOrKill(runCtx, sb)
 	}
 	var exit sandbox.Exit
 	if en, ok := sb.(sandbox.Ender); ok && res != nil {
@@ -321,6 +335,11 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 	} else {
 		exit = sb.Wait()
 	}
+	if deadlineKill {
+		// The run's own reply does not decide how it ended: what the
+		// server measured does.
+		res = nil
+	}
 	r := e.finish(ctx, runCtx, start, stdout, stderr, res, err, exit, timeout)
 	if flooded.Load() && r.Status != StatusTimeout && r.Status != StatusCancelled {
 		r.Status = StatusOutputLimit
@@ -329,7 +348,9 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 	return r, nil
 }
 
-func waitOrKill(ctx context.Context, sb sandbox.Sandbox) {
+// waitOrKill waits until every process of sb has ended, killing them at
+// ctx's deadline; it reports whether it had to.
+func waitOrKill(ctx context.Context, sb sandbox.Sandbox) bool {
 	done := make(chan struct{})
 	go func() {
 		if en, ok := sb.(sandbox.Ender); ok {
@@ -341,9 +362,11 @@ func waitOrKill(ctx context.Context, sb sandbox.Sandbox) {
 	}()
 	select {
 	case <-done:
+		return false
 	case <-ctx.Done():
 		sb.Kill()
 		<-done
+		return true
 	}
 }
 
@@ -365,12 +388,17 @@ func (e *Engine) finish(ctx, runCtx context.Context, start time.Time, stdout, st
 	case res == nil && runCtx.Err() != nil:
 		r.Status, r.ExitCode = StatusTimeout, -1
 		r.Message = fmt.Sprintf("the run exceeded its %s timeout and every process it started was killed; make the code faster or pass a larger timeout_seconds (max %s)", timeout, e.cfg.MaxTimeout)
-	case exit.OOMKilled || (res != nil && res.Error != nil && res.Error.Type == "MemoryError"):
+	case exit.OOMKilled || (res != nil && res.Error != nil && res.Error.Type == "MemoryError" && e.nearMemoryLimit(exit)):
 		r.Status, r.ExitCode = StatusMemoryLimit, exitCode(res, exit)
 		r.Message = fmt.Sprintf("the run exceeded the %d MiB memory limit; use less memory (process data in chunks)", e.cfg.Limits.MemoryBytes>>20)
 		if res != nil {
 			r.Error = res.Error
 		}
+	case res == nil && errors.Is(runErr, worker.ErrProtocol):
+		// User code wrote to the worker's control channel: whatever it
+		// said there was not used.
+		r.Status, r.ExitCode = StatusError, exitCode(nil, exit)
+		r.Message = fmt.Sprintf("the run wrote something other than its result on the worker's control channel (file descriptor 3), which ended it; nothing it wrote there was used (%v). Do not write to file descriptor 3", clipErr(runErr))
 	case res == nil && exit.Signal == 0 && exit.Code > 0:
 		// os._exit() or a crash inside the interpreter that still exited.
 		r.Status, r.ExitCode = StatusError, exit.Code
@@ -405,6 +433,26 @@ func (e *Engine) finish(ctx, runCtx context.Context, start time.Time, stdout, st
 		r.Message = fmt.Sprintf("the output exceeded %d bytes per stream; its head and tail are kept", e.cfg.MaxOutput)
 	}
 	return r
+}
+
+// nearMemoryLimit tells a MemoryError that the memory limit caused from
+// one that user code raised or forged: with a memory cgroup, the run must
+// have come near the limit (a real overrun is usually an OOM kill); with
+// RLIMIT_AS only, a MemoryError is how the limit shows.
+func (e *Engine) nearMemoryLimit(exit sandbox.Exit) bool {
+	if exit.PeakMemoryBytes == 0 || e.cfg.Limits.MemoryBytes <= 0 {
+		return true // nothing measured it: RLIMIT_AS enforces the limit
+	}
+	return exit.PeakMemoryBytes >= e.cfg.Limits.MemoryBytes/2
+}
+
+// clipErr shortens an error that may quote the sandbox.
+func clipErr(err error) string {
+	s := err.Error()
+	if len(s) > 300 {
+		s = s[:300] + "..."
+	}
+	return s
 }
 
 func exitCode(res *worker.Result, exit sandbox.Exit) int {

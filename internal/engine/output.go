@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"unicode/utf8"
 )
 
 // capture keeps the head and the tail of a stream within a fixed budget,
@@ -91,11 +92,38 @@ func (c *capture) String() (string, bool) {
 	if kept == c.total {
 		return strings.ToValidUTF8(string(c.head)+string(tail), "\uFFFD"), false
 	}
-	// Cutting at byte offsets can split a UTF-8 sequence; the replacement
-	// character marks the cut instead of producing invalid JSON strings.
-	return strings.ToValidUTF8(string(c.head), "\uFFFD") +
-		fmt.Sprintf("\n[... %d bytes of output truncated ...]\n", c.total-kept) +
+	// The cuts fall at byte offsets: move them to character boundaries, so
+	// that text (CJK, emoji) keeps whole characters on both sides. The bytes
+	// of a character cut in two count as truncated.
+	head, tail := wholeHead(c.head), wholeTail(tail)
+	dropped := c.total - int64(len(head)+len(tail))
+	return strings.ToValidUTF8(string(head), "\uFFFD") +
+		fmt.Sprintf("\n[... %d bytes of output truncated ...]\n", dropped) +
 		strings.ToValidUTF8(string(tail), "\uFFFD"), true
+}
+
+// wholeHead drops an incomplete UTF-8 sequence from the end of b.
+func wholeHead(b []byte) []byte {
+	for i := 1; i <= utf8.UTFMax && i <= len(b); i++ {
+		if utf8.RuneStart(b[len(b)-i]) {
+			if !utf8.FullRune(b[len(b)-i:]) {
+				return b[:len(b)-i]
+			}
+			return b
+		}
+	}
+	return b
+}
+
+// wholeTail drops the continuation bytes of a character cut in two from
+// the start of b.
+func wholeTail(b []byte) []byte {
+	for i := 0; i < utf8.UTFMax && i < len(b); i++ {
+		if utf8.RuneStart(b[i]) {
+			return b[i:]
+		}
+	}
+	return b
 }
 
 // Total is the number of bytes written so far.

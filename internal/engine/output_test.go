@@ -65,8 +65,15 @@ func TestCaptureInvalidUTF8AtCut(t *testing.T) {
 	c := newCapture(9, nil)
 	c.Write([]byte(strings.Repeat("é", 50))) // 2-byte runes; 9/2 cuts one in half
 	s, trunc := c.String()
-	if !trunc || !utf8.ValidString(s) || !strings.Contains(s, "\uFFFD") {
+	// The cut moves to a character boundary: no half character, no U+FFFD.
+	if !trunc || !utf8.ValidString(s) || strings.Contains(s, "\uFFFD") || !strings.HasPrefix(s, "éé\n") {
 		t.Errorf("truncated %v, valid %v: %q", trunc, utf8.ValidString(s), s)
+	}
+	// Output that is not UTF-8 at all still comes out valid.
+	c = newCapture(9, nil)
+	c.Write(bytes.Repeat([]byte{0xff, 0xfe}, 50))
+	if s, _ := c.String(); !utf8.ValidString(s) || !strings.Contains(s, "\uFFFD") {
+		t.Errorf("binary output: %q", s)
 	}
 }
 
@@ -76,5 +83,33 @@ func TestImportsOf(t *testing.T) {
 	// "# import commented" does not start with import; a string never does.
 	if got != "os,sys,pandas,numpy" {
 		t.Errorf("ImportsOf = %s", got)
+	}
+}
+
+// TestCaptureKeepsWholeCharacters: a cut through CJK text (3 bytes a
+// character) leaves whole characters on both sides, never U+FFFD.
+func TestCaptureKeepsWholeCharacters(t *testing.T) {
+	for max := 10; max < 40; max++ {
+		c := newCapture(max, nil)
+		c.Write([]byte(strings.Repeat("世界", 50)))
+		got, truncated := c.String()
+		if !truncated {
+			t.Fatalf("max %d: not truncated", max)
+		}
+		if strings.ContainsRune(got, utf8.RuneError) || !utf8.ValidString(got) {
+			t.Errorf("max %d: %q", max, got)
+		}
+		head, _, _ := strings.Cut(got, "\n[...")
+		if strings.Trim(head, "世界") != "" {
+			t.Errorf("max %d: head %q is not whole characters", max, head)
+		}
+	}
+	// Emoji (4 bytes) too, written a byte at a time.
+	c := newCapture(21, nil)
+	for _, b := range []byte(strings.Repeat("😀", 20)) {
+		c.Write([]byte{b})
+	}
+	if got, _ := c.String(); strings.ContainsRune(got, utf8.RuneError) {
+		t.Errorf("emoji: %q", got)
 	}
 }

@@ -181,6 +181,9 @@ func (s *Sessions) Create(ctx context.Context, ttl time.Duration, opts ...Create
 		renv.close()
 	}
 	if err != nil {
+		if ctx.Err() == nil {
+			return nil, startError(err)
+		}
 		return nil, fmt.Errorf("engine: start session: %w", err)
 	}
 	sess.sb = sb

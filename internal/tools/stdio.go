@@ -39,8 +39,9 @@ func filterLines(in io.Reader, pw *io.PipeWriter, w *lockedWriter) {
 		case !json.Valid(line):
 			w.writeError(nil, jsonrpc.CodeParseError, "parse error: the line is not JSON")
 		case bytes.HasPrefix(bytes.TrimSpace(line), []byte("[")):
-			// A batch: the SDK understands those and answers per element.
-			pw.Write(append(line, '\n'))
+			// A batch. MCP has had none since 2025-06-18, and the SDK ends
+			// the session on one: answer it here instead.
+			w.writeError(nil, jsonrpc.CodeInvalidRequest, "JSON-RPC batches are not supported; send one message per line")
 		default:
 			if msg, derr := jsonrpc.DecodeMessage(line); derr != nil || msg == nil {
 				w.writeError(requestID(line), jsonrpc.CodeInvalidRequest, "invalid JSON-RPC message")

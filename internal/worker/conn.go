@@ -38,9 +38,15 @@ func Command(python, scriptPath string, oneshot bool, sites ...string) []string 
 
 // maxLineBytes bounds a single message from the worker. The worker lives in
 // the sandbox with the user's code, so it must not be able to make the server
-// buffer without limit. Return values and error texts are capped far below
-// this by the worker itself.
-const maxLineBytes = 64 << 20
+// buffer without limit. The largest legitimate message is a result with
+// MaxFiguresTotalBytes of PNG in base64 (4/3 of it) and every other field at
+// its bound, JSON-escaped: just under 23 MiB.
+const maxLineBytes = MaxFiguresTotalBytes*4/3 + 2<<20
+
+// ErrProtocol marks a message from the worker that breaks the protocol: too
+// long, malformed, out of its bounds, or for another request. User code
+// can write to the control channel, so this is how a forged reply ends.
+var ErrProtocol = errors.New("worker: protocol violation")
 
 // Conn is the Go end of a worker's control channel.
 //
@@ -107,7 +113,11 @@ func (c *Conn) Ready(ctx context.Context) (*Ready, error) {
 func (c *Conn) Run(ctx context.Context, req Request) (*Result, error) {
 	req.Op = OpRun
 	var res Result
-	if err := c.callChecked(ctx, &req, OpResult, &res, res.check); err != nil {
+	maxReturn := req.MaxReturnBytes
+	if maxReturn <= 0 {
+		maxReturn = DefaultMaxReturnBytes
+	}
+	if err := c.callChecked(ctx, &req, OpResult, &res, func() error { return res.check(maxReturn) }); err != nil {
 		return nil, err
 	}
 	if len(res.ReturnValue) == 0 {
@@ -116,8 +126,25 @@ func (c *Conn) Run(ctx context.Context, req Request) (*Result, error) {
 	return &res, nil
 }
 
-// check rejects results no well-behaved worker sends.
-func (res *Result) check() error {
+// check rejects results no well-behaved worker sends: every field within
+// the bounds the worker keeps to (see worker.py), so that a result forged
+// by user code costs the server no more than a real one.
+func (res *Result) check(maxReturn int) error {
+	// The worker's JSON is ASCII (ensure_ascii), so its length is its size;
+	// a little room for the truncation mark of a repr.
+	if len(res.ReturnValue) > maxReturn+64 {
+		return fmt.Errorf("worker: return value of %d bytes (the bound is %d)", len(res.ReturnValue), maxReturn)
+	}
+	if len(res.ReturnText) > MaxReturnTextBytes+64 {
+		return fmt.Errorf("worker: return text of %d bytes (the bound is %d)", len(res.ReturnText), MaxReturnTextBytes)
+	}
+	if e := res.Error; e != nil {
+		// Characters, up to 4 bytes each in UTF-8.
+		limit := 4 * (MaxErrorChars + 64)
+		if len(e.Type) > MaxErrorTypeBytes || len(e.Message) > limit || len(e.Traceback) > limit {
+			return fmt.Errorf("worker: error of %d+%d+%d bytes (the bound is %d each)", len(e.Type), len(e.Message), len(e.Traceback), limit)
+		}
+	}
 	switch res.Status {
 	case "success", "error":
 	default:
@@ -211,6 +238,11 @@ func (c *Conn) lock(ctx context.Context) error {
 func (c *Conn) unlock() { <-c.turn }
 
 // fail records err as the Conn's sticky error. Called with the lock held.
+// violation fails the Conn with a protocol violation (see ErrProtocol).
+func (c *Conn) violation(err error) error {
+	return c.fail(fmt.Errorf("%w (%w)", err, ErrProtocol))
+}
+
 func (c *Conn) fail(err error) error {
 	if c.err == nil {
 		c.err = err
@@ -255,6 +287,9 @@ func (c *Conn) callChecked(ctx context.Context, req *Request, wantOp string, rep
 		}
 		return nil
 	})
+	if errors.Is(err, errLineTooLong) {
+		return c.violation(err)
+	}
 	if err != nil {
 		return c.fail(err)
 	}
@@ -264,28 +299,28 @@ func (c *Conn) callChecked(ctx context.Context, req *Request, wantOp string, rep
 		ID string `json:"id"`
 	}
 	if err := json.Unmarshal(line, &env); err != nil {
-		return c.fail(fmt.Errorf("worker: bad reply: %w", err))
+		return c.violation(fmt.Errorf("worker: bad reply: %w", err))
 	}
 	if env.ID != req.ID {
-		return c.fail(fmt.Errorf("worker: reply id %q does not match request id %q", clip(env.ID), req.ID))
+		return c.violation(fmt.Errorf("worker: reply id %q does not match request id %q", clip(env.ID), req.ID))
 	}
 	if env.Op == OpError {
 		var e ErrorReply
 		if err := json.Unmarshal(line, &e); err != nil {
-			return c.fail(fmt.Errorf("worker: bad reply: %w", err))
+			return c.violation(fmt.Errorf("worker: bad reply: %w", err))
 		}
 		// A well-formed refusal: the stream is still in step.
 		return &e
 	}
 	if env.Op != wantOp {
-		return c.fail(fmt.Errorf("worker: got %q reply, want %q", clip(env.Op), wantOp))
+		return c.violation(fmt.Errorf("worker: got %q reply, want %q", clip(env.Op), wantOp))
 	}
 	if err := json.Unmarshal(line, reply); err != nil {
-		return c.fail(fmt.Errorf("worker: bad %s reply: %w", wantOp, err))
+		return c.violation(fmt.Errorf("worker: bad %s reply: %w", wantOp, err))
 	}
 	if check != nil {
 		if err := check(); err != nil {
-			return c.fail(err)
+			return c.violation(err)
 		}
 	}
 	return nil
@@ -314,10 +349,10 @@ func (c *Conn) awaitReady(ctx context.Context) error {
 	}
 	var r Ready
 	if err := json.Unmarshal(line, &r); err != nil {
-		return c.fail(fmt.Errorf("worker: bad ready message: %w", err))
+		return c.violation(fmt.Errorf("worker: bad ready message: %w", err))
 	}
 	if r.Op != OpReady {
-		return c.fail(fmt.Errorf("worker: got %q message, want %q", clip(r.Op), OpReady))
+		return c.violation(fmt.Errorf("worker: got %q message, want %q", clip(r.Op), OpReady))
 	}
 	c.ready = &r
 	return nil

@@ -104,12 +104,27 @@ const (
 	MaxFigurePNGBytes = 8 << 20
 	// MaxFiguresTotalBytes bounds the PNG data of all figures of one result
 	// (before base64); figures beyond it are reported with Omitted set.
-	MaxFiguresTotalBytes = 32 << 20
+	MaxFiguresTotalBytes = 16 << 20
 	// MaxFigures is the most figures in one result; the rest are counted in
 	// Result.FiguresOmitted.
 	MaxFigures = 16
 	// MinFigureDPI is the lowest resolution a figure is scaled down to.
 	MinFigureDPI = 20
+)
+
+// Bounds on the other fields of a result, as the worker enforces them on
+// itself (worker.py): the Go side checks them again, since user code can
+// write a result of its own on the control channel.
+const (
+	// MaxReturnTextBytes bounds Result.ReturnText (MAX_RETURN_TEXT_BYTES).
+	MaxReturnTextBytes = 64 << 10
+	// MaxErrorChars bounds Exception.Message and Traceback, in characters
+	// (MAX_ERROR_CHARS), plus the truncation mark.
+	MaxErrorChars = 32 << 10
+	// MaxErrorTypeBytes bounds Exception.Type, a qualified class name.
+	MaxErrorTypeBytes = 1 << 10
+	// DefaultMaxReturnBytes is Request.MaxReturnBytes when it is zero.
+	DefaultMaxReturnBytes = 64 << 10
 )
 
 // Ready is the worker's first message.

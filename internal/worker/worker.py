@@ -51,7 +51,7 @@ DEFAULT_MAX_RETURN_BYTES = 64 * 1024
 # Figures (matplotlib): see _capture_figures.
 DEFAULT_MAX_FIGURE_BYTES = 1 << 20
 MAX_FIGURE_PNG_BYTES = 8 << 20  # never sent, whatever max_figure_bytes says
-MAX_FIGURES_TOTAL_BYTES = 32 << 20  # all figures of one reply, before base64
+MAX_FIGURES_TOTAL_BYTES = 16 << 20  # all figures of one reply, before base64
 MAX_FIGURES = 16
 MIN_FIGURE_DPI = 20
 FIGURE_RETRIES = 3
@@ -59,7 +59,7 @@ MAX_RETURN_TEXT_BYTES = 64 * 1024
 _MARKER_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 # Cap on the exception text echoed in a reply; the full traceback is on
 # stderr anyway, and the Go side rejects oversized lines.
-MAX_ERROR_CHARS = 256 * 1024
+MAX_ERROR_CHARS = 32 * 1024
 TRUNCATED = "\u2026 (truncated)"
 CO_COROUTINE = 0x0080  # inspect.CO_COROUTINE, without importing inspect
 COMPILE_FLAGS = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
