@@ -37,6 +37,8 @@ func serve(args []string, stderr io.Writer) error {
 	fs.Var(&sessionsMemory, "sessions-memory", "memory budget of all sessions together (each may use --memory)")
 	maxUpload := size(16 << 20)
 	fs.Var(&maxUpload, "max-upload", "largest file upload_file accepts")
+	maxReply := size(tools.DefaultMaxReply)
+	fs.Var(&maxReply, "max-reply", "largest tool result on the wire, JSON escapes included: figures beyond it become resource links and output is cut further (clients drop connections at about 10MiB)")
 	policyFile := fs.String("policy", "", "policy file (JSON or YAML): which tools are allowed, denied or need the user's approval, rate limits, package rules; default: everything allowed. SIGHUP reloads it (a broken file changes nothing)")
 	auditLog := fs.String("audit-log", "", "append a tamper-evident record of every tool call to this file (JSON lines, hash-chained; check it with 'pysandbox audit verify')")
 	auditMaxSize := size(100 << 20)
@@ -128,8 +130,8 @@ func serve(args []string, stderr io.Writer) error {
 	for _, p := range posture.Problems {
 		log.Warn("sandbox", "problem", p)
 	}
-	if *maxSessions < 1 || sessionTTL <= 0 || maxSessionTTL < sessionTTL || maxUpload < 1 || auditMaxSize < 0 {
-		return usageError{fmt.Errorf("--max-sessions must be at least 1, --session-ttl positive and at most --max-session-ttl, --max-upload positive, --audit-max-size not negative")}
+	if *maxSessions < 1 || sessionTTL <= 0 || maxSessionTTL < sessionTTL || maxUpload < 1 || auditMaxSize < 0 || maxReply < 256<<10 {
+		return usageError{fmt.Errorf("--max-sessions must be at least 1, --session-ttl positive and at most --max-session-ttl, --max-upload positive, --audit-max-size not negative, --max-reply at least 256KiB")}
 	}
 	sessions := eng.NewSessions(engine.SessionConfig{
 		MaxSessions:  *maxSessions,
@@ -184,7 +186,7 @@ func serve(args []string, stderr io.Writer) error {
 		defer signal.Stop(hup)
 		go reloadPolicy(ctx, hup, *policyFile, gov.Audit, &current, updates, log)
 	}
-	srv := tools.NewServer(tools.Options{Engine: eng, Posture: posture, Sessions: sessions, MaxUploadBytes: int64(maxUpload), Governance: gov, Logger: log})
+	srv := tools.NewServer(tools.Options{Engine: eng, Posture: posture, Sessions: sessions, MaxUploadBytes: int64(maxUpload), MaxReplyBytes: int64(maxReply), Governance: gov, Logger: log})
 	if *httpAddr == "" {
 		log.Info("serving MCP on stdio", "backend", posture.Backend, "posture", posture.Posture, "python", posture.Python.Version)
 		// Run returns nil on a clean EOF from the client.

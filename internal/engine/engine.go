@@ -39,6 +39,14 @@ const (
 	StatusOutputLimit Status = "output_limit"
 	StatusKilled      Status = "killed"
 	StatusCancelled   Status = "cancelled"
+
+	// The statuses of a call refused before anything ran; the result
+	// carries nothing else but a message saying what to do.
+	StatusInvalidRequest Status = "invalid_request" // the arguments: fix them
+	StatusDenied         Status = "denied"          // the server's policy
+	StatusBusy           Status = "busy"            // retry shortly
+	StatusQuota          Status = "quota"           // the caller's own quota
+	StatusSandboxError   Status = "sandbox_error"   // the sandbox failed to start
 )
 
 // workerPath is where the worker program sits inside every sandbox.

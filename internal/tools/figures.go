@@ -96,16 +96,26 @@ func (s *server) addFigureResources(srv *mcp.Server) {
 // figureContent turns a run's figures into image content, or into links
 // for those too large to inline: in a session's workspace (figures/), or
 // in the in-memory store for one-shot runs, readable by owner alone.
-func (s *server) figureContent(res *engine.Result, sessionID string, run int, owner string) []mcp.Content {
+//
+// room is what the reply has left for them, as encoded JSON: an image that
+// would not fit (base64 takes 4/3 of its bytes) becomes a link too.
+func (s *server) figureContent(res *engine.Result, sessionID string, run int, owner string, room int64) []mcp.Content {
 	var out []mcp.Content
+	linked := 0
 	for i := range res.Figures {
 		fig := &res.Figures[i]
 		if len(fig.PNG) == 0 {
 			continue
 		}
-		if !fig.TooLarge && int64(len(fig.PNG)) <= s.maxInline {
+		encoded := int64(len(fig.PNG))*4/3 + 256
+		inline := !fig.TooLarge && int64(len(fig.PNG)) <= s.maxInline
+		if inline && encoded <= room {
+			room -= encoded
 			out = append(out, &mcp.ImageContent{Data: fig.PNG, MIMEType: "image/png"})
 			continue
+		}
+		if inline {
+			linked++
 		}
 		if sessionID != "" {
 			p := fmt.Sprintf("figures/run%d-figure%d.png", run, i+1)
@@ -119,6 +129,10 @@ func (s *server) figureContent(res *engine.Result, sessionID string, run int, ow
 		}
 		size := int64(len(fig.PNG))
 		out = append(out, &mcp.ResourceLink{URI: fig.URI, Name: fmt.Sprintf("figure %d (%dx%d)", i+1, fig.Width, fig.Height), MIMEType: "image/png", Size: &size})
+		room -= 512
+	}
+	if linked > 0 {
+		res.Message = joinMessage(res.Message, fmt.Sprintf("%d figure(s) did not fit the reply limit (--max-reply) and are returned as resource links; read them with resources/read", linked))
 	}
 	return out
 }

@@ -58,6 +58,7 @@ type UploadFileInput struct {
 
 // FileOutput describes one file written or read.
 type FileOutput struct {
+	Outcome
 	Path     string `json:"path"`
 	Size     int64  `json:"size"`
 	MIMEType string `json:"mime_type,omitempty"`
@@ -75,6 +76,7 @@ type ListFilesInput struct {
 
 // ListFilesOutput is list_files' result.
 type ListFilesOutput struct {
+	Outcome
 	Files     []workspace.FileInfo `json:"files"`
 	Truncated bool                 `json:"truncated"`
 }

@@ -415,7 +415,7 @@ func (g *governor) check(ctx context.Context, req *mcp.CallToolRequest, tool str
 // packageRefusal reports a package the policy refuses.
 func packageRefusal(ctx context.Context, err error) *mcp.CallToolResult {
 	noteDecision(ctx, "deny", err.Error(), "package")
-	return errorResult(fmt.Sprintf("Refused by the server's package policy: %v. Nothing was installed or run; use only packages the policy allows (check_environment lists the rules).", err))
+	return refusal(engine.StatusDenied, fmt.Sprintf("Refused by the server's package policy: %v. Nothing was installed or run; use only packages the policy allows (check_environment lists the rules).", err))
 }
 
 // deniedError turns an engine refusal of a package (one pulled in as a
@@ -435,7 +435,7 @@ func (g *governor) approve(ctx context.Context, req *mcp.CallToolRequest, tool s
 	args := []byte(req.Params.Arguments)
 	if g.sealer == nil {
 		noteDecision(ctx, "deny", "approvals are unavailable", "approval")
-		return errorResult("This call needs a user's approval, and this server cannot issue approvals right now. Nothing was run.")
+		return refusal(engine.StatusDenied, "This call needs a user's approval, and this server cannot issue approvals right now. Nothing was run.")
 	}
 	if req.Params.RequestState != "" || len(req.Params.InputResponses) > 0 {
 		// An answer, genuine only if its state opens and matches.
@@ -448,7 +448,7 @@ func (g *governor) approve(ctx context.Context, req *mcp.CallToolRequest, tool s
 				return nil
 			case answer != nil:
 				noteDecision(ctx, "declined", "the user answered "+answer.Action, "approval")
-				return errorResult(fmt.Sprintf("The user did not approve this %s call (%s). Nothing was run. Do not retry the same call unless the user asks for it.", tool, answer.Action))
+				return refusal(engine.StatusDenied, fmt.Sprintf("The user did not approve this %s call (%s). Nothing was run. Do not retry the same call unless the user asks for it.", tool, answer.Action))
 			}
 			err = errors.New("the answer to the approval request is missing")
 		}
@@ -458,12 +458,12 @@ func (g *governor) approve(ctx context.Context, req *mcp.CallToolRequest, tool s
 	}
 	if !canElicit(req) {
 		noteDecision(ctx, "deny", "approval required, but the client cannot ask the user (no elicitation support)", "approval")
-		return errorResult(fmt.Sprintf("The server's policy requires the user to approve each %s call, and this client cannot ask the user (it does not support MCP elicitation). Nothing was run. Use a client that supports elicitation, or ask the user to change the server's policy.", tool))
+		return refusal(engine.StatusDenied, fmt.Sprintf("The server's policy requires the user to approve each %s call, and this client cannot ask the user (it does not support MCP elicitation). Nothing was run. Use a client that supports elicitation, or ask the user to change the server's policy.", tool))
 	}
 	state, err := g.sealer.Seal(tool, id, args)
 	if err != nil {
 		noteDecision(ctx, "deny", "could not seal the approval request: "+err.Error(), "approval")
-		return errorResult("The approval request could not be prepared. Nothing was run; try again.")
+		return refusal(engine.StatusBusy, "The approval request could not be prepared. Nothing was run; try again.")
 	}
 	noteDecision(ctx, "approval_requested", "", "")
 	return &mcp.CallToolResult{

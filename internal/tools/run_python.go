@@ -68,15 +68,14 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 	case errors.As(err, &reqErr):
 		return errorResult(reqErr.Error() + "."), nil, nil
 	case errors.Is(err, engine.ErrBusy):
-		return errorResult(fmt.Sprintf("The server is busy (%v). Nothing was run; try again shortly.", err)), nil, nil
+		return busyResult(err), nil, nil
 	case err != nil && ctx.Err() != nil:
-		return errorResult("The call was cancelled before the code ran."), nil, nil
+		return refusal(engine.StatusCancelled, "The call was cancelled before the code ran."), nil, nil
 	case err != nil:
 		s.log.Error("run failed", "err", err)
-		return errorResult(fmt.Sprintf("The sandbox could not run the code: %v. Nothing was run; run check_environment to see whether the sandbox works on this server.", err)), nil, nil
+		return refusal(engine.StatusSandboxError, fmt.Sprintf("The sandbox could not run the code: %v. Nothing was run; run check_environment to see whether the sandbox works on this server.", err)), nil, nil
 	}
-	content := []mcp.Content{&mcp.TextContent{Text: summary(res)}}
-	content = append(content, s.figureContent(res, in.SessionID, s.runNumber(in.SessionID), identity(req))...)
+	content := s.boundReply(res, in.SessionID, identity(req))
 	return &mcp.CallToolResult{IsError: res.Status != engine.StatusSuccess, Content: content}, res, nil
 }
 

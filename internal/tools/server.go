@@ -6,7 +6,9 @@ package tools
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"reflect"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -38,6 +40,10 @@ type Options struct {
 	// resources/read. Zero means the defaults (16 MiB, the engine's
 	// MaxFigureBytes, 64 MiB).
 	MaxUploadBytes, MaxInlineBytes, MaxDownloadBytes int64
+	// MaxReplyBytes bounds a tool result as it goes on the wire (JSON
+	// escapes included): figures beyond it become resource links, and
+	// output is cut further (see reply.go). Zero means DefaultMaxReply.
+	MaxReplyBytes int64
 	// Governance is the policy, audit log and metrics; the zero value
 	// allows everything and records nothing.
 	Governance Governance
@@ -58,7 +64,7 @@ type server struct {
 	posture  func(context.Context) *engine.Posture
 	gov      *governor
 
-	maxUpload, maxInline, maxDownload int64
+	maxUpload, maxInline, maxDownload, maxReply int64
 }
 
 // NewServer returns an MCP server with every pysandbox tool registered.
@@ -79,9 +85,14 @@ func NewServer(opts Options) *mcp.Server {
 		// Figures are scaled down to this size; files follow the same cap.
 		s.maxInline = int64(opts.Engine.Config().MaxFigureBytes)
 	}
+	if s.maxReply = opts.MaxReplyBytes; s.maxReply <= 0 {
+		s.maxReply = DefaultMaxReply
+	}
 	if s.maxDownload <= 0 {
 		s.maxDownload = 64 << 20
 	}
+	// A resource read is a reply too: its base64 must fit.
+	s.maxDownload = min(s.maxDownload, (s.maxReply-replyOverhead)*3/4)
 	var once sync.Once
 	p := opts.Posture
 	s.posture = func(ctx context.Context) *engine.Posture {
@@ -141,10 +152,73 @@ func (s *server) register(srv *mcp.Server) {
 
 // addTool registers a tool behind the policy's per-call checks.
 func addTool[In, Out any](s *server, srv *mcp.Server, t *mcp.Tool, h mcp.ToolHandlerFor[In, Out]) {
-	mcp.AddTool(srv, t, gated(s, t.Name, h))
+	mcp.AddTool(srv, t, withRefusal(gated(s, t.Name, h)))
 }
 
-// errorResult is a failure the agent should read and act on.
+// errorResult is a failure the agent should read and act on; its
+// structured result says invalid_request (see withRefusal).
 func errorResult(msg string) *mcp.CallToolResult {
 	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: msg}}}
+}
+
+// Outcome is embedded in the output of every tool whose output has no
+// status of its own: set only when the call was refused (see withRefusal).
+type Outcome struct {
+	Status  string `json:"status,omitempty" jsonschema:"only when the call was refused: invalid_request, denied, busy, quota, install_error, sandbox_error or cancelled"`
+	Message string `json:"message,omitempty" jsonschema:"only when the call was refused: what happened and what to do"`
+}
+
+// refusalKey carries a refusal's status from the handler to withRefusal;
+// it never reaches the wire.
+const refusalKey = "pysandbox/refusal"
+
+// refusal is errorResult with another status for the structured result.
+func refusal(status engine.Status, msg string) *mcp.CallToolResult {
+	r := errorResult(msg)
+	r.Meta = mcp.Meta{refusalKey: string(status)}
+	return r
+}
+
+// busyResult answers a call the server cannot take now.
+func busyResult(err error) *mcp.CallToolResult {
+	return refusal(engine.StatusBusy, fmt.Sprintf("The server is busy (%v). Nothing was run; try again shortly.", err))
+}
+
+// withRefusal gives a call refused before anything ran a structured result
+// of its own: the SDK would otherwise fill structuredContent with the
+// output type's zero value (status "", exit_code 0), which a client reading
+// it would take for a run that happened. The result's Status says what
+// happened and its Message what to do; the other fields stay empty.
+func withRefusal[In, Out any](h mcp.ToolHandlerFor[In, Out]) mcp.ToolHandlerFor[In, Out] {
+	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		res, out, err := h(ctx, req, in)
+		if err != nil || res == nil || !res.IsError || res.InputRequests != nil {
+			return res, out, err
+		}
+		status := string(engine.StatusInvalidRequest)
+		if v, ok := res.Meta[refusalKey].(string); ok {
+			status = v
+			delete(res.Meta, refusalKey)
+			if len(res.Meta) == 0 {
+				res.Meta = nil
+			}
+		}
+		if v := reflect.ValueOf(&out).Elem(); v.Kind() == reflect.Pointer && v.IsNil() && v.Type().Elem().Kind() == reflect.Struct {
+			o := reflect.New(v.Type().Elem())
+			msg := ""
+			if len(res.Content) > 0 {
+				if tc, ok := res.Content[0].(*mcp.TextContent); ok {
+					msg = tc.Text
+				}
+			}
+			if f := o.Elem().FieldByName("Status"); f.IsValid() && f.Kind() == reflect.String {
+				f.SetString(status)
+			}
+			if f := o.Elem().FieldByName("Message"); f.IsValid() && f.Kind() == reflect.String {
+				f.SetString(msg)
+			}
+			v.Set(o)
+		}
+		return res, out, err
+	}
 }

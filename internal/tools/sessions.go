@@ -23,6 +23,7 @@ type CreateSessionInput struct {
 
 // CreateSessionOutput is create_session's result.
 type CreateSessionOutput struct {
+	Outcome
 	SessionID string    `json:"session_id"`
 	ExpiresAt time.Time `json:"expires_at"`
 }
@@ -37,11 +38,13 @@ type ListSessionsInput struct{}
 
 // ListSessionsOutput is list_sessions' result.
 type ListSessionsOutput struct {
+	Outcome
 	Sessions []engine.SessionInfo `json:"sessions"`
 }
 
 // CloseSessionOutput is close_session's result.
 type CloseSessionOutput struct {
+	Outcome
 	SessionID string `json:"session_id"`
 	Closed    bool   `json:"closed"`
 }
@@ -187,13 +190,15 @@ func sessionError(ctx context.Context, err error) *mcp.CallToolResult {
 	case errors.As(err, &reqErr):
 		return errorResult(reqErr.Error() + ".")
 	case errors.As(err, &ie):
-		return errorResult("install_error: " + ie.Error())
+		return refusal(engine.StatusInstallError, "install_error: "+ie.Error())
 	case errors.As(err, &gone):
 		return errorResult(gone.Error() + ".")
 	case errors.Is(err, engine.ErrNoSession):
 		return errorResult(fmt.Sprintf("Unknown session (%v). Create a session with create_session and use the session_id it returns.", err))
+	case errors.Is(err, engine.ErrBusy):
+		return busyResult(err)
 	case errors.Is(err, engine.ErrTooManySessions):
-		return errorResult(fmt.Sprintf("Cannot create another session: %v.", err))
+		return refusal(engine.StatusBusy, fmt.Sprintf("Cannot create another session: %v.", err))
 	}
-	return errorResult(fmt.Sprintf("The session operation failed: %v.", err))
+	return refusal(engine.StatusSandboxError, fmt.Sprintf("The session operation failed: %v.", err))
 }

@@ -118,7 +118,7 @@ func TestSessionWorkflow(t *testing.T) {
 func TestLargeDownloadIsALink(t *testing.T) {
 	cs := connect(t, nil)
 	id := newSession(t, cs)
-	call(t, cs, "run_python", map[string]any{"session_id": id, "code": "open('big.bin', 'wb').write(b'x' * (3 << 20))"})
+	call(t, cs, "run_python", map[string]any{"session_id": id, "code": "open('big.bin', 'wb').write(b'x' * (2 << 20))\nopen('huge.bin', 'wb').write(b'x' * (3 << 20))"})
 	res, out := call(t, cs, "download_file", map[string]any{"session_id": id, "path": "big.bin"})
 	var link *mcp.ResourceLink
 	for _, c := range res.Content {
@@ -126,12 +126,18 @@ func TestLargeDownloadIsALink(t *testing.T) {
 			link = l
 		}
 	}
-	if res.IsError || link == nil || out["inline"] != false || out["size"] != float64(3<<20) {
+	if res.IsError || link == nil || out["inline"] != false || out["size"] != float64(2<<20) {
 		t.Fatalf("%s %v", text(res), out)
 	}
 	rr, err := cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: link.URI})
-	if err != nil || len(rr.Contents[0].Text)+len(rr.Contents[0].Blob) != 3<<20 {
+	if err != nil || len(rr.Contents[0].Text)+len(rr.Contents[0].Blob) != 2<<20 {
 		t.Fatalf("reading the link: %v", err)
+	}
+	// A file whose base64 would not fit the 4 MiB reply limit is refused
+	// with a reason, not sent to break the client.
+	_, err = cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: fileURI(id, "huge.bin")})
+	if err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Fatalf("reading a file beyond the reply limit: %v", err)
 	}
 }
 

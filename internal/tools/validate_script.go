@@ -8,6 +8,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/pysandbox/pysandbox/internal/engine"
+
 	"github.com/pysandbox/pysandbox/internal/pep"
 	"github.com/pysandbox/pysandbox/internal/worker"
 )
@@ -28,6 +30,7 @@ type Dependency struct {
 
 // ValidateScriptOutput is validate_script's result.
 type ValidateScriptOutput struct {
+	Outcome
 	// Valid is true when the code compiles and every problem below is absent.
 	Valid       bool                `json:"valid"`
 	SyntaxError *worker.SyntaxError `json:"syntax_error"`
@@ -104,9 +107,9 @@ func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, i
 	v, err := s.eng.Validate(ctx, in.Code, "")
 	if err != nil {
 		if ctx.Err() != nil || errors.Is(err, context.Canceled) {
-			return errorResult("The call was cancelled."), nil, nil
+			return refusal(engine.StatusCancelled, "The call was cancelled."), nil, nil
 		}
-		return errorResult(fmt.Sprintf("The sandbox could not compile the code: %v. Run check_environment to see whether the sandbox works on this server.", err)), nil, nil
+		return refusal(engine.StatusSandboxError, fmt.Sprintf("The sandbox could not compile the code: %v. Run check_environment to see whether the sandbox works on this server.", err)), nil, nil
 	}
 	if !v.Valid {
 		out.SyntaxError = v.SyntaxError
