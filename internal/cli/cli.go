@@ -125,6 +125,7 @@ type options struct {
 	memory        size
 	maxOutput     size
 	maxProcs      int64
+	cpus          float64
 	tmpSize       size
 	maxConcurrent int
 	maxQueue      int
@@ -188,6 +189,7 @@ func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *option
 	fs.Var(&o.memory, "memory", "memory limit per run, swap included (e.g. 512MiB, 1GiB)")
 	fs.Var(&o.maxOutput, "max-output", "bytes of stdout and of stderr kept per run (head and tail)")
 	fs.Int64Var(&o.maxProcs, "max-procs", 64, "processes and threads per run")
+	fs.Float64Var(&o.cpus, "cpus", 1, "CPU quota per run and per session, in CPUs (cgroup cpu.cfs_quota_us / cpu.max): no run can take more of the machine, however many processes it starts; 0: none")
 	fs.Var(&o.tmpSize, "tmp-size", "size of the writable scratch space (/tmp, /work, /dev/shm together)")
 	fs.IntVar(&o.maxConcurrent, "max-concurrent", 16, "runs executing at once")
 	fs.IntVar(&o.maxQueue, "max-queue", 64, "runs waiting for a slot before new ones are refused")
@@ -236,8 +238,8 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 	if o.timeout > o.maxTimeout {
 		return nil, noop, usageError{fmt.Errorf("--timeout %s is above --max-timeout %s", o.timeout.String(), o.maxTimeout.String())}
 	}
-	if o.memory < 16<<20 || o.tmpSize < 1<<20 || o.maxOutput < 1024 || o.maxProcs < 1 || o.maxConcurrent < 1 || o.maxQueue < 0 || o.poolSize < 0 || o.learnPreload < 0 || o.zygoteRuns < 0 || o.zygoteAge < 0 {
-		return nil, noop, usageError{errors.New("limits too small: --memory needs at least 16MiB, --tmp-size 1MiB, --max-output 1KiB, --max-procs and --max-concurrent 1, --pool-size, --adaptive-preload, --zygote-max-runs and --zygote-max-age 0")}
+	if o.memory < 16<<20 || o.tmpSize < 1<<20 || o.maxOutput < 1024 || o.maxProcs < 1 || o.maxConcurrent < 1 || o.maxQueue < 0 || o.poolSize < 0 || o.learnPreload < 0 || o.zygoteRuns < 0 || o.zygoteAge < 0 || !(o.cpus >= 0 && o.cpus <= 1024) || (o.cpus > 0 && o.cpus < 0.01) {
+		return nil, noop, usageError{errors.New("limits too small: --memory needs at least 16MiB, --tmp-size 1MiB, --max-output 1KiB, --max-procs and --max-concurrent 1, --pool-size, --adaptive-preload, --zygote-max-runs and --zygote-max-age 0, --cpus 0.01 (or 0 for no quota)")}
 	}
 	preload, err := parsePreload(o.preload)
 	if err != nil {
@@ -274,17 +276,13 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 		cache = nil
 	}
 	cfg := engine.Config{
-		Backend:      backend,
-		Python:       py,
-		Discover:     interp.Discover,
-		Deps:         cache,
-		NoDepsReason: noDeps,
-		CheckPackage: o.checkPackage,
-		Limits: sandbox.Limits{
-			MemoryBytes: int64(o.memory),
-			MaxProcs:    o.maxProcs,
-			TmpBytes:    int64(o.tmpSize),
-		},
+		Backend:        backend,
+		Python:         py,
+		Discover:       interp.Discover,
+		Deps:           cache,
+		NoDepsReason:   noDeps,
+		CheckPackage:   o.checkPackage,
+		Limits:         o.limits(),
 		DefaultTimeout: time.Duration(o.timeout),
 		MaxTimeout:     time.Duration(o.maxTimeout),
 		MaxOutput:      int(o.maxOutput),
@@ -329,7 +327,7 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 
 // limits are the per-run limits the flags describe.
 func (o *options) limits() sandbox.Limits {
-	return sandbox.Limits{MemoryBytes: int64(o.memory), MaxProcs: o.maxProcs, TmpBytes: int64(o.tmpSize)}
+	return sandbox.Limits{MemoryBytes: int64(o.memory), MaxProcs: o.maxProcs, TmpBytes: int64(o.tmpSize), CPUMilli: int64(o.cpus * 1000)}
 }
 
 // depsCache opens the dependency cache; installs run in backend's sandboxes.

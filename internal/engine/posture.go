@@ -36,9 +36,13 @@ type Layers struct {
 	CapabilitiesDropped Layer `json:"capabilities_dropped"`
 	CgroupMemory        Layer `json:"cgroup_memory"`
 	CgroupPids          Layer `json:"cgroup_pids"`
-	Rlimits             Layer `json:"rlimits"`
-	ReadOnlyRoot        Layer `json:"read_only_root"`
-	UnprivilegedUser    Layer `json:"unprivileged_user"`
+	// CgroupCPU: each run has a CPU quota (cpu.cfs_quota_us / cpu.max);
+	// SessionFreeze: sessions are frozen between runs.
+	CgroupCPU        Layer `json:"cgroup_cpu"`
+	SessionFreeze    Layer `json:"session_freeze"`
+	Rlimits          Layer `json:"rlimits"`
+	ReadOnlyRoot     Layer `json:"read_only_root"`
+	UnprivilegedUser Layer `json:"unprivileged_user"`
 	// NoHostRoot: the sandbox's uid_map maps nothing to uid 0 of the
 	// namespace above it (host root, for a cold sandbox).
 	NoHostRoot Layer `json:"no_host_root"`
@@ -60,15 +64,16 @@ type Layers struct {
 
 // Limits are the effective limits of every run.
 type Limits struct {
-	MemoryBytes           int64  `json:"memory_bytes"`
-	MemoryEnforcedBy      string `json:"memory_enforced_by"` // "cgroup v1", "cgroup v2", "RLIMIT_AS", "none"
-	MaxProcs              int64  `json:"max_procs"`
-	TmpBytes              int64  `json:"tmp_bytes"`
-	MaxOutputBytes        int    `json:"max_output_bytes"`
-	DefaultTimeoutSeconds int    `json:"default_timeout_seconds"`
-	MaxTimeoutSeconds     int    `json:"max_timeout_seconds"`
-	MaxConcurrent         int    `json:"max_concurrent"`
-	MaxQueue              int    `json:"max_queue"`
+	MemoryBytes           int64   `json:"memory_bytes"`
+	MemoryEnforcedBy      string  `json:"memory_enforced_by"` // "cgroup v1", "cgroup v2", "RLIMIT_AS", "none"
+	MaxProcs              int64   `json:"max_procs"`
+	CPUs                  float64 `json:"cpus"` // CPU quota per run (0: none)
+	TmpBytes              int64   `json:"tmp_bytes"`
+	MaxOutputBytes        int     `json:"max_output_bytes"`
+	DefaultTimeoutSeconds int     `json:"default_timeout_seconds"`
+	MaxTimeoutSeconds     int     `json:"max_timeout_seconds"`
+	MaxConcurrent         int     `json:"max_concurrent"`
+	MaxQueue              int     `json:"max_queue"`
 }
 
 // Posture is the output of check_environment and `pysandbox check`.
@@ -252,6 +257,23 @@ func (e *Engine) Measure(ctx context.Context, interpreters []*interp.Interpreter
 		L.CgroupPids = Layer{Active: pids, Detail: cgDetail(pids, mode, reason)}
 		if mem {
 			p.Limits.MemoryEnforcedBy = "cgroup " + mode
+		}
+	}
+	if cb, ok := e.cfg.Backend.(interface{ CPUSupport() (cpu, freezer bool) }); ok {
+		cpu, freezer := cb.CPUSupport()
+		switch {
+		case cpu && e.cfg.Limits.CPUMilli > 0:
+			L.CgroupCPU = Layer{Active: true, Detail: fmt.Sprintf("%.2g CPU per run", float64(e.cfg.Limits.CPUMilli)/1000)}
+			p.Limits.CPUs = float64(e.cfg.Limits.CPUMilli) / 1000
+		case cpu:
+			L.CgroupCPU = Layer{Detail: "no quota (--cpus 0)"}
+		default:
+			L.CgroupCPU = Layer{Detail: "no cgroup CPU controller here: runs share the CPU, bounded by RLIMIT_CPU and the timeout"}
+		}
+		if freezer {
+			L.SessionFreeze = Layer{Active: true, Detail: "a session's processes are frozen between runs"}
+		} else {
+			L.SessionFreeze = Layer{Detail: "no freezer cgroup: a session's background work runs between runs, within its CPU quota"}
 		}
 	}
 	if !L.CgroupMemory.Active && pr.Rlimits["AS"][0] > 0 {

@@ -87,6 +87,7 @@ type SessionInfo struct {
 	LastUsed    time.Time `json:"last_used"`
 	ExpiresAt   time.Time `json:"expires_at"`
 	MemoryBytes int64     `json:"memory_bytes"`
+	CPUTimeMS   int64     `json:"cpu_time_ms"` // all its processes, runs and between
 	Runs        int       `json:"runs"`
 	Owner       string    `json:"-"`
 }
@@ -199,6 +200,7 @@ func (s *Sessions) Create(ctx context.Context, ttl time.Duration, opts ...Create
 	if _, err := sess.conn.Ready(ctx); err != nil {
 		return fail(fmt.Errorf("engine: session worker did not start: %w", err))
 	}
+	s.freeze(sess, true)
 	f, err := ssr.OpenWorkspace()
 	if err != nil {
 		return fail(err)
@@ -265,6 +267,8 @@ func (s *Sessions) remove(sess *Session, why string) {
 		sess.dead = why
 	}
 	sess.mu.Unlock()
+	// A frozen process acts on SIGKILL only once thawed (cgroup v1).
+	s.freeze(sess, false)
 	sess.sb.Kill()
 	// File operations in flight finish first: the workspace descriptor
 	// keeps the session's tmpfs alive until it is closed.
@@ -340,6 +344,9 @@ func (sess *Session) info() SessionInfo {
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	i := SessionInfo{ID: sess.ID, Created: sess.Created.UTC(), LastUsed: sess.lastUsed.UTC(), ExpiresAt: sess.lastUsed.Add(sess.TTL).UTC(), Runs: sess.runs, Owner: sess.Owner}
+	if c, ok := sess.sb.(interface{ CPUUsage() time.Duration }); ok {
+		i.CPUTimeMS = c.CPUUsage().Milliseconds()
+	}
 	if m, ok := sess.sb.(interface{ MemoryCurrent() int64 }); ok {
 		i.MemoryBytes = m.MemoryCurrent()
 	}
@@ -424,6 +431,9 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	}
 	sess.touch()
 	defer sess.touch()
+	// Between runs the session's processes are frozen: background threads
+	// and processes it started use no CPU until its next run.
+	s.freeze(sess, false)
 
 	start := time.Now()
 	timeout := s.e.timeout(req.Timeout)
@@ -489,6 +499,7 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	}
 	if runErr == nil {
 		s.syncOutput(sess)
+		s.freeze(sess, true)
 	}
 	sess.mu.Lock()
 	sess.runs++
@@ -682,4 +693,18 @@ func copyTree(src string, d *workspace.Dir, dst string) error {
 		}
 		return d.Write(dst+"/"+filepath.ToSlash(rel), data, int64(len(data))+1)
 	})
+}
+
+// freeze freezes or thaws a session's processes (see sandbox.Sessioner).
+// Without a freezer cgroup (an unprivileged server without delegation)
+// nothing happens: the session's background work then runs between runs,
+// bounded by its CPU quota where there is one and by RLIMIT_CPU.
+func (s *Sessions) freeze(sess *Session, frozen bool) {
+	ssr, ok := sess.sb.(sandbox.Sessioner)
+	if !ok {
+		return
+	}
+	if err := ssr.Freeze(frozen); err != nil && !errors.Is(err, sandbox.ErrNoFreezer) {
+		s.e.log.Warn("session: freezer", "session", sess.ID, "frozen", frozen, "err", err)
+	}
 }

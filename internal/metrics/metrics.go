@@ -30,6 +30,7 @@ type Metrics struct {
 	denials     *prometheus.CounterVec
 	rateLimited *prometheus.CounterVec
 	limitHits   *prometheus.CounterVec
+	cpu         prometheus.Counter
 }
 
 // New registers the collectors on a registry of their own (plus the Go
@@ -63,8 +64,12 @@ func New(g Gauges) *Metrics {
 			Name: "pysandbox_limit_hits_total",
 			Help: "Runs that hit a sandbox limit: timeout, memory, output.",
 		}, []string{"limit"}),
+		cpu: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pysandbox_run_cpu_seconds_total",
+			Help: "CPU time used by runs (run_python, one-shot and in sessions), as their cgroups measured it.",
+		}),
 	}
-	m.reg.MustRegister(m.calls, m.runs, m.duration, m.denials, m.rateLimited, m.limitHits,
+	m.reg.MustRegister(m.calls, m.runs, m.duration, m.denials, m.rateLimited, m.limitHits, m.cpu,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	gauge := func(name, help string, f func() int) {
 		if f != nil {
@@ -95,6 +100,14 @@ func (m *Metrics) Call(tool, decision string, ran bool, d time.Duration, status 
 	if status != "" {
 		m.runs.WithLabelValues(status).Inc()
 	}
+}
+
+// CPU adds a run's CPU time.
+func (m *Metrics) CPU(d time.Duration) {
+	if m == nil || d <= 0 {
+		return
+	}
+	m.cpu.Add(d.Seconds())
 }
 
 // Denied records a refusal by a policy rule.

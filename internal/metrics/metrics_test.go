@@ -17,6 +17,8 @@ func TestMetricsText(t *testing.T) {
 	m.Call("validate_script", "deny", false, 0, "")
 	m.Denied("validate_script", "tool")
 	m.RateLimited("run_python", "runs")
+	m.CPU(1500 * time.Millisecond)
+	m.CPU(500 * time.Millisecond)
 	var nilM *Metrics
 	nilM.Call("x", "allow", true, time.Second, "success") // a nil Metrics records nothing, and does not panic
 	rec := httptest.NewRecorder()
@@ -35,6 +37,7 @@ func TestMetricsText(t *testing.T) {
 		`pysandbox_sessions_active 2`,
 		`pysandbox_queue_depth 3`,
 		`pysandbox_runs_in_flight 1`,
+		`pysandbox_run_cpu_seconds_total 2`,
 		`go_goroutines`,
 	} {
 		if !strings.Contains(text, want) {

@@ -335,6 +335,10 @@ func (p *Pool) CgroupSupport() (mem, pids bool, mode, reason string) {
 	return p.cfg.Backend.CgroupSupport()
 }
 
+// CPUSupport reports whether runs get a CPU quota and sessions can be
+// frozen.
+func (p *Pool) CPUSupport() (cpu, freezer bool) { return p.cfg.Backend.CPUSupport() }
+
 // Preload reports which modules the preloading zygote imported and which
 // failed.
 func (p *Pool) Preload() (loaded []string, failed map[string]string) {
@@ -688,7 +692,10 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, erro
 	if p.cgroups.Pids {
 		cgl.Pids = lim.MaxProcs
 	}
-	if cgl.MemoryBytes > 0 || cgl.Pids > 0 {
+	if p.cgroups.CPU {
+		cgl.CPUMilli = lim.CPUMilli
+	}
+	if cgl.MemoryBytes > 0 || cgl.Pids > 0 || cgl.CPUMilli > 0 {
 		select {
 		case c.cg = <-p.cgFree:
 		default:

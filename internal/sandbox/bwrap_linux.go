@@ -490,9 +490,9 @@ func (b *Bwrap) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 	}
 
 	if spec.Limits.MemoryBytes > 0 || spec.Limits.MaxProcs > 0 {
-		if b.cgroups.Memory || b.cgroups.Pids {
+		if b.cgroups.Memory || b.cgroups.Pids || (b.cgroups.CPU && spec.Limits.CPUMilli > 0) {
 			name := fmt.Sprintf("sb-%d-%d", os.Getpid(), sandboxSeq.Add(1))
-			s.cg, err = cgroup.New(name, cgroup.Limits{MemoryBytes: spec.Limits.MemoryBytes, Pids: spec.Limits.MaxProcs})
+			s.cg, err = cgroup.New(name, cgroup.Limits{MemoryBytes: spec.Limits.MemoryBytes, Pids: spec.Limits.MaxProcs, CPUMilli: cpuIf(b.cgroups.CPU, spec.Limits.CPUMilli)})
 			if err != nil {
 				return nil, fmt.Errorf("sandbox: %w", err)
 			}
@@ -1095,3 +1095,20 @@ func (s *bwrapSandbox) Interrupt() error {
 	}
 	return os.NewSyscallError("kill", unix.Kill(worker, unix.SIGINT))
 }
+
+// Freeze implements Sessioner.
+func (s *bwrapSandbox) Freeze(frozen bool) error { return Freeze(s.cg, frozen) }
+
+// cpuIf is milli when the cgroup CPU controller can enforce it, else 0.
+func cpuIf(ok bool, milli int64) int64 {
+	if ok {
+		return milli
+	}
+	return 0
+}
+
+// CPUUsage is the CPU time the sandbox used so far (0 without a cgroup).
+func (s *bwrapSandbox) CPUUsage() time.Duration { return CPUUsage(s.cg) }
+
+// CPUSupport reports whether sandboxes get a CPU quota and can be frozen.
+func (b *Bwrap) CPUSupport() (cpu, freezer bool) { return b.cgroups.CPU, b.cgroups.Freezer }

@@ -46,6 +46,9 @@ func (n *Native) Kind() Kind { return KindNative }
 // Cgroups reports the cgroup support measured at construction.
 func (n *Native) Cgroups() cgroup.Info { return n.cgroups }
 
+// zygoteCPUWeight is a zygote's CPU weight, against 100 for each run.
+const zygoteCPUWeight = 800
+
 // When the server runs as root, each sandbox gets its own host uid from this
 // range, so concurrent sandboxes are different users to the kernel too:
 // they cannot signal or ptrace each other even if they could see each other.
@@ -123,7 +126,15 @@ func (n *Native) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 	if n.cgroups.Pids {
 		cgl.Pids = spec.Limits.MaxProcs
 	}
-	if cgl.MemoryBytes > 0 || cgl.Pids > 0 {
+	if n.cgroups.CPU {
+		cgl.CPUMilli = spec.Limits.CPUMilli
+		if spec.Zygote {
+			// A zygote prepares every run's sandbox: under a flood of busy
+			// runs it must still get its turn, or callers wait on setup.
+			cgl.CPUWeight = zygoteCPUWeight
+		}
+	}
+	if cgl.MemoryBytes > 0 || cgl.Pids > 0 || cgl.CPUMilli > 0 || cgl.CPUWeight > 0 {
 		name := fmt.Sprintf("sb-%d-%d", os.Getpid(), sandboxSeq.Add(1))
 		s.cg, err = cgroup.New(name, cgl)
 		if err != nil {
@@ -559,3 +570,12 @@ func (s *nativeSandbox) Interrupt() error {
 
 // MemoryCurrent is the memory the sandbox uses now (0 without a cgroup).
 func (s *nativeSandbox) MemoryCurrent() int64 { return MemoryCurrent(s.cg) }
+
+// Freeze implements Sessioner.
+func (s *nativeSandbox) Freeze(frozen bool) error { return Freeze(s.cg, frozen) }
+
+// CPUUsage is the CPU time the sandbox used so far (0 without a cgroup).
+func (s *nativeSandbox) CPUUsage() time.Duration { return CPUUsage(s.cg) }
+
+// CPUSupport reports whether sandboxes get a CPU quota and can be frozen.
+func (n *Native) CPUSupport() (cpu, freezer bool) { return n.cgroups.CPU, n.cgroups.Freezer }

@@ -139,3 +139,6 @@ func (s *noneSandbox) Interrupt() error {
 	}
 	return s.cmd.Process.Signal(syscall.SIGINT)
 }
+
+// Freeze implements Sessioner: an unsandboxed process has no cgroup.
+func (s *noneSandbox) Freeze(bool) error { return ErrNoFreezer }

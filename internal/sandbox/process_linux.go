@@ -100,3 +100,27 @@ func MemoryCurrent(cg *cgroup.Group) int64 {
 	}
 	return st.MemoryCurrentBytes
 }
+
+// Freeze freezes or thaws a cgroup (ErrNoFreezer when there is none); see
+// Sessioner.Freeze.
+func Freeze(cg *cgroup.Group, frozen bool) error {
+	if cg == nil || !cg.CanFreeze() {
+		return ErrNoFreezer
+	}
+	if frozen {
+		return cg.Freeze()
+	}
+	return cg.Thaw()
+}
+
+// CPUUsage reads a cgroup's CPU time so far, 0 when there is none.
+func CPUUsage(cg *cgroup.Group) time.Duration {
+	if cg == nil {
+		return 0
+	}
+	st, err := cg.Stats()
+	if err != nil {
+		return 0
+	}
+	return st.CPUUsage
+}

@@ -53,6 +53,10 @@ type Limits struct {
 	TmpBytes    int64 // size of the writable tmpfs shared by /tmp, /work and /dev/shm
 	MaxOpenFile uint64
 	CPUSeconds  uint64 // RLIMIT_CPU, a backstop behind the wall-clock timeout
+	// CPUMilli is the sandbox's CPU quota in thousandths of a CPU (cgroup
+	// cpu.cfs_quota_us / cpu.max), so no run can take more than its share
+	// of the machine however many processes it starts; 0: none.
+	CPUMilli int64
 }
 
 // File is a read-only file placed inside the sandbox (the worker program).
@@ -149,7 +153,15 @@ type Sessioner interface {
 	// Interrupt sends SIGINT to the worker: Python raises
 	// KeyboardInterrupt in the running code, and the worker lives on.
 	Interrupt() error
+	// Freeze stops (true) or resumes (false) every process of the
+	// sandbox, so a session burns no CPU between runs. ErrNoFreezer when
+	// this sandbox has no freezer cgroup.
+	Freeze(frozen bool) error
 }
+
+// ErrNoFreezer means a sandbox cannot be frozen: no cgroup (an
+// unprivileged server without delegation) or no freezer controller.
+var ErrNoFreezer = errors.New("sandbox: no freezer cgroup")
 
 // Exit says how a sandbox ended.
 type Exit struct {

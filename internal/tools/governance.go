@@ -263,6 +263,7 @@ func (g *governor) record(rec *audit.Record, start time.Time, ran bool) error {
 	runStatus := ""
 	if rec.Tool == "run_python" && ran {
 		runStatus = rec.Status
+		g.metrics.CPU(time.Duration(rec.CPUTimeMS) * time.Millisecond)
 	}
 	for _, l := range rec.LimitsHit {
 		if !strings.HasPrefix(l, "rate:") {

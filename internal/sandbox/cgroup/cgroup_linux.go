@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	cgroups "github.com/containerd/cgroups/v3"
+	"github.com/containerd/cgroups/v3/cgroup1"
 	"golang.org/x/sys/unix"
 )
 
@@ -33,6 +35,10 @@ type Info struct {
 	Memory bool
 	// Pids reports that a limit on the number of tasks can be applied.
 	Pids bool
+	// CPU reports that a CPU quota and weight can be applied (the v1 cpu
+	// hierarchy, or the v2 cpu controller), and Freezer that a group can be
+	// frozen (v1 freezer, v2 cgroup.freeze).
+	CPU, Freezer bool
 	// Parent is where child groups are created: one directory on v2; on v1
 	// one "controller=directory" pair per hierarchy, separated by spaces.
 	Parent string
@@ -45,6 +51,56 @@ type Info struct {
 type Limits struct {
 	MemoryBytes int64 // RAM + swap, in bytes
 	Pids        int64 // tasks (processes and threads)
+	// CPUMilli is a CPU quota in thousandths of a CPU (1000: one CPU's
+	// worth of time per period, however many CPUs the group runs on).
+	CPUMilli int64
+	// CPUWeight is the group's share when CPUs are contended, on the v2
+	// scale (1 to 10000, default 100; v1 shares are 1024/100 of it).
+	CPUWeight uint64
+}
+
+// cpuPeriod is the CFS period a quota is expressed in (the kernel's
+// default, 100 ms).
+const cpuPeriod = 100_000
+
+// quota turns CPUMilli into microseconds per cpuPeriod.
+func (l Limits) quota() int64 { return l.CPUMilli * cpuPeriod / 1000 }
+
+// CanFreeze reports whether the group has a freezer.
+func (g *Group) CanFreeze() bool {
+	if g.v2 != nil {
+		return exists(filepath.Join(g.v2.dir, "cgroup.freeze"))
+	}
+	return g.v1.dirs[cgroup1.Freezer] != ""
+}
+
+// Freeze stops every process of the group (they keep their memory and
+// state) until Thaw; frozen processes use no CPU. It waits until the
+// kernel reports the group frozen, for about a second.
+func (g *Group) Freeze() error { return g.setFrozen(true) }
+
+// Thaw lets the processes of a frozen group run again.
+func (g *Group) Thaw() error { return g.setFrozen(false) }
+
+func (g *Group) setFrozen(frozen bool) error {
+	if err := g.live(); err != nil {
+		return err
+	}
+	var ok bool
+	deadline := time.Now().Add(killTimeout)
+	if g.v2 != nil {
+		ok = g.v2.setFrozen(frozen, deadline)
+	} else {
+		state := "THAWED"
+		if frozen {
+			state = "FROZEN"
+		}
+		ok = g.v1.dirs[cgroup1.Freezer] != "" && setFreezer(g.v1.dirs[cgroup1.Freezer], state, deadline)
+	}
+	if !ok {
+		return fmt.Errorf("cgroup: %s: could not set frozen=%v", g.Path(), frozen)
+	}
+	return nil
 }
 
 // Stats is a snapshot of a group's usage.
@@ -155,7 +211,7 @@ func New(name string, lim Limits) (*Group, error) {
 	if err := validName(name); err != nil {
 		return nil, err
 	}
-	if lim.MemoryBytes < 0 || lim.Pids < 0 {
+	if lim.MemoryBytes < 0 || lim.Pids < 0 || lim.CPUMilli < 0 || lim.CPUWeight > 10000 {
 		return nil, fmt.Errorf("cgroup: invalid limits %+v: negative value", lim)
 	}
 	g := &Group{name: name}

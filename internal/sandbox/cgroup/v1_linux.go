@@ -24,7 +24,7 @@ type v1Group struct {
 }
 
 // v1Wanted are the hierarchies a group is created in, when mounted.
-var v1Wanted = []cgroup1.Name{cgroup1.Memory, cgroup1.Pids, cgroup1.Cpuacct, cgroup1.Freezer}
+var v1Wanted = []cgroup1.Name{cgroup1.Memory, cgroup1.Pids, cgroup1.Cpuacct, cgroup1.Freezer, cgroup1.Cpu}
 
 type pather interface{ Path(string) string }
 
@@ -136,6 +136,17 @@ func newV1(name string, lim Limits, only []cgroup1.Name) (*v1Group, error) {
 	if lim.Pids > 0 {
 		n := lim.Pids
 		res.Pids = &specs.LinuxPids{Limit: &n}
+	}
+	if (lim.CPUMilli > 0 || lim.CPUWeight > 0) && dirs[cgroup1.Cpu] != "" {
+		res.CPU = &specs.LinuxCPU{}
+		if lim.CPUMilli > 0 {
+			q, p := lim.quota(), uint64(cpuPeriod)
+			res.CPU.Quota, res.CPU.Period = &q, &p
+		}
+		if lim.CPUWeight > 0 {
+			sh := max(lim.CPUWeight*1024/100, 2)
+			res.CPU.Shares = &sh
+		}
 	}
 	cg, err := cgroup1.New(paths, res,
 		cgroup1.WithHierarchy(func() ([]cgroup1.Subsystem, error) { return subs, nil }))
@@ -393,6 +404,14 @@ func detectV1() Info {
 		if err := g.delete(time.Now().Add(deleteTimeout)); err != nil {
 			reasons = append(reasons, fmt.Sprintf("cgroup v1: cannot remove probe group %s: %v", d, err))
 		}
+	}
+
+	if g, err := newV1(probeName(), Limits{CPUMilli: 500}, []cgroup1.Name{cgroup1.Cpu, cgroup1.Freezer}); err == nil {
+		q, err := readInt(filepath.Join(g.dirs[cgroup1.Cpu], "cpu.cfs_quota_us"))
+		info.CPU = g.dirs[cgroup1.Cpu] != "" && err == nil && q == 50_000
+		info.Freezer = g.dirs[cgroup1.Freezer] != "" && setFreezer(g.dirs[cgroup1.Freezer], "FROZEN", time.Now().Add(time.Second)) &&
+			setFreezer(g.dirs[cgroup1.Freezer], "THAWED", time.Now().Add(time.Second))
+		g.delete(time.Now().Add(deleteTimeout))
 	}
 
 	const probePids = 64

@@ -70,6 +70,8 @@ func v2Resources(controllers []string) *cgroup2.Resources {
 			r.Memory = &cgroup2.Memory{}
 		case "pids":
 			r.Pids = &cgroup2.Pids{}
+		case "cpu":
+			r.CPU = &cgroup2.CPU{}
 		}
 	}
 	return r
@@ -171,6 +173,9 @@ func (h *v2Host) newGroup(name string, lim Limits) (*v2Group, error) {
 	if lim.Pids > 0 {
 		controllers = append(controllers, "pids")
 	}
+	if (lim.CPUMilli > 0 || lim.CPUWeight > 0) && h.hasController("cpu") {
+		controllers = append(controllers, "cpu")
+	}
 	base, baseDir, err := h.prepare(controllers)
 	if err != nil {
 		return nil, err
@@ -189,6 +194,17 @@ func (h *v2Host) newGroup(name string, lim Limits) (*v2Group, error) {
 		}
 		if lim.Pids > 0 {
 			res.Pids = &cgroup2.Pids{Max: lim.Pids}
+		}
+		if slices.Contains(controllers, "cpu") {
+			res.CPU = &cgroup2.CPU{}
+			if lim.CPUMilli > 0 {
+				q, p := lim.quota(), uint64(cpuPeriod)
+				res.CPU.Max = cgroup2.NewCPUMax(&q, &p)
+			}
+			if lim.CPUWeight > 0 {
+				w := lim.CPUWeight
+				res.CPU.Weight = &w
+			}
 		}
 	}
 	// NewChild also (re-)enables the controllers in <own>/pysandbox's
@@ -209,6 +225,42 @@ func (h *v2Host) newGroup(name string, lim Limits) (*v2Group, error) {
 		}
 	}
 	return g, nil
+}
+
+// hasController reports whether our own group can hand controller c to
+// its children.
+func (h *v2Host) hasController(c string) bool {
+	own, err := h.ownGroup()
+	if err != nil {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join(h.mount, own, "cgroup.controllers"))
+	return err == nil && slices.Contains(strings.Fields(string(b)), c)
+}
+
+// setFrozen writes cgroup.freeze and waits until cgroup.events says so.
+func (g *v2Group) setFrozen(frozen bool, deadline time.Time) bool {
+	f := filepath.Join(g.dir, "cgroup.freeze")
+	v, want := "0", "frozen 0"
+	if frozen {
+		v, want = "1", "frozen 1"
+	}
+	if os.WriteFile(f, []byte(v), 0) != nil {
+		return false
+	}
+	for i := 0; ; i++ {
+		b, err := os.ReadFile(filepath.Join(g.dir, "cgroup.events"))
+		if err != nil {
+			return false
+		}
+		if strings.Contains(string(b), want) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		sleepStep(i)
+	}
 }
 
 func (g *v2Group) stats() (Stats, error) {
@@ -378,6 +430,9 @@ func (h *v2Host) detect() Info {
 	if slices.Contains(want, "pids") {
 		info.Pids, reasons = h.probePids(reasons)
 	}
+	// cgroup.freeze exists in every non-root group since 5.2.
+	info.CPU = slices.Contains(avail, "cpu")
+	info.Freezer = exists(filepath.Join(ownDir, "cgroup.freeze")) || exists(filepath.Join(ownDir, baseName, "cgroup.freeze"))
 	info.Reason = joinReasons(reasons)
 	return info
 }

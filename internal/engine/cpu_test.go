@@ -1,0 +1,96 @@
+package engine
+
+import (
+	"fmt"
+	"os"
+	"testing"
+	"time"
+)
+
+// cpuEngine is escEngine with a CPU quota of half a CPU, when this machine
+// can enforce one.
+func cpuEngine(t *testing.T) *Engine {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("no cgroup CPU controller for an unprivileged test run")
+	}
+	return escEngine(t, func(c *Config) { c.Limits.CPUMilli = 500 })
+}
+
+// burn is code that keeps three processes busy for about a second and a
+// half of wall time, then reports nothing; the cgroup accounting says how
+// much CPU they got.
+const burn = `
+import multiprocessing as mp, time
+def spin(until):
+    while time.time() < until:
+        pass
+until = time.time() + 1.5
+ps = [mp.Process(target=spin, args=(until,)) for _ in range(3)]
+for p in ps: p.start()
+spin(until)
+for p in ps: p.join()
+`
+
+// TestEscapeCPUQuota: however many processes a run starts, the cgroup
+// accounting shows no more CPU time than its quota allows for its wall
+// time (a ratio of two measurements of the same run, so load cannot make
+// it fail: load only lowers the CPU a run gets).
+func TestEscapeCPUQuota(t *testing.T) {
+	e := cpuEngine(t)
+	r := escRun(t, e, burn, nil)
+	escWant(t, r, StatusSuccess)
+	if r.CPUTimeMS == 0 {
+		t.Fatalf("no CPU time measured: %+v", r)
+	}
+	// 0.5 CPU of the run's wall time, plus one period of slack.
+	if allowed := r.DurationMS/2 + 150; r.CPUTimeMS > allowed {
+		t.Errorf("4 busy processes used %d ms of CPU in %d ms: above a 0.5-CPU quota (%d ms)", r.CPUTimeMS, r.DurationMS, allowed)
+	}
+	t.Logf("4 busy processes, 0.5 CPU quota: %d ms of CPU in %d ms", r.CPUTimeMS, r.DurationMS)
+}
+
+// TestSessionFrozenBetweenRuns: a session's background thread and process
+// burn CPU only during runs; between them the session is frozen, and its
+// CPU time (cgroup accounting) does not move. Its state survives.
+func TestSessionFrozenBetweenRuns(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("no freezer cgroup for an unprivileged test run")
+	}
+	s := newSessions(t, func(c *Config) { c.Limits.CPUMilli = 1000 }, SessionConfig{})
+	id := create(t, s)
+	r := srun(t, s, id, `
+import threading, subprocess, sys
+def spin():
+    while True:
+        pass
+threading.Thread(target=spin, daemon=True).start()
+child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+x = 41`)
+	if r.Status != StatusSuccess {
+		t.Fatalf("%+v", r)
+	}
+	cpu := func() int64 {
+		for _, i := range s.List() {
+			if i.ID == id {
+				return i.CPUTimeMS
+			}
+		}
+		t.Fatal("session gone")
+		return 0
+	}
+	before := cpu()
+	time.Sleep(time.Second) // the interval the session must not use
+	after := cpu()
+	if after-before > 50 {
+		t.Errorf("the session used %d ms of CPU between runs", after-before)
+	}
+	if r := srun(t, s, id, "x + 1"); fmt.Sprint(r.ReturnValue) != "42" {
+		t.Fatalf("state after thawing: %+v", r)
+	}
+	// During a run the background work goes on again.
+	r = srun(t, s, id, "import time\ntime.sleep(0.5)")
+	if cpu()-after < 100 {
+		t.Errorf("the session's background work did not run during a run: %d ms", cpu()-after)
+	}
+}
