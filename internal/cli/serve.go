@@ -22,6 +22,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/metrics"
 	"github.com/pysandbox/pysandbox/internal/policy"
+	"github.com/pysandbox/pysandbox/internal/quota"
 	"github.com/pysandbox/pysandbox/internal/tools"
 )
 
@@ -47,6 +48,7 @@ func serve(args []string, stderr io.Writer) error {
 	tlsCert := fs.String("tls-cert", "", "with --http: serve HTTPS with this PEM certificate (chain) file; needs --tls-key")
 	tlsKey := fs.String("tls-key", "", "with --http: the PEM private key of --tls-cert")
 	insecure := fs.Bool("insecure-no-auth", false, "allow --http on a non-loopback address without --auth-token-file: ANYONE who can reach the port can run code")
+	qflags := addQuotaFlags(fs)
 	var allowedHosts listFlag
 	fs.Var(&allowedHosts, "allowed-host", "with --http: a further Host name clients may use (e.g. sandbox.example.com behind a proxy); repeat or separate with commas. Loopback names and the listen address are always allowed")
 	if err := parseFlags(fs, args); err != nil {
@@ -133,11 +135,17 @@ func serve(args []string, stderr io.Writer) error {
 	if *maxSessions < 1 || sessionTTL <= 0 || maxSessionTTL < sessionTTL || maxUpload < 1 || auditMaxSize < 0 || maxReply < 256<<10 {
 		return usageError{fmt.Errorf("--max-sessions must be at least 1, --session-ttl positive and at most --max-session-ttl, --max-upload positive, --audit-max-size not negative, --max-reply at least 256KiB")}
 	}
+	qlim, err := qflags.limits(*httpAddr != "", o.maxConcurrent, o.maxQueue, *maxSessions)
+	if err != nil {
+		return usageError{err}
+	}
+	quotas := quota.New(quotaFunc(qlim, &current))
 	sessions := eng.NewSessions(engine.SessionConfig{
 		MaxSessions:  *maxSessions,
 		DefaultTTL:   time.Duration(sessionTTL),
 		MaxTTL:       time.Duration(maxSessionTTL),
 		MemoryBudget: int64(sessionsMemory),
+		OwnerLimit:   quotas.SessionLimit,
 	})
 	// Every session's processes, cgroups and files go when the server does.
 	defer sessions.Shutdown()
@@ -186,7 +194,7 @@ func serve(args []string, stderr io.Writer) error {
 		defer signal.Stop(hup)
 		go reloadPolicy(ctx, hup, *policyFile, gov.Audit, &current, updates, log)
 	}
-	srv := tools.NewServer(tools.Options{Engine: eng, Posture: posture, Sessions: sessions, MaxUploadBytes: int64(maxUpload), MaxReplyBytes: int64(maxReply), Governance: gov, Logger: log})
+	srv := tools.NewServer(tools.Options{Engine: eng, Posture: posture, Sessions: sessions, MaxUploadBytes: int64(maxUpload), MaxReplyBytes: int64(maxReply), Quotas: quotas, Governance: gov, Logger: log})
 	if *httpAddr == "" {
 		log.Info("serving MCP on stdio", "backend", posture.Backend, "posture", posture.Posture, "python", posture.Python.Version)
 		// Run returns nil on a clean EOF from the client.

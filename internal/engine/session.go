@@ -31,6 +31,33 @@ type SessionConfig struct {
 	// MemoryBudget caps the memory limits of all sessions together: each
 	// session may use the per-run memory limit.
 	MemoryBudget int64
+	// OwnerLimit, when set, is the most sessions one owner may have open
+	// (0: no bound but MaxSessions), asked at each create_session.
+	OwnerLimit func(owner string) int
+}
+
+// ErrSessionQuota means the caller has all the sessions its quota allows.
+var ErrSessionQuota = errors.New("session quota reached")
+
+// ownerQuota refuses a session its owner has no quota for. s.mu is held.
+func (s *Sessions) ownerQuota(owner string) error {
+	if s.cfg.OwnerLimit == nil {
+		return nil
+	}
+	limit := s.cfg.OwnerLimit(owner)
+	if limit <= 0 {
+		return nil
+	}
+	n := 0
+	for _, sess := range s.live {
+		if sess.Owner == owner {
+			n++
+		}
+	}
+	if n >= limit {
+		return fmt.Errorf("%w: %s has %d sessions open, its quota; close one with close_session (list_sessions shows them)", ErrSessionQuota, owner, n)
+	}
+	return nil
 }
 
 // Sessions manages long-lived workers that keep their state between runs:
@@ -160,7 +187,11 @@ func (s *Sessions) Create(ctx context.Context, ttl time.Duration, opts ...Create
 	ttl = min(ttl, s.cfg.MaxTTL)
 	s.mu.Lock()
 	n := len(s.live)
+	qerr := s.ownerQuota(o.Owner)
 	s.mu.Unlock()
+	if qerr != nil {
+		return nil, qerr
+	}
 	if n >= s.cfg.MaxSessions {
 		return nil, fmt.Errorf("%w: %d of %d are open; close one with close_session (list_sessions shows them)", ErrTooManySessions, n, s.cfg.MaxSessions)
 	}
@@ -214,6 +245,13 @@ func (s *Sessions) Create(ctx context.Context, ttl time.Duration, opts ...Create
 		s.mu.Unlock()
 		sess.ws.Close()
 		return fail(fmt.Errorf("%w: %d of %d are open; close one with close_session", ErrTooManySessions, len(s.live), s.cfg.MaxSessions))
+	}
+	// Again, now that the session exists: concurrent creates by one owner
+	// all passed the first check.
+	if err := s.ownerQuota(sess.Owner); err != nil {
+		s.mu.Unlock()
+		sess.ws.Close()
+		return fail(err)
 	}
 	s.live[sess.ID] = sess
 	s.mu.Unlock()

@@ -85,6 +85,9 @@ type Policy struct {
 	Default  Action               `json:"default"`
 	Tools    map[string]*ToolRule `json:"tools,omitempty"`
 	Packages PackageRules         `json:"packages"`
+	// Quotas bound what one identity may hold at once (runs in flight,
+	// queue places, sessions); nil when the file has no quotas section.
+	Quotas *Quotas `json:"quotas,omitempty"`
 	// Source is where the policy came from and SHA256 the digest of its
 	// bytes, for the audit log's start record.
 	Source string `json:"-"`
@@ -305,7 +308,7 @@ func (v *validator) str(field string, x any) (string, bool) {
 }
 
 func (v *validator) policy(doc any, p *Policy) {
-	m := v.object("", doc, "version", "default", "tools", "packages")
+	m := v.object("", doc, "version", "default", "tools", "packages", "quotas")
 	if m == nil {
 		return
 	}
@@ -347,6 +350,70 @@ func (v *validator) policy(doc any, p *Policy) {
 	if pk, ok := m["packages"]; ok {
 		p.Packages = v.packages("packages", pk)
 	}
+	if q, ok := m["quotas"]; ok {
+		p.Quotas = v.quotas("quotas", q)
+	}
+}
+
+// Quotas are per-identity bounds on what a caller holds at once. A zero
+// field means the server's flag applies.
+type Quotas struct {
+	QuotaLimits
+	// Identities override the defaults for named callers (token names).
+	Identities map[string]QuotaLimits `json:"identities,omitempty"`
+}
+
+// QuotaLimits bound one identity: runs executing, runs waiting, sessions.
+type QuotaLimits struct {
+	Runs     int `json:"runs,omitempty"`
+	Queue    int `json:"queue,omitempty"`
+	Sessions int `json:"sessions,omitempty"`
+}
+
+func (v *validator) quotas(field string, x any) *Quotas {
+	m := v.object(field, x, "runs", "queue", "sessions", "identities")
+	q := &Quotas{}
+	if m == nil {
+		return q
+	}
+	q.QuotaLimits = v.quotaLimits(field, m)
+	if ids, ok := m["identities"]; ok {
+		im, ok := ids.(map[string]any)
+		if !ok {
+			v.fail(field+".identities", "want an object of identity names, got %s", kind(ids))
+			return q
+		}
+		q.Identities = map[string]QuotaLimits{}
+		for name, lim := range im {
+			f := field + ".identities." + name
+			if name == "" || len(name) > 200 {
+				v.fail(f, "want an identity name of 1 to 200 characters")
+				continue
+			}
+			lm := v.object(f, lim, "runs", "queue", "sessions")
+			if lm != nil {
+				q.Identities[name] = v.quotaLimits(f, lm)
+			}
+		}
+	}
+	return q
+}
+
+func (v *validator) quotaLimits(field string, m map[string]any) QuotaLimits {
+	var l QuotaLimits
+	for key, dst := range map[string]*int{"runs": &l.Runs, "queue": &l.Queue, "sessions": &l.Sessions} {
+		x, ok := m[key]
+		if !ok {
+			continue
+		}
+		n, ok := integer(x)
+		if !ok || n < 0 || n > 100_000 {
+			v.fail(joinField(field, key), "want a whole number from 0 to 100000 (0: the server's flag applies)")
+			continue
+		}
+		*dst = int(n)
+	}
+	return l
 }
 
 func (v *validator) action(field string, x any) Action {

@@ -47,6 +47,11 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 		return errorResult(msg), nil, nil
 	}
 	run.Progress = progressFunc(ctx, req)
+	release, refused := s.takeQuota(ctx, req)
+	if refused != nil {
+		return refused, nil, nil
+	}
+	defer release()
 	var res *engine.Result
 	var err error
 	if in.SessionID != "" {

@@ -6,6 +6,7 @@ package tools
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
@@ -16,6 +17,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/policy"
+	"github.com/pysandbox/pysandbox/internal/quota"
 )
 
 // Version is reported to MCP clients.
@@ -44,6 +46,10 @@ type Options struct {
 	// escapes included): figures beyond it become resource links, and
 	// output is cut further (see reply.go). Zero means DefaultMaxReply.
 	MaxReplyBytes int64
+	// Quotas bound what each caller holds at once (runs executing and
+	// waiting); nil: no per-caller bound. Session quotas are the engine's
+	// (SessionConfig.OwnerLimit).
+	Quotas *quota.Quotas
 	// Governance is the policy, audit log and metrics; the zero value
 	// allows everything and records nothing.
 	Governance Governance
@@ -63,6 +69,7 @@ type server struct {
 	log      *slog.Logger
 	posture  func(context.Context) *engine.Posture
 	gov      *governor
+	quotas   *quota.Quotas
 
 	maxUpload, maxInline, maxDownload, maxReply int64
 }
@@ -73,7 +80,7 @@ func NewServer(opts Options) *mcp.Server {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &server{eng: opts.Engine, log: log, sessions: opts.Sessions, figures: newFigureStore(),
+	s := &server{eng: opts.Engine, log: log, sessions: opts.Sessions, figures: newFigureStore(), quotas: opts.Quotas,
 		maxUpload: opts.MaxUploadBytes, maxInline: opts.MaxInlineBytes, maxDownload: opts.MaxDownloadBytes}
 	if s.sessions == nil {
 		s.sessions = opts.Engine.NewSessions(engine.SessionConfig{})
@@ -177,6 +184,20 @@ func refusal(status engine.Status, msg string) *mcp.CallToolResult {
 	r := errorResult(msg)
 	r.Meta = mcp.Meta{refusalKey: string(status)}
 	return r
+}
+
+// takeQuota takes one of the caller's run slots (see internal/quota),
+// waiting in one of its queue places if need be; a refusal is the result
+// to return instead.
+func (s *server) takeQuota(ctx context.Context, req *mcp.CallToolRequest) (func(), *mcp.CallToolResult) {
+	release, err := s.quotas.Run(ctx, identity(req))
+	switch {
+	case errors.Is(err, quota.ErrQuota):
+		return nil, refusal(engine.StatusQuota, fmt.Sprintf("Refused by your quota: %v. Nothing was run.", err))
+	case err != nil:
+		return nil, refusal(engine.StatusCancelled, "The call was cancelled while it waited for one of your runs to finish. Nothing was run.")
+	}
+	return release, nil
 }
 
 // busyResult answers a call the server cannot take now.

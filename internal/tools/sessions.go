@@ -155,6 +155,11 @@ func (s *server) installPackage(ctx context.Context, req *mcp.CallToolRequest, i
 	if err := s.ownSession(req, in.SessionID); err != nil {
 		return sessionError(ctx, err), nil, nil
 	}
+	release, refused := s.takeQuota(ctx, req)
+	if refused != nil {
+		return refused, nil, nil
+	}
+	defer release()
 	env, err := s.sessions.Install(ctx, in.SessionID, in.Packages, progressFunc(ctx, req))
 	var ie *deps.InstallError
 	var reqErr *engine.RequestError
@@ -197,6 +202,8 @@ func sessionError(ctx context.Context, err error) *mcp.CallToolResult {
 		return errorResult(fmt.Sprintf("Unknown session (%v). Create a session with create_session and use the session_id it returns.", err))
 	case errors.Is(err, engine.ErrBusy):
 		return busyResult(err)
+	case errors.Is(err, engine.ErrSessionQuota):
+		return refusal(engine.StatusQuota, fmt.Sprintf("Refused by your quota: %v. Nothing was created.", err))
 	case errors.Is(err, engine.ErrTooManySessions):
 		return refusal(engine.StatusBusy, fmt.Sprintf("Cannot create another session: %v.", err))
 	}

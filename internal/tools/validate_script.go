@@ -104,6 +104,11 @@ func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, i
 		}
 	}
 
+	release, refused := s.takeQuota(ctx, req)
+	if refused != nil {
+		return refused, nil, nil
+	}
+	defer release()
 	v, err := s.eng.Validate(ctx, in.Code, "")
 	if err != nil {
 		if ctx.Err() != nil || errors.Is(err, context.Canceled) {

@@ -1,0 +1,73 @@
+package cli
+
+import (
+	"flag"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/pysandbox/pysandbox/internal/policy"
+	"github.com/pysandbox/pysandbox/internal/quota"
+)
+
+// quotaFlags are the per-caller quotas of serve. -1 means "automatic":
+// over HTTP, where several tenants share the server, half of the server's
+// own cap (at least 1); over stdio, where there is one caller, none.
+type quotaFlags struct{ runs, queue, sessions int }
+
+func addQuotaFlags(fs *flag.FlagSet) *quotaFlags {
+	q := &quotaFlags{}
+	fs.IntVar(&q.runs, "max-runs-per-caller", -1, "runs one caller (token, or MCP session without tokens) may have executing at once; -1: half of --max-concurrent over HTTP, no bound over stdio; the policy file's quotas section overrides it")
+	fs.IntVar(&q.queue, "max-queue-per-caller", -1, "runs one caller may have waiting for those; -1: half of --max-queue over HTTP, no bound over stdio")
+	fs.IntVar(&q.sessions, "max-sessions-per-caller", -1, "sessions one caller may have open; -1: half of --max-sessions over HTTP, no bound over stdio")
+	return q
+}
+
+// limits resolves the flags against the server's caps.
+func (q *quotaFlags) limits(http bool, maxConcurrent, maxQueue, maxSessions int) (quota.Limits, error) {
+	auto := func(v, capacity int) int {
+		if v >= 0 {
+			return v
+		}
+		if !http {
+			return 0
+		}
+		return max(capacity/2, 1)
+	}
+	if q.runs < -1 || q.queue < -1 || q.sessions < -1 {
+		return quota.Limits{}, fmt.Errorf("--max-runs-per-caller, --max-queue-per-caller and --max-sessions-per-caller take -1 (automatic), 0 (no bound) or a positive number")
+	}
+	return quota.Limits{
+		Runs:     auto(q.runs, maxConcurrent),
+		Queue:    auto(q.queue, maxQueue),
+		Sessions: auto(q.sessions, maxSessions),
+	}, nil
+}
+
+// quotaFunc is each caller's limits: the flags, then the policy in force's
+// quotas section (its defaults, then the caller's own entry), so a policy
+// reload applies to the next call.
+func quotaFunc(flags quota.Limits, current *atomic.Pointer[policy.Policy]) func(string) quota.Limits {
+	return func(id string) quota.Limits {
+		l := flags
+		pol := current.Load()
+		if pol == nil || pol.Quotas == nil {
+			return l
+		}
+		apply := func(p policy.QuotaLimits) {
+			if p.Runs > 0 {
+				l.Runs = p.Runs
+			}
+			if p.Queue > 0 {
+				l.Queue = p.Queue
+			}
+			if p.Sessions > 0 {
+				l.Sessions = p.Sessions
+			}
+		}
+		apply(pol.Quotas.QuotaLimits)
+		if own, ok := pol.Quotas.Identities[id]; ok {
+			apply(own)
+		}
+		return l
+	}
+}
