@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -123,6 +125,27 @@ func TestServerKilledTakesSandboxesWithIt(t *testing.T) {
 				time.Sleep(50 * time.Millisecond)
 			}
 			t.Logf("%d sandbox processes went with the server", len(before))
+
+			// Its cgroups stayed behind (nobody was left to delete them);
+			// the next server to start removes them, and only them.
+			pid := cmd.Process.Pid
+			left := func() []string {
+				var out []string
+				for _, pat := range []string{"/sys/fs/cgroup/*/pysandbox/sb-%d-*", "/sys/fs/cgroup/*/pysandbox/pool-%d-*", "/sys/fs/cgroup/*/*/*/pysandbox/sb-%d-*", "/sys/fs/cgroup/*/*/*/pysandbox/pool-%d-*"} {
+					m, _ := filepath.Glob(fmt.Sprintf(pat, pid))
+					out = append(out, m...)
+				}
+				return out
+			}
+			if os.Geteuid() == 0 && len(left()) == 0 {
+				t.Errorf("no cgroups of the killed server found: the reclaim below checks nothing")
+			}
+			if _, stderr, code := runBin(t, "", "check"); code != 0 {
+				t.Fatalf("check after the kill: exit %d: %s", code, stderr)
+			}
+			if l := left(); len(l) > 0 {
+				t.Errorf("cgroups of the killed server left after the next server started: %v", l)
+			}
 		})
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/pool"
 	"github.com/pysandbox/pysandbox/internal/sandbox"
+	"github.com/pysandbox/pysandbox/internal/sandbox/cgroup"
 )
 
 const usage = `pysandbox: run Python from AI agents in a fresh, layered Linux sandbox.
@@ -244,6 +245,13 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 	preload, err := parsePreload(o.preload)
 	if err != nil {
 		return nil, noop, usageError{err}
+	}
+	// What servers killed without a chance to clean up left behind (their
+	// cgroups) goes first; other live servers' groups are left alone.
+	if removed, err := cgroup.Reclaim(); err != nil {
+		log.Warn("could not remove the cgroups of servers that are gone", "err", err)
+	} else if len(removed) > 0 {
+		log.Info("removed cgroups left by servers that are gone", "count", len(removed))
 	}
 	var backend sandbox.Backend
 	switch kind {

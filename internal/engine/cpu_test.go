@@ -50,12 +50,13 @@ func TestEscapeCPUQuota(t *testing.T) {
 	t.Logf("4 busy processes, 0.5 CPU quota: %d ms of CPU in %d ms", r.CPUTimeMS, r.DurationMS)
 }
 
-// TestSessionFrozenBetweenRuns: a session's background thread and process
-// burn CPU only during runs; between them the session is frozen, and its
-// CPU time (cgroup accounting) does not move. Its state survives.
-func TestSessionFrozenBetweenRuns(t *testing.T) {
+// TestSessionIdleBetweenRuns: a session's background thread and process
+// burn CPU only during runs; between them the session is held to a
+// thousandth of a CPU, and its CPU time (cgroup accounting) barely moves.
+// Its state survives.
+func TestSessionIdleBetweenRuns(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("no freezer cgroup for an unprivileged test run")
+		t.Skip("no CPU cgroup for an unprivileged test run")
 	}
 	s := newSessions(t, func(c *Config) { c.Limits.CPUMilli = 1000 }, SessionConfig{})
 	id := create(t, s)

@@ -37,9 +37,9 @@ type Layers struct {
 	CgroupMemory        Layer `json:"cgroup_memory"`
 	CgroupPids          Layer `json:"cgroup_pids"`
 	// CgroupCPU: each run has a CPU quota (cpu.cfs_quota_us / cpu.max);
-	// SessionFreeze: sessions are frozen between runs.
+	// SessionIdle: sessions are held to a thousandth of a CPU between runs.
 	CgroupCPU        Layer `json:"cgroup_cpu"`
-	SessionFreeze    Layer `json:"session_freeze"`
+	SessionIdle      Layer `json:"session_idle"`
 	Rlimits          Layer `json:"rlimits"`
 	ReadOnlyRoot     Layer `json:"read_only_root"`
 	UnprivilegedUser Layer `json:"unprivileged_user"`
@@ -259,9 +259,8 @@ func (e *Engine) Measure(ctx context.Context, interpreters []*interp.Interpreter
 			p.Limits.MemoryEnforcedBy = "cgroup " + mode
 		}
 	}
-	if cb, ok := e.cfg.Backend.(interface{ CPUSupport() (cpu, freezer bool) }); ok {
-		cpu, freezer := cb.CPUSupport()
-		switch {
+	if cb, ok := e.cfg.Backend.(interface{ CPUSupport() bool }); ok {
+		switch cpu := cb.CPUSupport(); {
 		case cpu && e.cfg.Limits.CPUMilli > 0:
 			L.CgroupCPU = Layer{Active: true, Detail: fmt.Sprintf("%.2g CPU per run", float64(e.cfg.Limits.CPUMilli)/1000)}
 			p.Limits.CPUs = float64(e.cfg.Limits.CPUMilli) / 1000
@@ -270,10 +269,12 @@ func (e *Engine) Measure(ctx context.Context, interpreters []*interp.Interpreter
 		default:
 			L.CgroupCPU = Layer{Detail: "no cgroup CPU controller here: runs share the CPU, bounded by RLIMIT_CPU and the timeout"}
 		}
-		if freezer {
-			L.SessionFreeze = Layer{Active: true, Detail: "a session's processes are frozen between runs"}
+		if cb.CPUSupport() && p.Backend == string(sandbox.KindBwrap) {
+			L.SessionIdle = Layer{Detail: "bwrap sessions keep their run quota between runs"}
+		} else if cb.CPUSupport() {
+			L.SessionIdle = Layer{Active: true, Detail: "a session's processes get a thousandth of a CPU between runs"}
 		} else {
-			L.SessionFreeze = Layer{Detail: "no freezer cgroup: a session's background work runs between runs, within its CPU quota"}
+			L.SessionIdle = Layer{Detail: "no CPU cgroup: a session's background work runs between runs, bounded by RLIMIT_CPU"}
 		}
 	}
 	if !L.CgroupMemory.Active && pr.Rlimits["AS"][0] > 0 {

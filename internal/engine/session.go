@@ -231,7 +231,7 @@ func (s *Sessions) Create(ctx context.Context, ttl time.Duration, opts ...Create
 	if _, err := sess.conn.Ready(ctx); err != nil {
 		return fail(fmt.Errorf("engine: session worker did not start: %w", err))
 	}
-	s.freeze(sess, true)
+	s.idle(sess, true)
 	f, err := ssr.OpenWorkspace()
 	if err != nil {
 		return fail(err)
@@ -305,8 +305,6 @@ func (s *Sessions) remove(sess *Session, why string) {
 		sess.dead = why
 	}
 	sess.mu.Unlock()
-	// A frozen process acts on SIGKILL only once thawed (cgroup v1).
-	s.freeze(sess, false)
 	sess.sb.Kill()
 	// File operations in flight finish first: the workspace descriptor
 	// keeps the session's tmpfs alive until it is closed.
@@ -469,9 +467,10 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	}
 	sess.touch()
 	defer sess.touch()
-	// Between runs the session's processes are frozen: background threads
-	// and processes it started use no CPU until its next run.
-	s.freeze(sess, false)
+	// Between runs the session's processes get a thousandth of a CPU:
+	// background threads and processes it started do next to nothing until
+	// its next run (and, unlike frozen ones, still die at once if killed).
+	s.idle(sess, false)
 
 	start := time.Now()
 	timeout := s.e.timeout(req.Timeout)
@@ -537,7 +536,7 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	}
 	if runErr == nil {
 		s.syncOutput(sess)
-		s.freeze(sess, true)
+		s.idle(sess, true)
 	}
 	sess.mu.Lock()
 	sess.runs++
@@ -733,16 +732,16 @@ func copyTree(src string, d *workspace.Dir, dst string) error {
 	})
 }
 
-// freeze freezes or thaws a session's processes (see sandbox.Sessioner).
-// Without a freezer cgroup (an unprivileged server without delegation)
-// nothing happens: the session's background work then runs between runs,
-// bounded by its CPU quota where there is one and by RLIMIT_CPU.
-func (s *Sessions) freeze(sess *Session, frozen bool) {
+// idle holds a session's processes to a thousandth of a CPU, or gives
+// them back their quota (see sandbox.Sessioner). Without a CPU cgroup (an
+// unprivileged server without delegation) nothing happens: a session's
+// background work then runs between runs, bounded by RLIMIT_CPU.
+func (s *Sessions) idle(sess *Session, idle bool) {
 	ssr, ok := sess.sb.(sandbox.Sessioner)
 	if !ok {
 		return
 	}
-	if err := ssr.Freeze(frozen); err != nil && !errors.Is(err, sandbox.ErrNoFreezer) {
-		s.e.log.Warn("session: freezer", "session", sess.ID, "frozen", frozen, "err", err)
+	if err := ssr.Idle(idle); err != nil && !errors.Is(err, sandbox.ErrNoCPUControl) {
+		s.e.log.Warn("session: idle quota", "session", sess.ID, "idle", idle, "err", err)
 	}
 }

@@ -298,8 +298,8 @@ func (c *child) Interrupt() error {
 // MemoryCurrent is the memory the child uses now (0 without a cgroup).
 func (c *child) MemoryCurrent() int64 { return sandbox.MemoryCurrent(c.cg) }
 
-// Freeze implements sandbox.Sessioner.
-func (c *child) Freeze(frozen bool) error { return sandbox.Freeze(c.cg, frozen) }
+// Idle implements sandbox.Sessioner.
+func (c *child) Idle(idle bool) error { return sandbox.Idle(c.cg, idle) }
 
 // CPUUsage is the CPU time the child used so far (0 without a cgroup).
 func (c *child) CPUUsage() time.Duration { return sandbox.CPUUsage(c.cg) }

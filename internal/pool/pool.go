@@ -335,9 +335,9 @@ func (p *Pool) CgroupSupport() (mem, pids bool, mode, reason string) {
 	return p.cfg.Backend.CgroupSupport()
 }
 
-// CPUSupport reports whether runs get a CPU quota and sessions can be
-// frozen.
-func (p *Pool) CPUSupport() (cpu, freezer bool) { return p.cfg.Backend.CPUSupport() }
+// CPUSupport reports whether runs get a CPU quota (and sessions the idle
+// quota between runs).
+func (p *Pool) CPUSupport() bool { return p.cfg.Backend.CPUSupport() }
 
 // Preload reports which modules the preloading zygote imported and which
 // failed.

@@ -1096,8 +1096,12 @@ func (s *bwrapSandbox) Interrupt() error {
 	return os.NewSyscallError("kill", unix.Kill(worker, unix.SIGINT))
 }
 
-// Freeze implements Sessioner.
-func (s *bwrapSandbox) Freeze(frozen bool) error { return Freeze(s.cg, frozen) }
+// Idle implements Sessioner. bwrap sessions are not held to the idle
+// quota: when the server dies, a bwrap session ends by its worker exiting
+// on its own (Python's teardown, tens of milliseconds of CPU), which a
+// thousandth of a CPU would stretch to minutes. Their processes keep their
+// run quota between runs instead.
+func (s *bwrapSandbox) Idle(bool) error { return ErrNoCPUControl }
 
 // cpuIf is milli when the cgroup CPU controller can enforce it, else 0.
 func cpuIf(ok bool, milli int64) int64 {
@@ -1110,5 +1114,6 @@ func cpuIf(ok bool, milli int64) int64 {
 // CPUUsage is the CPU time the sandbox used so far (0 without a cgroup).
 func (s *bwrapSandbox) CPUUsage() time.Duration { return CPUUsage(s.cg) }
 
-// CPUSupport reports whether sandboxes get a CPU quota and can be frozen.
-func (b *Bwrap) CPUSupport() (cpu, freezer bool) { return b.cgroups.CPU, b.cgroups.Freezer }
+// CPUSupport reports whether sandboxes get a CPU quota (and sessions the
+// idle quota between runs).
+func (b *Bwrap) CPUSupport() bool { return b.cgroups.CPU }

@@ -571,11 +571,12 @@ func (s *nativeSandbox) Interrupt() error {
 // MemoryCurrent is the memory the sandbox uses now (0 without a cgroup).
 func (s *nativeSandbox) MemoryCurrent() int64 { return MemoryCurrent(s.cg) }
 
-// Freeze implements Sessioner.
-func (s *nativeSandbox) Freeze(frozen bool) error { return Freeze(s.cg, frozen) }
+// Idle implements Sessioner.
+func (s *nativeSandbox) Idle(idle bool) error { return Idle(s.cg, idle) }
 
 // CPUUsage is the CPU time the sandbox used so far (0 without a cgroup).
 func (s *nativeSandbox) CPUUsage() time.Duration { return CPUUsage(s.cg) }
 
-// CPUSupport reports whether sandboxes get a CPU quota and can be frozen.
-func (n *Native) CPUSupport() (cpu, freezer bool) { return n.cgroups.CPU, n.cgroups.Freezer }
+// CPUSupport reports whether sandboxes get a CPU quota (and sessions the
+// idle quota between runs).
+func (n *Native) CPUSupport() bool { return n.cgroups.CPU }

@@ -140,5 +140,5 @@ func (s *noneSandbox) Interrupt() error {
 	return s.cmd.Process.Signal(syscall.SIGINT)
 }
 
-// Freeze implements Sessioner: an unsandboxed process has no cgroup.
-func (s *noneSandbox) Freeze(bool) error { return ErrNoFreezer }
+// Idle implements Sessioner: an unsandboxed process has no cgroup.
+func (s *noneSandbox) Idle(bool) error { return ErrNoCPUControl }

@@ -101,16 +101,13 @@ func MemoryCurrent(cg *cgroup.Group) int64 {
 	return st.MemoryCurrentBytes
 }
 
-// Freeze freezes or thaws a cgroup (ErrNoFreezer when there is none); see
-// Sessioner.Freeze.
-func Freeze(cg *cgroup.Group, frozen bool) error {
-	if cg == nil || !cg.CanFreeze() {
-		return ErrNoFreezer
+// Idle sets a cgroup idle or not (ErrNoCPUControl when there is none);
+// see Sessioner.Idle.
+func Idle(cg *cgroup.Group, idle bool) error {
+	if cg == nil || !cg.CanIdle() {
+		return ErrNoCPUControl
 	}
-	if frozen {
-		return cg.Freeze()
-	}
-	return cg.Thaw()
+	return cg.SetIdle(idle)
 }
 
 // CPUUsage reads a cgroup's CPU time so far, 0 when there is none.

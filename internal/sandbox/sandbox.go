@@ -153,15 +153,16 @@ type Sessioner interface {
 	// Interrupt sends SIGINT to the worker: Python raises
 	// KeyboardInterrupt in the running code, and the worker lives on.
 	Interrupt() error
-	// Freeze stops (true) or resumes (false) every process of the
-	// sandbox, so a session burns no CPU between runs. ErrNoFreezer when
-	// this sandbox has no freezer cgroup.
-	Freeze(frozen bool) error
+	// Idle holds every process of the sandbox to a thousandth of a CPU
+	// (true), so a session burns next to no CPU between runs, or gives it
+	// back its quota (false). ErrNoCPUControl when the sandbox has no CPU
+	// cgroup.
+	Idle(idle bool) error
 }
 
-// ErrNoFreezer means a sandbox cannot be frozen: no cgroup (an
-// unprivileged server without delegation) or no freezer controller.
-var ErrNoFreezer = errors.New("sandbox: no freezer cgroup")
+// ErrNoCPUControl means a sandbox has no CPU cgroup: an unprivileged
+// server without delegation, or no CPU controller.
+var ErrNoCPUControl = errors.New("sandbox: no CPU cgroup")
 
 // Exit says how a sandbox ended.
 type Exit struct {

@@ -85,7 +85,7 @@ func PostureText(p *engine.Posture) string {
 		{"cgroup namespace", p.Layers.CgroupNamespace}, {"seccomp", p.Layers.Seccomp},
 		{"no_new_privs", p.Layers.NoNewPrivs}, {"capabilities dropped", p.Layers.CapabilitiesDropped},
 		{"cgroup memory", p.Layers.CgroupMemory}, {"cgroup pids", p.Layers.CgroupPids},
-		{"cgroup cpu", p.Layers.CgroupCPU}, {"session freeze", p.Layers.SessionFreeze},
+		{"cgroup cpu", p.Layers.CgroupCPU}, {"session idle quota", p.Layers.SessionIdle},
 		{"rlimits", p.Layers.Rlimits}, {"read-only root", p.Layers.ReadOnlyRoot},
 		{"unprivileged user", p.Layers.UnprivilegedUser}, {"no host root", p.Layers.NoHostRoot},
 		{"/proc masked", p.Layers.ProcMasked}, {"inotify refused", p.Layers.InotifyDenied},

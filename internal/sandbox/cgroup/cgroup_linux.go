@@ -36,9 +36,8 @@ type Info struct {
 	// Pids reports that a limit on the number of tasks can be applied.
 	Pids bool
 	// CPU reports that a CPU quota and weight can be applied (the v1 cpu
-	// hierarchy, or the v2 cpu controller), and Freezer that a group can be
-	// frozen (v1 freezer, v2 cgroup.freeze).
-	CPU, Freezer bool
+	// hierarchy, or the v2 cpu controller).
+	CPU bool
 	// Parent is where child groups are created: one directory on v2; on v1
 	// one "controller=directory" pair per hierarchy, separated by spaces.
 	Parent string
@@ -66,39 +65,54 @@ const cpuPeriod = 100_000
 // quota turns CPUMilli into microseconds per cpuPeriod.
 func (l Limits) quota() int64 { return l.CPUMilli * cpuPeriod / 1000 }
 
-// CanFreeze reports whether the group has a freezer.
-func (g *Group) CanFreeze() bool {
+// Idle CPU quota: 1 ms per second, a thousandth of a CPU. A session is
+// held to it between runs. Freezing would stop it entirely, but a process
+// frozen by the v1 freezer does not act on SIGKILL until thawed, so a
+// server killed while its sessions are frozen would leave them behind,
+// stopped, for ever; a throttled process still dies at once.
+const (
+	idleQuota  = 1_000
+	idlePeriod = 1_000_000
+)
+
+// CanIdle reports whether the group can be held to the idle quota (it has
+// the CPU controller).
+func (g *Group) CanIdle() bool {
 	if g.v2 != nil {
-		return exists(filepath.Join(g.v2.dir, "cgroup.freeze"))
+		return exists(filepath.Join(g.v2.dir, "cpu.max"))
 	}
-	return g.v1.dirs[cgroup1.Freezer] != ""
+	return g.v1.dirs[cgroup1.Cpu] != ""
 }
 
-// Freeze stops every process of the group (they keep their memory and
-// state) until Thaw; frozen processes use no CPU. It waits until the
-// kernel reports the group frozen, for about a second.
-func (g *Group) Freeze() error { return g.setFrozen(true) }
-
-// Thaw lets the processes of a frozen group run again.
-func (g *Group) Thaw() error { return g.setFrozen(false) }
-
-func (g *Group) setFrozen(frozen bool) error {
+// SetIdle holds the group to the idle quota (true), or gives it back the
+// quota it was made with (false).
+func (g *Group) SetIdle(idle bool) error {
 	if err := g.live(); err != nil {
 		return err
 	}
-	var ok bool
-	deadline := time.Now().Add(killTimeout)
-	if g.v2 != nil {
-		ok = g.v2.setFrozen(frozen, deadline)
-	} else {
-		state := "THAWED"
-		if frozen {
-			state = "FROZEN"
-		}
-		ok = g.v1.dirs[cgroup1.Freezer] != "" && setFreezer(g.v1.dirs[cgroup1.Freezer], state, deadline)
+	quota, period := g.lim.quota(), int64(cpuPeriod)
+	if idle {
+		quota, period = idleQuota, idlePeriod
 	}
-	if !ok {
-		return fmt.Errorf("cgroup: %s: could not set frozen=%v", g.Path(), frozen)
+	var err error
+	if g.v2 != nil {
+		v := "max"
+		if quota > 0 {
+			v = strconv.FormatInt(quota, 10)
+		}
+		err = os.WriteFile(filepath.Join(g.v2.dir, "cpu.max"), []byte(v+" "+strconv.FormatInt(period, 10)), 0)
+	} else {
+		d := g.v1.dirs[cgroup1.Cpu]
+		if quota <= 0 {
+			quota = -1
+		}
+		err = os.WriteFile(filepath.Join(d, "cpu.cfs_period_us"), []byte(strconv.FormatInt(period, 10)), 0)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(d, "cpu.cfs_quota_us"), []byte(strconv.FormatInt(quota, 10)), 0)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("cgroup: %s: set idle=%v: %w", g.Path(), idle, err)
 	}
 	return nil
 }
@@ -124,6 +138,7 @@ type Stats struct {
 // Group is one run's control group. Its methods are safe for concurrent use.
 type Group struct {
 	name string
+	lim  Limits
 	v1   *v1Group
 	v2   *v2Group
 
@@ -158,6 +173,12 @@ func (g *Group) Reset() error {
 		return fmt.Errorf("cgroup: reset %s: %w", g.Path(), err)
 	}
 	g.oomBase.Store(g.v1.oomKills())
+	// A session's group may have been left at the idle quota.
+	if g.CanIdle() {
+		if err := g.SetIdle(false); err != nil {
+			return fmt.Errorf("cgroup: reset %s: %w", g.Path(), err)
+		}
+	}
 	return nil
 }
 
@@ -214,7 +235,7 @@ func New(name string, lim Limits) (*Group, error) {
 	if lim.MemoryBytes < 0 || lim.Pids < 0 || lim.CPUMilli < 0 || lim.CPUWeight > 10000 {
 		return nil, fmt.Errorf("cgroup: invalid limits %+v: negative value", lim)
 	}
-	g := &Group{name: name}
+	g := &Group{name: name, lim: lim}
 	var err error
 	switch hostMode() {
 	case ModeV1:

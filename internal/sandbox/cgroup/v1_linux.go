@@ -406,11 +406,9 @@ func detectV1() Info {
 		}
 	}
 
-	if g, err := newV1(probeName(), Limits{CPUMilli: 500}, []cgroup1.Name{cgroup1.Cpu, cgroup1.Freezer}); err == nil {
+	if g, err := newV1(probeName(), Limits{CPUMilli: 500}, []cgroup1.Name{cgroup1.Cpu}); err == nil {
 		q, err := readInt(filepath.Join(g.dirs[cgroup1.Cpu], "cpu.cfs_quota_us"))
 		info.CPU = g.dirs[cgroup1.Cpu] != "" && err == nil && q == 50_000
-		info.Freezer = g.dirs[cgroup1.Freezer] != "" && setFreezer(g.dirs[cgroup1.Freezer], "FROZEN", time.Now().Add(time.Second)) &&
-			setFreezer(g.dirs[cgroup1.Freezer], "THAWED", time.Now().Add(time.Second))
 		g.delete(time.Now().Add(deleteTimeout))
 	}
 

@@ -238,31 +238,6 @@ func (h *v2Host) hasController(c string) bool {
 	return err == nil && slices.Contains(strings.Fields(string(b)), c)
 }
 
-// setFrozen writes cgroup.freeze and waits until cgroup.events says so.
-func (g *v2Group) setFrozen(frozen bool, deadline time.Time) bool {
-	f := filepath.Join(g.dir, "cgroup.freeze")
-	v, want := "0", "frozen 0"
-	if frozen {
-		v, want = "1", "frozen 1"
-	}
-	if os.WriteFile(f, []byte(v), 0) != nil {
-		return false
-	}
-	for i := 0; ; i++ {
-		b, err := os.ReadFile(filepath.Join(g.dir, "cgroup.events"))
-		if err != nil {
-			return false
-		}
-		if strings.Contains(string(b), want) {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		sleepStep(i)
-	}
-}
-
 func (g *v2Group) stats() (Stats, error) {
 	m, err := g.m.StatFiltered(cgroup2.StatPids | cgroup2.StatCPU | cgroup2.StatMemory | cgroup2.StatMemoryEvents)
 	if err != nil {
@@ -430,9 +405,7 @@ func (h *v2Host) detect() Info {
 	if slices.Contains(want, "pids") {
 		info.Pids, reasons = h.probePids(reasons)
 	}
-	// cgroup.freeze exists in every non-root group since 5.2.
 	info.CPU = slices.Contains(avail, "cpu")
-	info.Freezer = exists(filepath.Join(ownDir, "cgroup.freeze")) || exists(filepath.Join(ownDir, baseName, "cgroup.freeze"))
 	info.Reason = joinReasons(reasons)
 	return info
 }
