@@ -99,6 +99,11 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	row("engine: print('hi'), fresh sandbox per run", eng1, base, "of python3 -c pass")
 	row("MCP stdio tools/call run_python print('hi')", mcpStdio, base, "of python3 -c pass")
 	row("  the same with --policy and --audit-log", mcpGoverned, mcpStdio, "of ungoverned MCP")
+	flooded, err := benchUnderFlood(ctx, eng, *n, 8, hello)
+	if err != nil {
+		return err
+	}
+	row("engine: print('hi') with 8 CPU-burning runs in flight", flooded, eng1, "of the same without them")
 
 	if hasPandas {
 		coldPandas, err := measure(max(*n/5, 3), func() error { return exec.Command(*baselinePy, "-c", "import pandas").Run() })

@@ -448,8 +448,14 @@ func (e *Engine) finish(ctx, runCtx context.Context, start time.Time, stdout, st
 // have come near the limit (a real overrun is usually an OOM kill); with
 // RLIMIT_AS only, a MemoryError is how the limit shows.
 func (e *Engine) nearMemoryLimit(exit sandbox.Exit) bool {
-	if exit.PeakMemoryBytes == 0 || e.cfg.Limits.MemoryBytes <= 0 {
-		return true // nothing measured it: RLIMIT_AS enforces the limit
+	cg, ok := e.cfg.Backend.(interface {
+		CgroupSupport() (mem, pids bool, mode, reason string)
+	})
+	if !ok || e.cfg.Limits.MemoryBytes <= 0 {
+		return true
+	}
+	if mem, _, _, _ := cg.CgroupSupport(); !mem {
+		return true // RLIMIT_AS enforces the limit: a MemoryError is how it shows
 	}
 	return exit.PeakMemoryBytes >= e.cfg.Limits.MemoryBytes/2
 }
