@@ -167,7 +167,7 @@ func TestFollow(t *testing.T) {
 				if seq != next {
 					t.Fatalf("followed seq %d, want %d", seq, next)
 				}
-			case <-time.After(5 * time.Second):
+			case <-time.After(30 * time.Second):
 				t.Fatalf("waited for seq %d", next)
 			}
 		}

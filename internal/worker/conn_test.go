@@ -25,7 +25,7 @@ func TestWorkerDiesMidRun(t *testing.T) {
 		if !errors.Is(err, io.ErrUnexpectedEOF) || !strings.HasPrefix(err.Error(), "worker: read reply: ") {
 			t.Errorf("Run(%q) error = %v, want unexpected EOF", code, err)
 		}
-		if d := time.Since(start); d > 20*time.Second {
+		if d := time.Since(start); d > 60*time.Second {
 			t.Errorf("took %v", d)
 		}
 		if _, err2 := w.conn.Run(testContext(t), Request{Code: "1"}); !errors.Is(err2, io.ErrUnexpectedEOF) {
@@ -71,7 +71,7 @@ func TestCloseUnblocksRun(t *testing.T) {
 		if err == nil {
 			t.Error("Run succeeded after Close")
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("Close did not unblock Run")
 	}
 }

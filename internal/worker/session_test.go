@@ -122,7 +122,7 @@ func sessionCases(t *testing.T, python string) {
 		wantError(t, res, "KeyboardInterrupt", 1)
 		// At least the time the worker holds SIGINT back inside an import;
 		// the import itself would never end.
-		if d := time.Since(start); d < 900*time.Millisecond || d > 20*time.Second {
+		if d := time.Since(start); d < 900*time.Millisecond || d > 60*time.Second {
 			t.Errorf("interrupting the endless import took %v", d)
 		}
 		if !strings.Contains(stderr, "endless.py") {
@@ -361,7 +361,7 @@ func interruptRun(t *testing.T, w *testWorker, code string) (*Result, string) {
 		if r.err != nil {
 			t.Fatal(r.err)
 		}
-		if d := time.Since(start); d > 20*time.Second {
+		if d := time.Since(start); d > 60*time.Second {
 			t.Errorf("interrupt took %v", d)
 		}
 		_, stderr := w.output(t)

@@ -152,7 +152,7 @@ func (w *testWorker) exitCode(t *testing.T) int {
 }
 
 func testContext(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a hang guard: 10× a loaded machine
 	t.Cleanup(cancel)
 	return ctx
 }
