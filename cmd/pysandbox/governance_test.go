@@ -73,6 +73,18 @@ func startServe(t *testing.T, addr, baseURL string, client *http.Client, args ..
 	}
 }
 
+// connectHTTP connects an MCP client to url/mcp with a bearer token.
+func connectHTTP(ctx context.Context, t *testing.T, url, token string) *mcp.ClientSession {
+	t.Helper()
+	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: testutil.Bearer(token, nil)}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
 // TestServeGoverned drives the real binary over HTTP with tokens, a
 // policy and an audit log: 401s, identities, a denial, a rate limit, a
 // foreign Host, /metrics, and an audit log that verifies until edited.
@@ -125,16 +137,7 @@ packages:
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	connect := func(token string) *mcp.ClientSession {
-		client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
-		cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: testutil.Bearer(token, nil)}}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cs.Close() })
-		return cs
-	}
-	alice, bob := connect("alice-0123456789abcdef"), connect("bob-0123456789abcdef00")
+	alice, bob := connectHTTP(ctx, t, url, "alice-0123456789abcdef"), connectHTTP(ctx, t, url, "bob-0123456789abcdef00")
 	callTool := func(cs *mcp.ClientSession, name string, args map[string]any) *mcp.CallToolResult {
 		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
 		if err != nil {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,8 +10,6 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/pysandbox/pysandbox/internal/testutil"
 )
 
 // TestServeQuotas: two token holders over HTTP. Alice fills her quota of
@@ -38,16 +35,7 @@ quotas:
 	url := "http://" + addr
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	connect := func(token string) *mcp.ClientSession {
-		client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
-		cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: testutil.Bearer(token, nil)}}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cs.Close() })
-		return cs
-	}
-	alice, bob := connect("alice-0123456789abcdef"), connect("bob-0123456789abcdef00")
+	alice, bob := connectHTTP(ctx, t, url, "alice-0123456789abcdef"), connectHTTP(ctx, t, url, "bob-0123456789abcdef00")
 	run := func(cs *mcp.ClientSession, code string) *mcp.CallToolResult {
 		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": code}})
 		if err != nil {

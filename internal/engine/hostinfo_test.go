@@ -56,6 +56,21 @@ except OSError as e:
 out
 `
 
+// hostInfo is what hostInfoCode returns.
+type hostInfo struct {
+	Masked          map[string]string `json:"masked"`
+	ReadOnly        map[string]bool   `json:"readonly"`
+	CorePattern     string            `json:"core_pattern"`
+	Mountinfo       string            `json:"mountinfo"`
+	Inotify         string            `json:"inotify_init1"`
+	Fanotify        string            `json:"fanotify_init"`
+	Dnotify         string            `json:"dnotify"`
+	Cachestat       string            `json:"cachestat"`
+	UsrLocal        []string          `json:"usr_local"`
+	UsrLocalEtc     bool              `json:"usr_local_etc"`
+	FlockSharedFile string            `json:"flock_shared_file"`
+}
+
 // TestEscapeHostInfo: /proc is masked as runc and Docker mask it (plus the
 // kernel command line and symbols), /proc/sys is read-only, mountinfo
 // names no host home directory, inotify and fanotify are refused, and
@@ -65,21 +80,9 @@ func TestEscapeHostInfo(t *testing.T) {
 	masks := sandbox.DefaultProcMasks()
 	r := escRun(t, e, hostInfoCode, map[string]any{"masked": slices.Concat(masks.Files, masks.Dirs), "readonly": masks.ReadOnly})
 	escWant(t, r, StatusSuccess)
-	var got struct {
-		Masked          map[string]string `json:"masked"`
-		ReadOnly        map[string]bool   `json:"readonly"`
-		CorePattern     string            `json:"core_pattern"`
-		Mountinfo       string            `json:"mountinfo"`
-		Inotify         string            `json:"inotify_init1"`
-		Fanotify        string            `json:"fanotify_init"`
-		Dnotify         string            `json:"dnotify"`
-		Cachestat       string            `json:"cachestat"`
-		UsrLocal        []string          `json:"usr_local"`
-		UsrLocalEtc     bool              `json:"usr_local_etc"`
-		FlockSharedFile string            `json:"flock_shared_file"`
-	}
+	var got hostInfo
 	escReturn(t, r, &got)
-	checkHostInfo(t, got.Masked, got.ReadOnly, got.CorePattern, got.Inotify, got.Fanotify, got.Dnotify, got.Cachestat)
+	checkHostInfo(t, &got)
 	if _, ok := got.Masked["/proc/cmdline"]; !ok {
 		t.Errorf("/proc/cmdline not checked: %v", got.Masked)
 	}
@@ -95,23 +98,23 @@ func TestEscapeHostInfo(t *testing.T) {
 	t.Logf("flock on a shared read-only file: %s (residual channel, see README)", got.FlockSharedFile)
 }
 
-func checkHostInfo(t *testing.T, masked map[string]string, readonly map[string]bool, corePattern, inotify, fanotify, dnotify, cachestat string) {
+func checkHostInfo(t *testing.T, got *hostInfo) {
 	t.Helper()
-	for p, v := range masked {
+	for p, v := range got.Masked {
 		if v != "bytes:0" && v != "dir:" && v != "EACCES" && v != "EPERM" && v != "ENOENT" {
 			t.Errorf("%s shows %s, want empty or unreadable", p, v)
 		}
 	}
-	for p, ro := range readonly {
+	for p, ro := range got.ReadOnly {
 		if !ro {
 			t.Errorf("%s is on a writable mount", p)
 		}
 	}
-	if corePattern == "written" {
+	if got.CorePattern == "written" {
 		t.Errorf("/proc/sys/kernel/core_pattern was written")
 	}
-	if inotify != "EPERM" || fanotify != "EPERM" || dnotify != "EPERM" || cachestat != "EPERM" {
-		t.Errorf("inotify_init1 %s, fanotify_init %s, fcntl(F_NOTIFY) %s, cachestat %s: want EPERM", inotify, fanotify, dnotify, cachestat)
+	if got.Inotify != "EPERM" || got.Fanotify != "EPERM" || got.Dnotify != "EPERM" || got.Cachestat != "EPERM" {
+		t.Errorf("inotify_init1 %s, fanotify_init %s, fcntl(F_NOTIFY) %s, cachestat %s: want EPERM", got.Inotify, got.Fanotify, got.Dnotify, got.Cachestat)
 	}
 }
 
@@ -125,15 +128,7 @@ func TestEscapeHostInfoBwrap(t *testing.T) {
 	masks := sandbox.DefaultProcMasks()
 	r := escRun(t, e, hostInfoCode, map[string]any{"masked": slices.Concat(masks.Files, masks.Dirs), "readonly": masks.ReadOnly})
 	escWant(t, r, StatusSuccess)
-	var got struct {
-		Masked      map[string]string `json:"masked"`
-		ReadOnly    map[string]bool   `json:"readonly"`
-		CorePattern string            `json:"core_pattern"`
-		Inotify     string            `json:"inotify_init1"`
-		Fanotify    string            `json:"fanotify_init"`
-		Dnotify     string            `json:"dnotify"`
-		Cachestat   string            `json:"cachestat"`
-	}
+	var got hostInfo
 	escReturn(t, r, &got)
-	checkHostInfo(t, got.Masked, got.ReadOnly, got.CorePattern, got.Inotify, got.Fanotify, got.Dnotify, got.Cachestat)
+	checkHostInfo(t, &got)
 }

@@ -90,15 +90,19 @@ func OpenWorkspace(pid int) (*os.File, error) {
 }
 
 // MemoryCurrent reads a cgroup's memory usage, 0 when there is none.
-func MemoryCurrent(cg *cgroup.Group) int64 {
+func MemoryCurrent(cg *cgroup.Group) int64 { return stats(cg).MemoryCurrentBytes }
+
+// CPUUsage reads a cgroup's CPU time so far, 0 when there is none.
+func CPUUsage(cg *cgroup.Group) time.Duration { return stats(cg).CPUUsage }
+
+// stats reads a cgroup's counters, all zero when there is none or it
+// cannot be read.
+func stats(cg *cgroup.Group) cgroup.Stats {
 	if cg == nil {
-		return 0
+		return cgroup.Stats{}
 	}
-	st, err := cg.Stats()
-	if err != nil {
-		return 0
-	}
-	return st.MemoryCurrentBytes
+	st, _ := cg.Stats()
+	return st
 }
 
 // Idle sets a cgroup idle or not (ErrNoCPUControl when there is none);
@@ -108,16 +112,4 @@ func Idle(cg *cgroup.Group, idle bool) error {
 		return ErrNoCPUControl
 	}
 	return cg.SetIdle(idle)
-}
-
-// CPUUsage reads a cgroup's CPU time so far, 0 when there is none.
-func CPUUsage(cg *cgroup.Group) time.Duration {
-	if cg == nil {
-		return 0
-	}
-	st, err := cg.Stats()
-	if err != nil {
-		return 0
-	}
-	return st.CPUUsage
 }
