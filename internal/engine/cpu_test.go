@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -91,7 +93,30 @@ x = 41`)
 	}
 	// During a run the background work goes on again.
 	r = srun(t, s, id, "import time\ntime.sleep(0.5)")
+	if r.CPUTimeMS < 100 {
+		t.Errorf("a session run's CPU time (its background work ran) is %d ms", r.CPUTimeMS)
+	}
 	if cpu()-after < 100 {
 		t.Errorf("the session's background work did not run during a run: %d ms", cpu()-after)
+	}
+}
+
+// TestSessionOutputFlood: a session run that floods its output far beyond
+// the cap is interrupted (the session survives); one that ignores the
+// interrupt is killed with its session. The server stops copying either
+// way, long before the timeout.
+func TestSessionOutputFlood(t *testing.T) {
+	s := newSessions(t, func(c *Config) { c.MaxOutput = 4096 }, SessionConfig{})
+	id := create(t, s)
+	r, err := s.Run(context.Background(), id, RunRequest{Code: "import os\nx = 1\nwhile True:\n    os.write(1, b'x' * 65536)", Timeout: time.Minute})
+	if err != nil || r.Status != StatusOutputLimit {
+		t.Fatalf("flood: %v %+v", err, r)
+	}
+	if r := srun(t, s, id, "x + 41"); fmt.Sprint(r.ReturnValue) != "42" {
+		t.Fatalf("the session after an interrupted flood: %+v", r)
+	}
+	r, err = s.Run(context.Background(), id, RunRequest{Code: "import os\nwhile True:\n    try:\n        os.write(1, b'x' * 65536)\n    except KeyboardInterrupt:\n        pass", Timeout: time.Minute})
+	if err != nil || r.Status != StatusOutputLimit || !strings.Contains(r.Message, "session has ended") {
+		t.Fatalf("a flood that ignores the interrupt: %v %+v", err, r)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"regexp"
 	"strings"
@@ -525,6 +526,37 @@ func decodeReturn(raw json.RawMessage) any {
 	var v any
 	if err := dec.Decode(&v); err != nil {
 		return string(raw)
+	}
+	return safeNumbers(v)
+}
+
+// safeNumbers replaces numbers that a JSON client decoding into float64
+// (the MCP SDK itself, when it checks the output schema) would round or
+// fail on with their digits as strings: integers beyond 2^53, and values
+// beyond float64's range.
+func safeNumbers(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		f, err := x.Float64()
+		if err != nil || math.IsInf(f, 0) {
+			return x.String()
+		}
+		if i, err := x.Int64(); err == nil {
+			if i > 1<<53 || i < -(1<<53) {
+				return x.String()
+			}
+		} else if !strings.ContainsAny(x.String(), ".eE") {
+			return x.String() // an integer too large for int64
+		}
+		return x
+	case []any:
+		for i := range x {
+			x[i] = safeNumbers(x[i])
+		}
+	case map[string]any:
+		for k := range x {
+			x[k] = safeNumbers(x[k])
+		}
 	}
 	return v
 }

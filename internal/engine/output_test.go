@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -111,5 +112,16 @@ func TestCaptureKeepsWholeCharacters(t *testing.T) {
 	}
 	if got, _ := c.String(); strings.ContainsRune(got, utf8.RuneError) {
 		t.Errorf("emoji: %q", got)
+	}
+}
+
+// TestSafeNumbers: numbers a float64 decoder would round or reject come
+// back as their digits.
+func TestSafeNumbers(t *testing.T) {
+	got := decodeReturn([]byte(`{"a":[1,2.5,9007199254740993,1e400,-18446744073709551616],"b":42}`))
+	b, _ := json.Marshal(got)
+	want := `{"a":[1,2.5,"9007199254740993","1e400","-18446744073709551616"],"b":42}`
+	if string(b) != want {
+		t.Errorf("got %s, want %s", b, want)
 	}
 }

@@ -380,9 +380,7 @@ func (sess *Session) info() SessionInfo {
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	i := SessionInfo{ID: sess.ID, Created: sess.Created.UTC(), LastUsed: sess.lastUsed.UTC(), ExpiresAt: sess.lastUsed.Add(sess.TTL).UTC(), Runs: sess.runs, Owner: sess.Owner}
-	if c, ok := sess.sb.(interface{ CPUUsage() time.Duration }); ok {
-		i.CPUTimeMS = c.CPUUsage().Milliseconds()
-	}
+	i.CPUTimeMS = sessionCPU(sess).Milliseconds()
 	if m, ok := sess.sb.(interface{ MemoryCurrent() int64 }); ok {
 		i.MemoryBytes = m.MemoryCurrent()
 	}
@@ -467,6 +465,7 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	}
 	sess.touch()
 	defer sess.touch()
+	cpuBefore := sessionCPU(sess)
 	// Between runs the session's processes get a thousandth of a CPU:
 	// background threads and processes it started do next to nothing until
 	// its next run (and, unlike frozen ones, still die at once if killed).
@@ -504,6 +503,23 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	defer stopCancel()
 	callCtx, cancel := context.WithTimeout(context.Background(), timeout+grace)
 	defer cancel()
+	// An output flood far beyond the cap is interrupted, as a one-shot
+	// run's is stopped: the server copies every byte, so it would
+	// otherwise pay for it until the timeout. Code that ignores the
+	// interrupt is killed after the grace period, and the session with it.
+	flood := int64(s.e.cfg.MaxOutput) * 16
+	for _, c := range []*capture{stdout, stderr} {
+		c.mu.Lock()
+		c.limit, c.onOverflow = flood, func() {
+			select {
+			case interrupted <- "output":
+			default:
+			}
+			sess.sb.(sandbox.Sessioner).Interrupt()
+			time.AfterFunc(grace, cancel)
+		}
+		c.mu.Unlock()
+	}
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -549,6 +565,11 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 		exit = sess.sb.Wait()
 	}
 	r := s.e.finish(ctx, callCtx, start, stdout, stderr, res, runErr, exit, timeout)
+	if d := sessionCPU(sess) - cpuBefore; d > 0 {
+		// The session's cgroup outlives the run: its CPU time is the
+		// difference (including what its background work did meanwhile).
+		r.CPUTimeMS = d.Milliseconds()
+	}
 	// A SIGINT that raced with the run's normal end interrupted nothing.
 	interruptedRun := res != nil && res.Error != nil && res.Error.Type == "KeyboardInterrupt"
 	switch {
@@ -558,6 +579,9 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	case why == "cancelled" && interruptedRun:
 		r.Status, r.ExitCode = StatusCancelled, -1
 		r.Message = "the run was cancelled and interrupted (KeyboardInterrupt); the session and its state are kept"
+	case why == "output" && runErr == nil:
+		r.Status = StatusOutputLimit
+		r.Message = fmt.Sprintf("the run printed more than %d bytes and was interrupted (KeyboardInterrupt); the session and its state are kept. Print less, or write large results to a file", flood)
 	case runErr != nil:
 		whyDead := describeExit(exit, s.e.cfg.Limits.MemoryBytes)
 		switch {
@@ -567,6 +591,9 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 		case why == "cancelled":
 			r.Status, r.ExitCode = StatusCancelled, -1
 			whyDead = "the run was cancelled and the worker did not stop, so it was killed"
+		case why == "output":
+			r.Status, r.ExitCode = StatusOutputLimit, -1
+			whyDead = fmt.Sprintf("the run printed more than %d bytes and did not stop when interrupted, so it was killed", flood)
 		}
 		r.Message = "the session has ended: " + whyDead + "; its state is lost. Create a new session with create_session"
 		sess.mu.Lock()
@@ -744,4 +771,12 @@ func (s *Sessions) idle(sess *Session, idle bool) {
 	if err := ssr.Idle(idle); err != nil && !errors.Is(err, sandbox.ErrNoCPUControl) {
 		s.e.log.Warn("session: idle quota", "session", sess.ID, "idle", idle, "err", err)
 	}
+}
+
+// sessionCPU is the CPU time a session's cgroup has used so far.
+func sessionCPU(sess *Session) time.Duration {
+	if c, ok := sess.sb.(interface{ CPUUsage() time.Duration }); ok {
+		return c.CPUUsage()
+	}
+	return 0
 }

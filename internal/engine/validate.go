@@ -24,7 +24,7 @@ func (e *Engine) withWorker(ctx context.Context, f func(*worker.Conn) error) err
 	defer cancel()
 	sb, err := e.cfg.Backend.Start(ctx, e.spec(false, io.Discard, io.Discard))
 	if err != nil {
-		return fmt.Errorf("engine: %w", err)
+		return startError(err)
 	}
 	defer sb.Close()
 	conn := worker.NewConn(sb.Control())

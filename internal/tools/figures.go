@@ -89,6 +89,9 @@ func (s *server) addFigureResources(srv *mcp.Server) {
 		if !ok {
 			return nil, mcp.ResourceNotFoundError(req.Params.URI)
 		}
+		if int64(len(png)) > s.maxDownload {
+			return nil, fmt.Errorf("this figure is %d bytes, more than the %d this server returns in one reply (--max-reply); draw it smaller (figsize, dpi)", len(png), s.maxDownload)
+		}
 		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, MIMEType: "image/png", Blob: png}}}, nil
 	})
 }

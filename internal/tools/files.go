@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"mime"
@@ -174,16 +175,35 @@ func (s *server) listFiles(ctx context.Context, req *mcp.CallToolRequest, in Lis
 	if out.Files == nil {
 		out.Files = []workspace.FileInfo{}
 	}
+	text := listText(out)
+	// Names are hostile: 1000 entries of 8 KiB paths full of characters
+	// JSON escapes six times over would make a reply of ~100 MB. Keep the
+	// entries that fit the reply limit (structured and text together).
+	for n := len(out.Files); encodedLen(out)+encodedLen(text) > s.maxReply-replyOverhead && n > 0; {
+		n /= 2
+		out.Files, out.Truncated = out.Files[:n], true
+		text = listText(out)
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, out, nil
+}
+
+func listText(out *ListFilesOutput) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d entries in /work", len(out.Files))
 	if out.Truncated {
-		fmt.Fprintf(&b, " (truncated at %d)", maxListEntries)
+		b.WriteString(" (truncated: list a subdirectory to see the rest)")
 	}
 	b.WriteString("\n")
 	for _, f := range out.Files {
 		fmt.Fprintf(&b, "%-7s %10d  %s  %s\n", f.Type, f.Size, f.ModTime.Format("2006-01-02T15:04:05Z07:00"), f.Path)
 	}
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: b.String()}}}, out, nil
+	return b.String()
+}
+
+// encodedLen is v's size as JSON, as it goes on the wire.
+func encodedLen(v any) int64 {
+	b, _ := json.Marshal(v)
+	return int64(len(b))
 }
 
 func (s *server) downloadFile(ctx context.Context, req *mcp.CallToolRequest, in DownloadFileInput) (*mcp.CallToolResult, *FileOutput, error) {
@@ -215,7 +235,7 @@ func (s *server) downloadFile(ctx context.Context, req *mcp.CallToolRequest, in 
 	}
 	mt := mimeType(p, data)
 	out := &FileOutput{Path: p, Size: int64(len(data)), MIMEType: mt, URI: uri, Inline: true}
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.EmbeddedResource{Resource: contents(uri, mt, data)}}}, out, nil
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.EmbeddedResource{Resource: s.contents(uri, mt, data)}}}, out, nil
 }
 
 // readFileResource serves resources/read for session files.
@@ -241,12 +261,14 @@ func (s *server) readFileResource(ctx context.Context, req *mcp.ReadResourceRequ
 		}
 		return nil, mcp.ResourceNotFoundError(uri)
 	}
-	return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{contents(uri, mimeType(p, data), data)}}, nil
+	return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{s.contents(uri, mimeType(p, data), data)}}, nil
 }
 
-// contents is text when the data is UTF-8 text, a blob otherwise.
-func contents(uri, mt string, data []byte) *mcp.ResourceContents {
-	if isText(data) {
+// contents is text when the data is UTF-8 text whose JSON fits the reply
+// limit (control characters take six bytes each once escaped), a blob
+// otherwise (base64: 4/3 of the bytes, which maxDownload keeps in bounds).
+func (s *server) contents(uri, mt string, data []byte) *mcp.ResourceContents {
+	if isText(data) && encodedLen(string(data)) <= s.maxReply-replyOverhead {
 		return &mcp.ResourceContents{URI: uri, MIMEType: mt, Text: string(data)}
 	}
 	return &mcp.ResourceContents{URI: uri, MIMEType: mt, Blob: data}

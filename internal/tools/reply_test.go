@@ -144,3 +144,39 @@ func replySize(t *testing.T, res *mcp.CallToolResult) int {
 	}
 	return len(b)
 }
+
+// TestListAndReadBounded: hostile file names (JSON-escaped six times over)
+// and control-character text cannot make list_files or a file read exceed
+// the reply limit.
+func TestListAndReadBounded(t *testing.T) {
+	const limit = 256 << 10
+	cs := connectWith(t, nil, func(o *Options) { o.MaxReplyBytes = limit })
+	id := newSession(t, cs)
+	call(t, cs, "run_python", map[string]any{"session_id": id, "code": "for i in range(400):\n    open('<' * 200 + str(i), 'w').close()\nopen('ctl.txt', 'w').write('\\x01' * 150000)"})
+	res, out := call(t, cs, "list_files", map[string]any{"session_id": id})
+	if size := replySize(t, res); size > limit || out["truncated"] != true {
+		t.Errorf("list_files: %d bytes (limit %d), truncated %v", size, limit, out["truncated"])
+	}
+	res, _ = call(t, cs, "download_file", map[string]any{"session_id": id, "path": "ctl.txt"})
+	if size := replySize(t, res); size > limit || res.IsError {
+		t.Errorf("download_file of control characters: %d bytes (limit %d): %s", size, limit, text(res))
+	}
+}
+
+// TestDeepInputsRefused: inputs nested deeper than Python's JSON decoder
+// can follow are refused before any sandbox starts.
+func TestDeepInputsRefused(t *testing.T) {
+	cs := connect(t, nil)
+	var v any = 1
+	for range 990 {
+		v = []any{v}
+	}
+	res, out := call(t, cs, "run_python", map[string]any{"code": "len(str(a))", "inputs": map[string]any{"a": v}})
+	if !res.IsError || out["status"] != "invalid_request" || !strings.Contains(text(res), "nested") {
+		t.Errorf("990-deep input: %v %s", out["status"], text(res))
+	}
+	shallow := []any{[]any{[]any{"x"}}}
+	if res, out := call(t, cs, "run_python", map[string]any{"code": "a[0][0][0]", "inputs": map[string]any{"a": shallow}}); res.IsError || out["return_value"] != "x" {
+		t.Errorf("shallow input: %s", text(res))
+	}
+}

@@ -118,6 +118,9 @@ func (s *server) checkRunInput(in RunPythonInput) (engine.RunRequest, string) {
 				return run, fmt.Sprintf("inputs[%q] is not JSON: %v", k, err)
 			}
 			total += len(b)
+			if jsonDepth(b) > maxInputDepth {
+				return run, fmt.Sprintf("inputs[%q] is nested more than %d levels deep; flatten it.", k, maxInputDepth)
+			}
 			run.Inputs[k] = b
 		}
 		if total > MaxCodeBytes*8 {
@@ -126,6 +129,36 @@ func (s *server) checkRunInput(in RunPythonInput) (engine.RunRequest, string) {
 	}
 	run.Code = in.Code
 	return run, ""
+}
+
+// maxInputDepth bounds the nesting of an input value: Python's JSON
+// decoder recurses once per level and would fail on a few hundred.
+const maxInputDepth = 200
+
+// jsonDepth is the deepest nesting of arrays and objects in JSON text.
+func jsonDepth(b []byte) int {
+	depth, deepest, inString, escaped := 0, 0, false, false
+	for _, c := range b {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			depth++
+			deepest = max(deepest, depth)
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return deepest
 }
 
 // checkCode refuses code that cannot be valid before any sandbox starts.

@@ -114,6 +114,9 @@ func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, i
 		if ctx.Err() != nil || errors.Is(err, context.Canceled) {
 			return refusal(engine.StatusCancelled, "The call was cancelled."), nil, nil
 		}
+		if errors.Is(err, engine.ErrBusy) {
+			return busyResult(err), nil, nil
+		}
 		return refusal(engine.StatusSandboxError, fmt.Sprintf("The sandbox could not compile the code: %v. Run check_environment to see whether the sandbox works on this server.", err)), nil, nil
 	}
 	if !v.Valid {

@@ -1597,10 +1597,10 @@ def _handle(sock, line, session):
     """Answer one request. Returns the exit code of a run, else None."""
     try:
         req = _loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # inputs nested too deeply, too
         req = None
     if not isinstance(req, dict):
-        _send_error(sock, "", "request is not a JSON object")
+        _send_error(sock, "", "request is not a JSON object (or nested too deeply)")
         return None
     rid = req.get("id")
     if not isinstance(rid, str):

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -21,8 +20,7 @@ var staleName = regexp.MustCompile(`^(?:sb|pool|pysandbox-probe)-([0-9]+)-[0-9]+
 // Reclaim removes the groups that servers which are gone left behind: a
 // server killed with SIGKILL, or by the OOM killer, cannot delete its
 // groups, and nothing else would. A group is stale when the pid in its name
-// is not running, or is running but started after the group was made (the
-// pid was reused). Groups of live servers, this one included, are left
+// is not running. Groups of live servers, this one included, are left
 // alone, so Reclaim is safe while other servers run beside it. Processes
 // still in a stale group are killed first. It returns the groups removed.
 func Reclaim() (removed []string, err error) {
@@ -65,7 +63,7 @@ func Reclaim() (removed []string, err error) {
 			}
 			dir := filepath.Join(parent, e.Name())
 			pid, _ := strconv.Atoi(m[1])
-			if !stale(dir, pid) {
+			if !stale(pid) {
 				continue
 			}
 			if err := removeStale(dir); err != nil {
@@ -78,49 +76,17 @@ func Reclaim() (removed []string, err error) {
 	return removed, errors.Join(errs...)
 }
 
-// stale reports whether the server that made dir (pid) is gone.
-func stale(dir string, pid int) bool {
+// stale reports whether the server that made a group (pid) is gone. A
+// running pid is never stale, even if it may be a reused one: comparing
+// start times would trust the wall clock, and a clock stepped forward
+// would make a live server's groups look stale, and kill its sandboxes.
+// A group behind a reused pid waits for that process to end.
+func stale(pid int) bool {
 	if pid == os.Getpid() {
 		return false
 	}
-	start, ok := processStart(pid)
-	if !ok {
-		return true // no such process
-	}
-	var st unix.Stat_t
-	if unix.Stat(dir, &st) != nil {
-		return false
-	}
-	made := time.Unix(st.Ctim.Sec, st.Ctim.Nsec)
-	// A process that started after the group existed cannot have made it.
-	return start.After(made.Add(time.Second))
-}
-
-// processStart is when pid started, from /proc/PID/stat and the boot time.
-func processStart(pid int) (time.Time, bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return time.Time{}, false
-	}
-	// Fields after the command (which may hold spaces and parentheses).
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return time.Time{}, false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return time.Time{}, false
-	}
-	ticks, err := strconv.ParseInt(f[19], 10, 64) // starttime, field 22
-	if err != nil {
-		return time.Time{}, false
-	}
-	var info unix.Sysinfo_t
-	if unix.Sysinfo(&info) != nil {
-		return time.Time{}, false
-	}
-	boot := time.Now().Add(-time.Duration(info.Uptime) * time.Second)
-	return boot.Add(time.Duration(ticks) * time.Second / 100), true // USER_HZ is 100 on Linux
+	err := unix.Kill(pid, 0)
+	return errors.Is(err, unix.ESRCH)
 }
 
 // removeStale kills what is left in dir (thawing it first) and removes it.
