@@ -98,8 +98,12 @@ func PostureText(p *engine.Posture) string {
 		fmt.Fprintf(&b, "  [%s] %-21s %s\n", mark, l.name, l.l.Detail)
 	}
 	lim := p.Limits
-	fmt.Fprintf(&b, "limits: memory %d MiB (%s), processes %d, scratch %d MiB, output %d KiB per stream, timeout %ds (max %ds), %d concurrent runs + %d queued\n",
-		lim.MemoryBytes>>20, lim.MemoryEnforcedBy, lim.MaxProcs, lim.TmpBytes>>20, lim.MaxOutputBytes>>10,
+	cpu := "no CPU quota"
+	if lim.CPUs > 0 {
+		cpu = fmt.Sprintf("%.2g CPU", lim.CPUs)
+	}
+	fmt.Fprintf(&b, "limits: memory %d MiB (%s), %s, processes %d, scratch %d MiB, output %d KiB per stream, timeout %ds (max %ds), %d concurrent runs + %d queued\n",
+		lim.MemoryBytes>>20, lim.MemoryEnforcedBy, cpu, lim.MaxProcs, lim.TmpBytes>>20, lim.MaxOutputBytes>>10,
 		lim.DefaultTimeoutSeconds, lim.MaxTimeoutSeconds, lim.MaxConcurrent, lim.MaxQueue)
 	if p.Pool != nil {
 		fmt.Fprintf(&b, "warm pool: %d ready per zygote, preloaded %v", p.Pool.Size, p.Pool.Preloaded)
