@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"errors"
-
 	"os"
 	"path/filepath"
 

@@ -240,9 +240,6 @@ type Probe struct {
 	// UsrLocal lists what /usr/local holds ("lib" when only the Python
 	// directories are shown).
 	UsrLocal []string `json:"usr_local"`
-	// HostPaths are the mount sources in /proc/self/mountinfo that name a
-	// host path other than where they are mounted inside.
-	HostPaths []string `json:"host_paths"`
 	// Landlock is the Landlock ABI version the kernel offers (0: none) and
 	// whether this process is restricted by a Landlock domain.
 	LandlockABI int `json:"landlock_abi"`

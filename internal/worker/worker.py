@@ -801,30 +801,18 @@ def _inotify():
         return "%s: %s" % (type(e).__name__, e)
 
 
-def _mount_host_paths():
-    """Mount sources in mountinfo that name another path than the mount
-    point (a bind of a host directory shows its host path there)."""
-    out = []
-    for line in _read_text("/proc/self/mountinfo").splitlines():
-        fields = line.split(" ")
-        if len(fields) < 5:
-            continue
-        root, point = fields[3], fields[4]
-        # Paths of sandbox-made filesystems (tmpfs, proc, /dev/null binds)
-        # are one level deep; only a bind of a host path goes deeper.
-        if root != point and root.count("/") > 1 and not root.endswith("//deleted"):
-            out.append(root)
-    return out
+def _landlock_abi(libc, ctypes):
+    """The kernel's Landlock ABI version, 0 without Landlock:
+    landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)."""
+    v = libc.syscall(ctypes.c_long(LL_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    return v if v > 0 else 0
 
 
-def _landlock_abi():
+def _probe_landlock_abi():
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
-        v = libc.syscall(444, None, 0, 1)
-        return v if v > 0 else 0
+        return _landlock_abi(ctypes.CDLL(None, use_errno=True), ctypes)
     except Exception:
         return 0
 
@@ -838,8 +826,7 @@ def _probe(req=None):
         "root_writable": False, "tmp_writable": False,
         "uid_map": _read_text("/proc/self/uid_map"),
         "exposed": _exposed(req.get("hidden"), req.get("readonly")),
-        "inotify": _inotify(), "usr_local": [], "host_paths": _mount_host_paths(),
-        "landlock_abi": _landlock_abi(),
+        "inotify": _inotify(), "usr_local": [], "landlock_abi": _probe_landlock_abi(),
     }
     try:
         p["usr_local"] = sorted(os.listdir("/usr/local"))
@@ -1386,7 +1373,7 @@ def _landlock_prepare(ctx, writable):
     libc, ctypes, struct = ctx["libc"], ctx["ctypes"], ctx["struct"]
     sc = libc.syscall
     sc.restype = ctypes.c_long
-    abi = sc(ctypes.c_long(LL_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    abi = _landlock_abi(libc, ctypes)
     if abi <= 0 or not writable:
         return None
     handled, file_rights = LL_WRITE_V1, LL_WRITE_FILE
