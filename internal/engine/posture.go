@@ -260,7 +260,8 @@ func (e *Engine) Measure(ctx context.Context, interpreters []*interp.Interpreter
 		}
 	}
 	if cb, ok := e.cfg.Backend.(interface{ CPUSupport() bool }); ok {
-		switch cpu := cb.CPUSupport(); {
+		cpu := cb.CPUSupport()
+		switch {
 		case cpu && e.cfg.Limits.CPUMilli > 0:
 			L.CgroupCPU = Layer{Active: true, Detail: fmt.Sprintf("%.2g CPU per run", float64(e.cfg.Limits.CPUMilli)/1000)}
 			p.Limits.CPUs = float64(e.cfg.Limits.CPUMilli) / 1000
@@ -269,12 +270,13 @@ func (e *Engine) Measure(ctx context.Context, interpreters []*interp.Interpreter
 		default:
 			L.CgroupCPU = Layer{Detail: "no cgroup CPU controller here: runs share the CPU, bounded by RLIMIT_CPU and the timeout"}
 		}
-		if cb.CPUSupport() && p.Backend == string(sandbox.KindBwrap) {
-			L.SessionIdle = Layer{Detail: "bwrap sessions keep their run quota between runs"}
-		} else if cb.CPUSupport() {
-			L.SessionIdle = Layer{Active: true, Detail: "a session's processes get a thousandth of a CPU between runs"}
-		} else {
+		switch {
+		case !cpu:
 			L.SessionIdle = Layer{Detail: "no CPU cgroup: a session's background work runs between runs, bounded by RLIMIT_CPU"}
+		case p.Backend == string(sandbox.KindBwrap):
+			L.SessionIdle = Layer{Detail: "bwrap sessions keep their run quota between runs"}
+		default:
+			L.SessionIdle = Layer{Active: true, Detail: "a session's processes get a thousandth of a CPU between runs"}
 		}
 	}
 	if !L.CgroupMemory.Active && pr.Rlimits["AS"][0] > 0 {

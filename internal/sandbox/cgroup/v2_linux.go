@@ -173,7 +173,9 @@ func (h *v2Host) newGroup(name string, lim Limits) (*v2Group, error) {
 	if lim.Pids > 0 {
 		controllers = append(controllers, "pids")
 	}
-	if (lim.CPUMilli > 0 || lim.CPUWeight > 0) && h.hasController("cpu") {
+	if lim.CPUMilli > 0 || lim.CPUWeight > 0 {
+		// Callers ask for CPU limits only where Detect found the
+		// controller (Info.CPU), as for memory and pids.
 		controllers = append(controllers, "cpu")
 	}
 	base, baseDir, err := h.prepare(controllers)
@@ -225,17 +227,6 @@ func (h *v2Host) newGroup(name string, lim Limits) (*v2Group, error) {
 		}
 	}
 	return g, nil
-}
-
-// hasController reports whether our own group can hand controller c to
-// its children.
-func (h *v2Host) hasController(c string) bool {
-	own, err := h.ownGroup()
-	if err != nil {
-		return false
-	}
-	b, err := os.ReadFile(filepath.Join(h.mount, own, "cgroup.controllers"))
-	return err == nil && slices.Contains(strings.Fields(string(b)), c)
 }
 
 func (g *v2Group) stats() (Stats, error) {
