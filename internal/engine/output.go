@@ -102,6 +102,14 @@ func (c *capture) String() (string, bool) {
 		strings.ToValidUTF8(string(tail), "\uFFFD"), true
 }
 
+// Ends returns about n bytes of s, n/2 from each end, both cut at
+// character boundaries (as a capture cuts a stream), for a caller that
+// shortens text further and marks the middle itself.
+func Ends(s string, n int) (head, tail string) {
+	half := min(n/2, len(s))
+	return string(wholeHead([]byte(s[:half]))), string(wholeTail([]byte(s[len(s)-half:])))
+}
+
 // wholeHead drops an incomplete UTF-8 sequence from the end of b.
 func wholeHead(b []byte) []byte {
 	for i := 1; i <= utf8.UTFMax && i <= len(b); i++ {
@@ -116,14 +124,17 @@ func wholeHead(b []byte) []byte {
 }
 
 // wholeTail drops the continuation bytes of a character cut in two from
-// the start of b.
+// the start of b (all of b when it is only such bytes).
 func wholeTail(b []byte) []byte {
 	for i := 0; i < utf8.UTFMax && i < len(b); i++ {
 		if utf8.RuneStart(b[i]) {
 			return b[i:]
 		}
 	}
-	return b
+	if len(b) < utf8.UTFMax {
+		return b[len(b):]
+	}
+	return b // not UTF-8 at all: ToValidUTF8 marks it
 }
 
 // Total is the number of bytes written so far.

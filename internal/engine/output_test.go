@@ -125,3 +125,17 @@ func TestSafeNumbers(t *testing.T) {
 		t.Errorf("got %s, want %s", b, want)
 	}
 }
+
+// TestEnds: the ends kept are whole characters, about n/2 bytes each.
+func TestEnds(t *testing.T) {
+	s := strings.Repeat("世", 100) // 300 bytes
+	for n := 0; n < 40; n++ {
+		h, tl := Ends(s, n)
+		if !utf8.ValidString(h) || !utf8.ValidString(tl) || len(h) > n/2 || len(tl) > n/2 || n/2-len(h) > 2 || n/2-len(tl) > 2 {
+			t.Errorf("n %d: %q %q", n, h, tl)
+		}
+	}
+	if h, tl := Ends("abc", 100); h != "abc" || tl != "abc" {
+		t.Errorf("short: %q %q", h, tl)
+	}
+}

@@ -1,7 +1,6 @@
 package tools
 
 import (
-	"encoding/json"
 	"fmt"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -28,11 +27,7 @@ const replyOverhead = 16 << 10
 // where one '<' of output takes six bytes.
 func (s *server) boundReply(res *engine.Result, sessionID, owner string) []mcp.Content {
 	budget := s.maxReply - replyOverhead
-	size := func() int64 {
-		b, _ := json.Marshal(res)
-		t, _ := json.Marshal(summary(res))
-		return int64(len(b) + len(t))
-	}
+	size := func() int64 { return encodedLen(res) + encodedLen(summary(res)) }
 	cut := false
 	for n := 0; size() > budget/2 && n < 40; n++ {
 		// Text takes at most half the budget, so that figures are not
@@ -78,26 +73,8 @@ func shrinkLargest(res *engine.Result) bool {
 // keepEnds keeps about n bytes of s, half from each end, cut at character
 // boundaries, with a mark where the middle was.
 func keepEnds(s string, n int) string {
-	h := wholePrefix(s, n/2)
-	t := wholeSuffix(s, n/2)
-	return s[:h] + fmt.Sprintf("\n[... %d bytes cut to fit the reply limit ...]\n", len(s)-h-(len(s)-t)) + s[t:]
-}
-
-// wholePrefix is the largest i <= n at a character boundary of s.
-func wholePrefix(s string, n int) int {
-	for n > 0 && n < len(s) && s[n]&0xC0 == 0x80 {
-		n--
-	}
-	return min(n, len(s))
-}
-
-// wholeSuffix is the smallest index >= len(s)-n at a character boundary.
-func wholeSuffix(s string, n int) int {
-	i := max(len(s)-n, 0)
-	for i < len(s) && s[i]&0xC0 == 0x80 {
-		i++
-	}
-	return i
+	head, tail := engine.Ends(s, n)
+	return head + fmt.Sprintf("\n[... %d bytes cut to fit the reply limit ...]\n", len(s)-len(head)-len(tail)) + tail
 }
 
 func joinMessage(a, b string) string {
