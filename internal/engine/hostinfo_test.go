@@ -77,12 +77,7 @@ type hostInfo struct {
 // /usr/local shows only the interpreter's site directories.
 func TestEscapeHostInfo(t *testing.T) {
 	e := escEngine(t, nil)
-	masks := sandbox.DefaultProcMasks()
-	r := escRun(t, e, hostInfoCode, map[string]any{"masked": slices.Concat(masks.Files, masks.Dirs), "readonly": masks.ReadOnly})
-	escWant(t, r, StatusSuccess)
-	var got hostInfo
-	escReturn(t, r, &got)
-	checkHostInfo(t, &got)
+	got := runHostInfo(t, e)
 	if _, ok := got.Masked["/proc/cmdline"]; !ok {
 		t.Errorf("/proc/cmdline not checked: %v", got.Masked)
 	}
@@ -96,6 +91,19 @@ func TestEscapeHostInfo(t *testing.T) {
 		t.Errorf("/usr/local shows %v (etc: %v), want at most lib/python3.*", got.UsrLocal, got.UsrLocalEtc)
 	}
 	t.Logf("flock on a shared read-only file: %s (residual channel, see README)", got.FlockSharedFile)
+}
+
+// runHostInfo runs hostInfoCode in e and checks what every backend must
+// hold (checkHostInfo).
+func runHostInfo(t *testing.T, e *Engine) *hostInfo {
+	t.Helper()
+	masks := sandbox.DefaultProcMasks()
+	r := escRun(t, e, hostInfoCode, map[string]any{"masked": slices.Concat(masks.Files, masks.Dirs), "readonly": masks.ReadOnly})
+	escWant(t, r, StatusSuccess)
+	var got hostInfo
+	escReturn(t, r, &got)
+	checkHostInfo(t, &got)
+	return &got
 }
 
 func checkHostInfo(t *testing.T, got *hostInfo) {
@@ -125,10 +133,5 @@ func TestEscapeHostInfoBwrap(t *testing.T) {
 		t.Skipf("bwrap not available: %v", err)
 	}
 	e := newEngine(t, func(c *Config) { c.Backend = b; c.MaxTimeout = time.Minute })
-	masks := sandbox.DefaultProcMasks()
-	r := escRun(t, e, hostInfoCode, map[string]any{"masked": slices.Concat(masks.Files, masks.Dirs), "readonly": masks.ReadOnly})
-	escWant(t, r, StatusSuccess)
-	var got hostInfo
-	escReturn(t, r, &got)
-	checkHostInfo(t, &got)
+	runHostInfo(t, e)
 }
