@@ -28,6 +28,7 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	n := fs.Int("n", 50, "iterations per measurement")
 	conc := fs.Int("concurrency", 16, "calls in flight for the throughput measurement")
 	baselinePy := fs.String("baseline", "/usr/bin/python3", "interpreter spawned directly for the baselines")
+	phasesOnly := fs.Bool("phases", false, "print only where one pooled run's time and CPU go, phase by phase")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -45,6 +46,9 @@ func bench(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	ctx := context.Background()
+	if *phasesOnly {
+		return benchPhases(ctx, o, log, *n, stdout)
+	}
 	eng, release, err := o.engine(ctx, log)
 	if err != nil {
 		return err
@@ -177,7 +181,7 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	}
 	el := time.Since(start)
 	fmt.Fprintf(stdout, "\nthroughput: %d isolated print('hi') runs with %d in flight: %.0f runs/s\n", total, *conc, float64(total)/el.Seconds())
-	return nil
+	return benchPhases(ctx, o, log, *n, stdout)
 }
 
 func runOK(ctx context.Context, eng *engine.Engine, req engine.RunRequest) error {
@@ -257,6 +261,8 @@ func filterBenchFlags(args []string) []string {
 		switch a {
 		case "-n", "--n", "-concurrency", "--concurrency", "-baseline", "--baseline":
 			i++
+			continue
+		case "-phases", "--phases":
 			continue
 		}
 		if hasPrefixAny(a, "-n=", "--n=", "-concurrency=", "--concurrency=", "-baseline=", "--baseline=") {

@@ -137,6 +137,9 @@ type options struct {
 	poolMemory    size
 	zygoteRuns    int64
 	zygoteAge     duration
+	// trace and onPool are for bench's phase breakdown (never flags).
+	trace  func(*pool.Trace)
+	onPool func(*pool.Pool)
 
 	cacheDir       string
 	cacheSize      size
@@ -320,9 +323,13 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 		ZygoteMaxRuns: o.zygoteRuns,
 		ZygoteMaxAge:  time.Duration(o.zygoteAge),
 		Logger:        log,
+		Trace:         o.trace,
 	})
 	if err != nil {
 		return nil, noop, err
+	}
+	if o.onPool != nil {
+		o.onPool(p)
 	}
 	cfg.Backend = p
 	eng, err := engine.New(cfg)

@@ -37,6 +37,9 @@ type child struct {
 	onClose     func()              // asks the pool to prepare a replacement
 	release     func()              // uncounts the child on its zygote
 	zyg         *zygote             // the zygote it was forked from
+	trace       *Trace              // nil unless Config.Trace is set
+	traceMu     sync.Mutex
+	onTrace     func(*Trace)
 
 	ended     chan struct{} // every process gone, output copied, figures read
 	pidfdSet  chan struct{} // closed once pidfd is set (or will not be)
@@ -89,6 +92,7 @@ func (c *child) reap() {
 	} else {
 		st, gotStatus = <-c.exitc, true
 	}
+	c.stamp("exited")
 	waited := make(chan struct{})
 	go func() { c.copies.Wait(); close(waited) }()
 	select {
@@ -106,11 +110,15 @@ func (c *child) reap() {
 	// WaitEnded's copy: c.exit is still written below, after ended.
 	c.endedExit = e
 	c.exit = e
+	c.stamp("ended")
 	close(c.ended)
 	if !gotStatus {
 		st = <-c.exitc
 	}
 	c.exit.Code = st.Code
+	if c.trace != nil {
+		c.trace.B = st.Usage
+	}
 	if st.Signal != 0 {
 		c.exit.Code, c.exit.Signal = -1, unix.Signal(st.Signal)
 	}
@@ -144,6 +152,7 @@ func (c *child) Kill() {
 func (c *child) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
+		c.stamp("closing")
 		select {
 		case <-c.ended:
 		default:
@@ -161,6 +170,10 @@ func (c *child) Close() error {
 			// Nothing is left in it (pid 1 is gone, and with it every
 			// process of the run): the next run can have it.
 			c.recycle(c.cg)
+		}
+		c.stamp("closed")
+		if c.trace != nil && c.onTrace != nil {
+			go func() { <-c.done; c.onTrace(c.trace) }()
 		}
 		if c.release != nil {
 			c.release()

@@ -94,6 +94,9 @@ type Config struct {
 	ZygoteMaxRuns int64
 	ZygoteMaxAge  time.Duration
 	Logger        *slog.Logger
+	// Trace, when set, has every child time its setup and is called with
+	// the record once the child has ended (see Trace): for benchmarks.
+	Trace func(*Trace)
 }
 
 // Pool is a warm pool. It is safe for concurrent use.
@@ -444,6 +447,7 @@ func (p *Pool) Start(ctx context.Context, spec *sandbox.Spec) (sandbox.Sandbox, 
 	} else {
 		p.hits.Add(1)
 	}
+	c.stamp("taken")
 	c.onClose = func() { f.active.Add(-1); f.kick() }
 	c.attach(spec.Stdout, spec.Stderr)
 	return c, nil
@@ -656,6 +660,10 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, erro
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	c := &child{ended: make(chan struct{}), done: make(chan struct{}), onIdleDeath: func() { p.idleDeaths.Add(1); f.kick() }}
+	if p.cfg.Trace != nil {
+		c.trace, c.onTrace = &Trace{Server: map[string]int64{}}, p.cfg.Trace
+		c.stamp("spawn")
+	}
 	var err error
 	var childFiles []*os.File
 	defer func() {
@@ -746,7 +754,7 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, erro
 			}
 		}()
 	}
-	req := spawnRequest{TmpBytes: lim.TmpBytes, Rlimits: p.rlimits, Env: p.env, Oneshot: oneshot}
+	req := spawnRequest{TmpBytes: lim.TmpBytes, Rlimits: p.rlimits, Env: p.env, Oneshot: oneshot, Trace: c.trace != nil}
 	if os.Geteuid() == 0 {
 		// Distinct host users for concurrent runs (see sandbox.ChildIDBase);
 		// the block is far larger than the runs that can be alive at once.
@@ -760,6 +768,7 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, erro
 		return fail(err)
 	}
 	c.zyg, c.release = z, func() { f.release(z) }
+	c.stamp("sent")
 	sp, err := z.spawn(ctx, req, []int{int(childFiles[0].Fd()), int(childFiles[1].Fd()), int(childFiles[2].Fd())})
 	if err != nil {
 		// The child may have said why on its control socket.
@@ -771,6 +780,10 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, erro
 		return fail(err)
 	}
 	c.exitc = sp.exit
+	c.stamp("spawned")
+	if c.trace != nil {
+		c.trace.A, c.trace.ZygoteCPU = sp.a, sp.zygoteCPU
+	}
 	c.pidfdSet = make(chan struct{})
 	go c.reap()
 	// Only the child holds the write ends now: its death closes the pipes.
@@ -780,6 +793,7 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, erro
 	childFiles = nil
 
 	c.hostPID, err = hello(ctx, c.ctrl)
+	c.stamp("hello")
 	if err == nil {
 		if c.pidfd, err = unix.PidfdOpen(c.hostPID, 0); err != nil {
 			err = fmt.Errorf("pool: %w", os.NewSyscallError("pidfd_open", err))
@@ -797,9 +811,16 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, erro
 	if _, err := c.ctrl.Write([]byte("{\"op\":\"joined\"}\n")); err != nil {
 		return fail(fmt.Errorf("pool: %w", err))
 	}
+	c.stamp("joined")
+	if c.trace != nil {
+		if c.trace.Stamps, err = readTrace(ctx, c.ctrl); err != nil {
+			return fail(err)
+		}
+	}
 	if err := awaitReady(ctx, c.ctrl); err != nil {
 		return fail(err)
 	}
+	c.stamp("ready")
 	return c, nil
 }
 

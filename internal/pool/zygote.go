@@ -65,13 +65,31 @@ type zygoteReady struct {
 type spawned struct {
 	pid  int
 	exit chan exitStatus
+	// For a traced spawn: the first process's whole life (see Trace) and
+	// the zygote's CPU time so far.
+	a         Usage
+	zygoteCPU time.Duration
 }
+
+// rusage is the wire form of Usage (from the zygote's wait4), bounded
+// when read: only ever shown in `pysandbox bench`.
+type rusage struct {
+	CPUUS  int64 `json:"cpu_us"`
+	Minflt int64 `json:"minflt"`
+}
+
+func (r rusage) usage() Usage {
+	return Usage{CPU: time.Duration(clamp(r.CPUUS, 1<<40)) * time.Microsecond, Minflt: clamp(r.Minflt, 1<<40)}
+}
+
+func clamp(v, hi int64) int64 { return min(max(v, 0), hi) }
 
 // exitStatus is how a child ended, as the zygote saw it (it mirrors the
 // run's pid 1).
 type exitStatus struct {
 	Code   int
 	Signal int
+	Usage  Usage // the run's pid 1 with what it reaped, for Trace
 }
 
 // spawnRequest is sent to the zygote; the descriptors go alongside.
@@ -82,7 +100,8 @@ type spawnRequest struct {
 	Rlimits  [][3]uint64       `json:"rlimits"`
 	Env      map[string]string `json:"env"`
 	Oneshot  bool              `json:"oneshot"`
-	UID      int               `json:"uid,omitempty"` // the child's own id in the zygote's namespace (root server)
+	UID      int               `json:"uid,omitempty"`   // the child's own id in the zygote's namespace (root server)
+	Trace    bool              `json:"trace,omitempty"` // send phase stamps (see Trace)
 }
 
 // startZygote starts a zygote in a sandbox of backend and waits until it
@@ -151,6 +170,9 @@ func (z *zygote) readLoop(r *bufio.Reader) {
 			PID    int    `json:"pid"`
 			Code   *int   `json:"code"`
 			Signal int    `json:"signal"`
+			rusage
+			A         *rusage `json:"a"`
+			ZygoteCPU int64   `json:"zygote_cpu_us"`
 		}
 		if json.Unmarshal(line, &m) != nil {
 			continue
@@ -164,7 +186,11 @@ func (z *zygote) readLoop(r *bufio.Reader) {
 				// an early exit is never lost.
 				ex := make(chan exitStatus, 1)
 				z.exits[m.PID] = ex
-				c <- spawned{pid: m.PID, exit: ex}
+				sp := spawned{pid: m.PID, exit: ex, zygoteCPU: time.Duration(clamp(m.ZygoteCPU, 1<<40)) * time.Microsecond}
+				if m.A != nil {
+					sp.a = m.A.usage()
+				}
+				c <- sp
 			}
 		case "error":
 			// A spawn that failed before the child's sandbox existed.
@@ -175,7 +201,7 @@ func (z *zygote) readLoop(r *bufio.Reader) {
 		case "exited":
 			if c, ok := z.exits[m.PID]; ok {
 				delete(z.exits, m.PID)
-				st := exitStatus{Signal: m.Signal}
+				st := exitStatus{Signal: m.Signal, Usage: m.rusage.usage()}
 				if m.Code != nil {
 					st.Code = *m.Code
 				}

@@ -1006,6 +1006,23 @@ LANDLOCK_FIRST_FD = 10  # where a child opens the paths of its Landlock rules
 SCRATCH = "/.pysandbox/scratch"
 
 
+# Phase stamps of one child's setup, for `pysandbox bench` (see
+# internal/pool/trace.go): None unless the spawn request asks for them.
+# A child inherits the zygote's stamps and A's from the fork, so one list
+# tells the whole story; CPU and minor faults are per process.
+_TRACE = None
+_RUSAGE = None  # resource.getrusage, bound in the zygote
+
+
+def _stamp(name):
+    if _TRACE is not None:
+        _TRACE.append([name, time.monotonic_ns(), time.process_time_ns(), _RUSAGE(0).ru_minflt])
+
+
+def _rusage_fields(ru):
+    return {"cpu_us": int((ru.ru_utime + ru.ru_stime) * 1e6), "minflt": ru.ru_minflt}
+
+
 def _zygote_main():
     # Everything a child needs before it is locked down is imported here,
     # first, while sys.path holds only the interpreter's own directories:
@@ -1020,6 +1037,8 @@ def _zygote_main():
     import site  # noqa: F401 (the child's _user_paths needs it)
     import struct
 
+    global _TRACE, _RUSAGE
+    _RUSAGE = resource.getrusage
     sock = _setup(zygote=True)
     rfile = sock.makefile("rb")
     init = _loads(rfile.readline() or b"null")
@@ -1103,10 +1122,13 @@ def _zygote_main():
             # A tells us B's pid (as we see it) on this pipe, then exits;
             # B, orphaned, becomes our child, so we reap it ourselves.
             report_r, report_w = os.pipe()
+            _TRACE = [] if req.get("trace") is True else None
+            _stamp("zygote.fork")
             pid = os.fork()
             if pid == 0:
                 os.close(report_r)
                 _child(req, fds, report_w, ctx)  # never returns
+            _TRACE = None
             os.close(report_w)
             for fd in fds:
                 os.close(fd)
@@ -1121,14 +1143,19 @@ def _zygote_main():
                 bpid = int(data)
             except ValueError:
                 bpid = 0
+            a_usage = None
             try:
-                os.waitpid(pid, 0)  # A is done either way
+                a_usage = os.wait4(pid, 0)[2]  # A is done either way
             except ChildProcessError:
                 pass
             if bpid <= 0:
                 _send_error(sock, req.get("id", ""), "child setup failed before its sandbox existed")
                 continue
-            _send(sock, {"op": "spawned", "id": req.get("id", ""), "pid": bpid})
+            msg = {"op": "spawned", "id": req.get("id", ""), "pid": bpid}
+            if req.get("trace") is True and a_usage is not None:
+                msg["a"] = _rusage_fields(a_usage)
+                msg["zygote_cpu_us"] = time.process_time_ns() // 1000
+            _send(sock, msg)
 
 
 def _warm_up():
@@ -1176,12 +1203,13 @@ def _recv_with_fds(sock, ctx):
 def _reap(sock):
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
         msg = {"op": "exited", "pid": pid}
+        msg.update(_rusage_fields(usage))
         if os.WIFSIGNALED(status):
             msg["signal"] = os.WTERMSIG(status)
         else:
@@ -1202,6 +1230,7 @@ def _child(req, fds, report_w, ctx):
     global _PID
 
     try:
+        _stamp("a.start")
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         ctrl, out, err = fds
@@ -1229,20 +1258,31 @@ def _child(req, fds, report_w, ctx):
             # The uid change made us non-dumpable, which hands our /proc
             # files to root; we need to write our own id maps below.
             _libc_check(ctx, libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "set dumpable")
+        _stamp("a.setup")
         uid, gid = os.geteuid(), os.getegid()
         _libc_check(ctx, libc.unshare(CLONE_NEWUSER), "unshare(user)")
+        _stamp("a.unshare_user")
         for path, text in (("/proc/self/setgroups", "deny"),
                            ("/proc/self/uid_map", "%d %d 1" % (SANDBOX_ID, uid)),
                            ("/proc/self/gid_map", "%d %d 1" % (SANDBOX_ID, gid))):
             with open(path, "w") as f:
                 f.write(text)
-        _libc_check(ctx, libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC |
-                                      CLONE_NEWUTS | CLONE_NEWPID), "unshare(namespaces)")
+        _stamp("a.id_maps")
+        if _TRACE is None:
+            _libc_check(ctx, libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC |
+                                          CLONE_NEWUTS | CLONE_NEWPID), "unshare(namespaces)")
+        else:
+            # One at a time, to time each: the same namespaces in the end.
+            for flag, name in ((CLONE_NEWNS, "mnt"), (CLONE_NEWNET, "net"), (CLONE_NEWIPC, "ipc"),
+                               (CLONE_NEWUTS, "uts"), (CLONE_NEWPID, "pid")):
+                _libc_check(ctx, libc.unshare(flag), "unshare(%s)" % name)
+                _stamp("a.unshare_" + name)
         pid = os.fork()
         if pid != 0:
             # A: report B's pid and leave; B is reparented to the zygote.
             os.write(report, str(pid).encode())
             os._exit(0)
+        _stamp("b.start")
         os.close(report)
         _become_sandbox(req, ctx)
         # Locked down now: only from here may code a caller controls run
@@ -1250,6 +1290,9 @@ def _child(req, fds, report_w, ctx):
         # their .pth files).
         _user_paths()
         _reseed()
+        _stamp("b.user_paths")
+        if _TRACE is not None:
+            os.write(CONTROL_FD, ('{"op":"trace","stamps":%s}\n' % _dumps(_TRACE)).encode())
     except BaseException as e:
         try:
             msg = ('{"op":"setup_error","message":%s}\n' % _dumps("%s: %s" % (type(e).__name__, e))).encode()
@@ -1305,8 +1348,10 @@ def _become_sandbox(req, ctx):
     if _loads(line).get("op") != "joined":
         raise RuntimeError("unexpected message from the pool")
     sock.detach()
+    _stamp("b.joined")
     # Now in our own cgroup: a cgroup namespace rooted there.
     _libc_check(ctx, libc.unshare(CLONE_NEWCGROUP), "unshare(cgroup)")
+    _stamp("b.unshare_cgroup")
 
     def mount(src, target, fstype, flags, data=None):
         _libc_check(ctx, libc.mount(src and src.encode(), target.encode(), fstype and fstype.encode(),
@@ -1322,9 +1367,12 @@ def _become_sandbox(req, ctx):
         mount(path, target, None, MS_BIND)
     _libc_check(ctx, libc.umount2(SCRATCH.encode(), MNT_DETACH), "umount " + SCRATCH)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _stamp("b.mounts")
     _mask_proc(ctx["proc_masks"], mount)
+    _stamp("b.proc_masks")
     socket.sethostname("pysandbox")
     _loopback_up(struct, ctx["fcntl"])
+    _stamp("b.net")
     resource = ctx["resource"]
     for res, cur, mx in req.get("rlimits") or []:
         resource.setrlimit(res, (cur, mx))
@@ -1333,6 +1381,7 @@ def _become_sandbox(req, ctx):
     if isinstance(env, dict):
         os.environ.clear()
         os.environ.update(env)
+    _stamp("b.limits")
     # Privileges last: nothing below may need them.
     _libc_check(ctx, libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient caps")
     last = int(_read_text("/proc/sys/kernel/cap_last_cap").strip() or 63)
@@ -1349,7 +1398,9 @@ def _become_sandbox(req, ctx):
     hdr, data = Header(0x20080522, 0), (Data * 2)()
     _libc_check(ctx, libc.capset(ctypes.byref(hdr), ctypes.byref(data)), "capset")
     _libc_check(ctx, libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    _stamp("b.caps")
     _landlock_enter(ctx)
+    _stamp("b.landlock")
 
     class Fprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
@@ -1358,6 +1409,7 @@ def _become_sandbox(req, ctx):
     filt = ctypes.create_string_buffer(prog, len(prog))
     fprog = Fprog(len(prog) // 8, ctypes.cast(filt, ctypes.c_void_p))
     _libc_check(ctx, libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+    _stamp("b.seccomp")
 
 
 # Landlock (see internal/sandbox/landlock.go): write access rights by ABI.
