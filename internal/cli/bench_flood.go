@@ -12,7 +12,7 @@ import (
 // benchUnderFlood measures req while burners runs spin the CPU (a pure
 // Python busy loop each, as long as the measurement lasts): with a CPU
 // quota per run, the burners cannot starve the trivial runs or the server.
-func benchUnderFlood(ctx context.Context, eng *engine.Engine, n, burners int, req engine.RunRequest) ([]time.Duration, error) {
+func benchUnderFlood(ctx context.Context, eng *engine.Engine, n, burners int, req engine.RunRequest, between func() error) ([]time.Duration, error) {
 	floodCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup
@@ -34,7 +34,7 @@ func benchUnderFlood(ctx context.Context, eng *engine.Engine, n, burners int, re
 	}
 	// Let the burners' sandboxes start and begin spinning.
 	time.Sleep(time.Second)
-	d, err := measure(n, func() error { return runOK(ctx, eng, req) })
+	d, err := measureBetween(n, between, func() error { return runOK(ctx, eng, req) })
 	stop()
 	wg.Wait()
 	close(errc)

@@ -28,38 +28,39 @@ type phase struct {
 // demand, while the child waits in the pool.
 var setupPhases = []phase{
 	{"server: cgroup, socket and pipes", "s:spawn", "s:sent"},
-	{"zygote: read the request", "s:sent", "c:zygote.fork"},
-	{"zygote: fork (first process A)", "c:zygote.fork", "c:a.start"},
-	{"A: descriptors, own uid", "c:a.start", "c:a.setup"},
-	{"A: unshare user namespace", "c:a.setup", "c:a.unshare_user"},
-	{"A: write uid/gid maps", "c:a.unshare_user", "c:a.id_maps"},
-	{"A: unshare mount namespace", "c:a.id_maps", "c:a.unshare_mnt"},
-	{"A: unshare network namespace", "c:a.unshare_mnt", "c:a.unshare_net"},
-	{"A: unshare IPC namespace", "c:a.unshare_net", "c:a.unshare_ipc"},
-	{"A: unshare UTS namespace", "c:a.unshare_ipc", "c:a.unshare_uts"},
-	{"A: unshare pid namespace", "c:a.unshare_uts", "c:a.unshare_pid"},
-	{"A: fork the run's pid 1 (B)", "c:a.unshare_pid", "c:b.start"},
-	{"B: hello; server: pidfd, join cgroup", "c:b.start", "c:b.joined"},
-	{"B: unshare cgroup namespace", "c:b.joined", "c:b.unshare_cgroup"},
-	{"B: mounts (tmpfs, /tmp, /work, /proc)", "c:b.unshare_cgroup", "c:b.mounts"},
-	{"B: /proc masks", "c:b.mounts", "c:b.proc_masks"},
-	{"B: hostname, loopback", "c:b.proc_masks", "c:b.net"},
-	{"B: rlimits, cwd, environment", "c:b.net", "c:b.limits"},
-	{"B: drop capabilities, no_new_privs", "c:b.limits", "c:b.caps"},
-	{"B: Landlock", "c:b.caps", "c:b.landlock"},
-	{"B: seccomp", "c:b.landlock", "c:b.seccomp"},
-	{"B: user paths, reseed", "c:b.seccomp", "c:b.user_paths"},
-	{"B: worker ready; server sees it", "c:b.user_paths", "s:ready"},
+	{"zygote: read the request", "s:sent", "c:zygote.request"},
+	{"zygote: unshare a pid namespace", "c:zygote.request", "c:zygote.fork"},
+	{"fork the run's pid 1 (both sides)", "c:b.origin", "c:b.start"},
+	{"child: descriptors", "c:b.start", "c:b.fds"},
+	{"child: unshare mount namespace", "c:b.fds", "c:b.unshare_mnt"},
+	{"child: unshare network namespace", "c:b.unshare_mnt", "c:b.unshare_net"},
+	{"child: unshare IPC namespace", "c:b.unshare_net", "c:b.unshare_ipc"},
+	{"child: unshare UTS namespace", "c:b.unshare_ipc", "c:b.unshare_uts"},
+	{"child: hello; server: pidfd, join cgroup", "c:b.unshare_uts", "c:b.joined"},
+	{"child: unshare cgroup namespace", "c:b.joined", "c:b.unshare_cgroup"},
+	{"child: mounts (tmpfs, /tmp, /work, /proc)", "c:b.unshare_cgroup", "c:b.mounts"},
+	{"child: /proc masks", "c:b.mounts", "c:b.proc_masks"},
+	{"child: hostname, loopback", "c:b.proc_masks", "c:b.net"},
+	{"child: rlimits, cwd, environment", "c:b.net", "c:b.limits"},
+	{"child: own uid, user namespace, id maps", "c:b.limits", "c:b.user"},
+	{"child: drop capabilities, no_new_privs", "c:b.user", "c:b.caps"},
+	{"child: Landlock", "c:b.caps", "c:b.landlock"},
+	{"child: seccomp", "c:b.landlock", "c:b.seccomp"},
+	{"child: user paths, reseed", "c:b.seccomp", "c:b.user_paths"},
+	{"child: worker ready; server sees it", "c:b.user_paths", "s:ready"},
 }
 
 // runPhases are what a run waits for, from the engine's call on.
 var runPhases = []phase{
 	{"engine: queue, resolve, take a ready child", "r:start", "s:taken"},
-	{"worker: handshake, run, reply, exit", "s:taken", "s:exited"},
-	{"server: output in, cgroup figures", "s:exited", "s:ended"},
-	{"engine: classify the result", "s:ended", "s:closing"},
+	{"worker: handshake, run, reply; output in", "s:taken", "r:end"},
+}
+
+// teardownPhases come after the caller has its answer.
+var teardownPhases = []phase{
+	{"child: exit (its namespaces with it)", "r:end", "s:exited"},
+	{"server: cgroup figures", "s:exited", "s:ended"},
 	{"pool: reset the cgroup for reuse", "s:closing", "s:closed"},
-	{"engine: return the result", "s:closed", "r:end"},
 }
 
 type tracedRun struct {
@@ -78,6 +79,11 @@ func (r tracedRun) at(ref string) (stamp pool.Stamp, ok bool) {
 	case "s":
 		v, ok := r.t.Server[name]
 		return pool.Stamp{Wall: v}, ok
+	}
+	if name == "b.origin" {
+		// The child's own clock starts at the fork: no CPU, no faults.
+		f, ok := r.at("c:zygote.fork")
+		return pool.Stamp{Name: name, Wall: f.Wall}, ok
 	}
 	for _, s := range r.t.Stamps {
 		if s.Name == name {
@@ -177,6 +183,8 @@ collect:
 	printPhases(out, matched, setupPhases)
 	fmt.Fprintf(out, "%-46s %9s %9s %8s\n", "the run, on the caller's path", "", "", "")
 	printPhases(out, matched, runPhases)
+	fmt.Fprintf(out, "%-46s %9s %9s %8s\n", "teardown, after the answer", "", "", "")
+	printPhases(out, matched, teardownPhases)
 
 	// CPU per run, wherever it was spent.
 	med := func(f func(tracedRun) time.Duration) time.Duration {
@@ -191,7 +199,6 @@ collect:
 		s, _ := r.at("c:b.user_paths")
 		return time.Duration(s.CPU)
 	}
-	aCPU := med(func(r tracedRun) time.Duration { return r.t.A.CPU })
 	bSetupCPU := med(bSetup)
 	bRunCPU := med(func(r tracedRun) time.Duration { return max(r.t.B.CPU-bSetup(r), 0) })
 	var zyg []time.Duration
@@ -208,15 +215,14 @@ collect:
 	}
 	server := time.Duration((ru1.Utime.Nano()+ru1.Stime.Nano())-(ru0.Utime.Nano()+ru0.Stime.Nano())) / time.Duration(n)
 	kern := (k1 - k0) / time.Duration(n)
-	total := aCPU + bSetupCPU + bRunCPU + zygCPU + server + kern
+	total := bSetupCPU + bRunCPU + zygCPU + server + kern
 	fmt.Fprintf(out, "\nCPU per pooled run: %s in all\n", msd(total))
 	fmt.Fprintf(out, "  %-44s %9s\n", "server (engine, pool, this bench)", msd(server))
 	fmt.Fprintf(out, "  %-44s %9s\n", "zygote (fork, and its pages copied after)", msd(zygCPU))
-	fmt.Fprintf(out, "  %-44s %9s\n", "A (namespaces, fork of B, exit)", msd(aCPU))
-	fmt.Fprintf(out, "  %-44s %9s\n", "B setup (mounts, lockdown)", msd(bSetupCPU))
-	fmt.Fprintf(out, "  %-44s %9s\n", "B run and exit (user code, reply, teardown)", msd(bRunCPU))
+	fmt.Fprintf(out, "  %-44s %9s\n", "child setup (namespaces, mounts, lockdown)", msd(bSetupCPU))
+	fmt.Fprintf(out, "  %-44s %9s\n", "child run and exit (code, reply, teardown)", msd(bRunCPU))
 	fmt.Fprintf(out, "  %-44s %9s\n", "kernel threads (deferred namespace cleanup)", msd(kern))
-	fmt.Fprintf(out, "  (wall time per run, for comparison: %s; B's minor page faults: %d)\n", msd(busy/time.Duration(n)),
+	fmt.Fprintf(out, "  (wall time per run, for comparison: %s; the child's minor page faults: %d)\n", msd(busy/time.Duration(n)),
 		medInt(matched, func(r tracedRun) int64 { return r.t.B.Minflt }))
 	return nil
 }

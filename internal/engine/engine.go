@@ -272,7 +272,21 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 	if err := e.acquire(ctx); err != nil {
 		return nil, err
 	}
-	defer e.release()
+	// teardown, when set, takes over the rest of the cleanup off the
+	// caller's path (see finishEarly). The slot is free at once all the
+	// same: the run is over, and a caller's next call must not find the
+	// server busy with its last one.
+	var teardown []func()
+	defer func() {
+		e.release()
+		if teardown != nil {
+			go func() {
+				for _, f := range teardown {
+					f()
+				}
+			}()
+		}
+	}()
 
 	start := time.Now()
 	renv, err := e.resolve(ctx, req.Code, req.PythonVersion, req.Dependencies, req.Progress)
@@ -283,7 +297,13 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 		}
 		return nil, err
 	}
-	defer renv.close()
+	defer func() {
+		if teardown == nil {
+			renv.close()
+		} else {
+			teardown = append(teardown, renv.close)
+		}
+	}()
 	timeout := e.timeout(req.Timeout)
 	// The deadline covers everything from here: sandbox start included.
 	runCtx, cancel := context.WithTimeout(ctx, timeout)
@@ -300,7 +320,13 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 		}
 		return nil, startError(err)
 	}
-	defer sb.Close()
+	defer func() {
+		if teardown == nil {
+			sb.Close()
+		} else {
+			teardown = append(teardown, func() { sb.Close() })
+		}
+	}()
 
 	// A flood far beyond the cap is stopped rather than left to burn CPU
 	// until the timeout; the head and tail are already kept.
@@ -313,7 +339,13 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 	}
 
 	conn := worker.NewConn(sb.Control())
-	defer conn.Close()
+	defer func() {
+		if teardown == nil {
+			conn.Close()
+		} else {
+			teardown = append([]func(){func() { conn.Close() }}, teardown...)
+		}
+	}()
 	var res *worker.Result
 	var deadlineKill bool // the sandbox outlived its deadline (whatever its reply said)
 	_, err = conn.Ready(runCtx)
@@ -326,18 +358,27 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 			MaxFigureBytes: e.cfg.MaxFigureBytes,
 		})
 	}
+	var exit sandbox.Exit
+	var early bool
 	if err != nil {
 		// The worker died or the deadline passed: make sure everything in
 		// the sandbox is dead before looking at how it ended.
 		sb.Kill()
+	} else if exit, early = finishEarly(runCtx, sb); early {
+		// The reply and all of the output are in: the sandbox is torn down
+		// after the caller has its answer. The worker is exiting already,
+		// and everything it started goes with it; Close kills whatever is
+		// still there after a grace period.
+		teardown = []func(){func() { awaitEnd(sb, time.Second) }}
 	} else {
 		// The one-shot worker exits after replying. Anything it left
 		// running dies with it (pid 1 of its namespace); wait for that, but
 		// never past the deadline.
 		deadlineKill = waitOrKill(runCtx, sb)
 	}
-	var exit sandbox.Exit
-	if en, ok := sb.(sandbox.Ender); ok && res != nil {
+	if early {
+		// exit has the figures already.
+	} else if en, ok := sb.(sandbox.Ender); ok && res != nil {
 		// The worker's result has the exit code: no need to wait for the
 		// status, only for every process to be gone and the output in.
 		exit = en.WaitEnded()
@@ -355,6 +396,49 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 		r.Message = fmt.Sprintf("the run printed more than %d bytes and was stopped; print less, or write large results to a file", flood)
 	}
 	return r, nil
+}
+
+// finishEarly waits, for a sandbox that can tell, until a one-shot run's
+// output is complete once its worker has replied, and returns its figures
+// so far. It reports false when the sandbox cannot tell, or when the
+// output is not complete by the deadline (a process the run started holds
+// it, and ends only with the sandbox): then the caller waits for the end
+// as usual.
+func finishEarly(ctx context.Context, sb sandbox.Sandbox) (sandbox.Exit, bool) {
+	f, ok := sb.(sandbox.Finisher)
+	if !ok {
+		return sandbox.Exit{}, false
+	}
+	var ended <-chan struct{}
+	if en, ok := sb.(sandbox.Ender); ok {
+		done := make(chan struct{})
+		go func() { en.WaitEnded(); close(done) }()
+		ended = done
+	}
+	select {
+	case <-f.OutputDone():
+		return f.Figures(), true
+	case <-ended:
+		return sandbox.Exit{}, false
+	case <-ctx.Done():
+		return sandbox.Exit{}, false
+	}
+}
+
+// awaitEnd waits up to grace for every process of sb to be gone.
+func awaitEnd(sb sandbox.Sandbox, grace time.Duration) {
+	en, ok := sb.(sandbox.Ender)
+	if !ok {
+		return
+	}
+	done := make(chan struct{})
+	go func() { en.WaitEnded(); close(done) }()
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 // waitOrKill waits until every process of sb has ended, killing them at

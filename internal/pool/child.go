@@ -41,12 +41,13 @@ type child struct {
 	traceMu     sync.Mutex
 	onTrace     func(*Trace)
 
-	ended     chan struct{} // every process gone, output copied, figures read
-	pidfdSet  chan struct{} // closed once pidfd is set (or will not be)
-	endedExit sandbox.Exit  // the figures, set before ended is closed
-	done      chan struct{} // and the exit status known
-	exit      sandbox.Exit
-	closeOnce sync.Once
+	outputDone chan struct{} // both output streams copied to their end
+	ended      chan struct{} // every process gone, output copied, figures read
+	pidfdSet   chan struct{} // closed once pidfd is set (or will not be)
+	endedExit  sandbox.Exit  // the figures, set before ended is closed
+	done       chan struct{} // and the exit status known
+	exit       sandbox.Exit
+	closeOnce  sync.Once
 }
 
 func (c *child) Control() net.Conn { return c.ctrl }
@@ -126,6 +127,16 @@ func (c *child) reap() {
 	if !c.handed.Load() && c.onIdleDeath != nil {
 		c.onIdleDeath()
 	}
+}
+
+// OutputDone implements sandbox.Finisher.
+func (c *child) OutputDone() <-chan struct{} { return c.outputDone }
+
+// Figures implements sandbox.Finisher.
+func (c *child) Figures() sandbox.Exit {
+	var e sandbox.Exit
+	sandbox.FinalFigures(c.cg, &e)
+	return e
 }
 
 // WaitEnded implements sandbox.Ender.

@@ -659,7 +659,7 @@ func (p *Pool) memoryUsed() int64 {
 func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, error) {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	c := &child{ended: make(chan struct{}), done: make(chan struct{}), onIdleDeath: func() { p.idleDeaths.Add(1); f.kick() }}
+	c := &child{ended: make(chan struct{}), done: make(chan struct{}), outputDone: make(chan struct{}), onIdleDeath: func() { p.idleDeaths.Add(1); f.kick() }}
 	if p.cfg.Trace != nil {
 		c.trace, c.onTrace = &Trace{Server: map[string]int64{}}, p.cfg.Trace
 		c.stamp("spawn")
@@ -754,6 +754,7 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, erro
 			}
 		}()
 	}
+	go func() { c.copies.Wait(); close(c.outputDone) }()
 	req := spawnRequest{TmpBytes: lim.TmpBytes, Rlimits: p.rlimits, Env: p.env, Oneshot: oneshot, Trace: c.trace != nil}
 	if os.Geteuid() == 0 {
 		// Distinct host users for concurrent runs (see sandbox.ChildIDBase);
@@ -782,7 +783,7 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, erro
 	c.exitc = sp.exit
 	c.stamp("spawned")
 	if c.trace != nil {
-		c.trace.A, c.trace.ZygoteCPU = sp.a, sp.zygoteCPU
+		c.trace.ZygoteCPU = sp.zygoteCPU
 	}
 	c.pidfdSet = make(chan struct{})
 	go c.reap()

@@ -22,12 +22,11 @@ import (
 // the wall clock is CLOCK_MONOTONIC on both sides, so the child's stamps
 // and the server's line up.
 type Trace struct {
-	// Stamps are the child's own, in order: the zygote's just before the
-	// fork ("zygote.fork"), then the first process's ("a.*": it unshares
-	// the user and other namespaces and forks the run's pid 1), then the
-	// run's pid 1's ("b.*", up to its lockdown and "b.user_paths"). CPU and
-	// minor faults count per process, so only differences between stamps
-	// of one process mean anything.
+	// Stamps are the child's own, in order: the zygote's from the request
+	// to just before the fork ("zygote.*"), then the child's ("b.*", up to
+	// its lockdown and "b.user_paths"). CPU and minor faults count per
+	// process, so only differences between stamps of one process mean
+	// anything.
 	Stamps []Stamp
 	// Server are the server's stamps: spawn (the spawn began: cgroup,
 	// socket, pipes), sent (the request is with the zygote), spawned (the
@@ -37,9 +36,9 @@ type Trace struct {
 	// exited), ended (and its output is in), closing (the run closed it),
 	// closed (its cgroup reset for the next run).
 	Server map[string]int64
-	// A is the first process's whole life (from its fork to its exit),
-	// B the run's pid 1's (setup, run and exit, with whatever it reaped).
-	A, B Usage
+	// B is the run's pid 1's whole life (setup, run and exit, with
+	// whatever it reaped), as the zygote's wait4 saw it.
+	B Usage
 	// ZygoteCPU is the zygote's CPU time when it answered this spawn
 	// (differences between spawns are the zygote's cost per fork).
 	ZygoteCPU time.Duration

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -65,9 +66,7 @@ type zygoteReady struct {
 type spawned struct {
 	pid  int
 	exit chan exitStatus
-	// For a traced spawn: the first process's whole life (see Trace) and
-	// the zygote's CPU time so far.
-	a         Usage
+	// For a traced spawn: the zygote's CPU time so far (see Trace).
 	zygoteCPU time.Duration
 }
 
@@ -122,8 +121,14 @@ func startZygote(ctx context.Context, backend sandbox.Backend, spec *sandbox.Spe
 		sb.Close()
 		return nil, err
 	}
-	init, _ := json.Marshal(map[string]any{"op": "zygote", "preload": preload, "seccomp": base64.StdEncoding.EncodeToString(seccomp.Encode(prog)),
-		"proc_masks": sandbox.DefaultProcMasks(), "landlock": landlockWritable()})
+	msg := map[string]any{"op": "zygote", "preload": preload, "seccomp": base64.StdEncoding.EncodeToString(seccomp.Encode(prog)),
+		"proc_masks": sandbox.DefaultProcMasks(), "landlock": landlockWritable()}
+	if os.Geteuid() == 0 {
+		// The zygote maps this block into the user namespace its children
+		// are built in (see _zygote_userns in worker.py).
+		msg["id_block"] = []int{sandbox.ChildIDBase, sandbox.ChildIDCount}
+	}
+	init, _ := json.Marshal(msg)
 	if _, err := uc.Write(append(init, '\n')); err != nil {
 		sb.Close()
 		return nil, fmt.Errorf("pool: zygote init: %w", err)
@@ -171,8 +176,7 @@ func (z *zygote) readLoop(r *bufio.Reader) {
 			Code   *int   `json:"code"`
 			Signal int    `json:"signal"`
 			rusage
-			A         *rusage `json:"a"`
-			ZygoteCPU int64   `json:"zygote_cpu_us"`
+			ZygoteCPU int64 `json:"zygote_cpu_us"`
 		}
 		if json.Unmarshal(line, &m) != nil {
 			continue
@@ -187,9 +191,6 @@ func (z *zygote) readLoop(r *bufio.Reader) {
 				ex := make(chan exitStatus, 1)
 				z.exits[m.PID] = ex
 				sp := spawned{pid: m.PID, exit: ex, zygoteCPU: time.Duration(clamp(m.ZygoteCPU, 1<<40)) * time.Microsecond}
-				if m.A != nil {
-					sp.a = m.A.usage()
-				}
 				c <- sp
 			}
 		case "error":

@@ -142,6 +142,18 @@ type Ender interface {
 	WaitEnded() Exit
 }
 
+// Finisher is implemented by sandboxes whose run can be over before their
+// processes are gone. A one-shot worker lets go of its output before it
+// replies; once it has replied, OutputDone closes when every byte of the
+// output has been copied (at once, unless a process the run started still
+// holds the streams). The caller may then answer with Figures (the cgroup's
+// figures so far) and tear the sandbox down off its path: Kill, then Close,
+// which still waits for every process to be gone.
+type Finisher interface {
+	OutputDone() <-chan struct{}
+	Figures() Exit
+}
+
 // Sessioner is implemented by sandboxes that can host a session: the
 // server can reach their /work, and can interrupt a run without killing
 // the worker.

@@ -79,14 +79,22 @@ _PID = os.getpid()
 _RESERVE_BYTES = 1 << 20
 _RESERVES = 2
 _reserves = []
+# A pooled child's reserves are address space only (see _zygote_main): an
+# anonymous mapping nothing touches costs no page, and frees room under
+# RLIMIT_AS just as well. Real pages would be shared with the zygote and
+# charged to it, so freeing them would give a child's cgroup nothing back.
+_mmap = None
 
 
 def _take_reserve():
     """Take back the reserves released, as far as memory allows."""
     while len(_reserves) < _RESERVES:
         try:
-            _reserves.append(bytearray(_RESERVE_BYTES))
-        except MemoryError:
+            if _mmap is not None:
+                _reserves.append(_mmap.mmap(-1, _RESERVE_BYTES, flags=_mmap.MAP_PRIVATE))
+            else:
+                _reserves.append(bytearray(_RESERVE_BYTES))
+        except (MemoryError, OSError):
             return
 
 
@@ -570,14 +578,46 @@ def _run(sock, req, rid, session=None):
         data = (head[:-1] + ',"return_value":' + ret + "}\n").encode("ascii")
     except MemoryError:
         data, exit_code = fallback, 1
+    if session is None and os.getpid() == _PID:
+        # A one-shot run's interpreter ends with it: its atexit handlers
+        # run now (after its figures are taken: pyplot closes them all at
+        # exit), so that what they print is part of the run's output (see
+        # below).
+        _guarded(_run_atexit)
     _restore_sigint_handler()
     _flush_output()
     if os.getpid() != _PID:
         # User code forked and the child fell through to here: end it the way
         # a script would end, without a word on the control channel.
         os._exit(exit_code)
+    if session is None:
+        # One-shot: nothing more of the run can print, so let go of its
+        # output before replying. Unless a process the run started still
+        # holds them, the server sees the end of both streams with the
+        # reply and can answer without waiting for this sandbox to be
+        # torn down.
+        _close_output()
     sock.sendall(data)
     return exit_code
+
+
+def _run_atexit():
+    import atexit
+
+    atexit._run_exitfuncs()
+
+
+def _close_output():
+    try:
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    for fd in (1, 2):
+        try:
+            os.dup2(null, fd)
+        except OSError:
+            pass
+    os.close(null)
 
 
 def _add_session_packages():
@@ -1061,13 +1101,11 @@ def _zygote_main():
     # child's own: the child builds its ruleset itself, from what is
     # prepared here (the system calls' arguments), in a few system calls.
     ctx["landlock"] = _landlock_prepare(ctx, init.get("landlock") or [])
-    # Runs are reaped here and reported; a pipe wakes the loop on SIGCHLD.
-    # The zygote is pid 1 of its sandbox, so orphaned run processes (every
-    # B, once its A has left) are its children.
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+    _prepare_child(ctx)
+    _zygote_userns(ctx, init.get("id_block"))
+    # Each child is forked straight into a pid namespace of its own (see
+    # _spawn); this is the zygote's, to return to after each fork.
+    ctx["pidns"] = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     _warm_up()
     v = sys.version_info
     rss = 0
@@ -1081,24 +1119,37 @@ def _zygote_main():
                  "version": [v[0], v[1]], "preloaded": loaded, "failed": failed, "rss_bytes": rss,
                  "modules": modules})
     # Whatever importing allocated is shared copy-on-write with every child.
-    # So are the memory reserves, which a child would otherwise allocate
-    # and zero-fill for itself before every run.
-    _take_reserve()
+    # A fork copies the page table entry of every page the zygote has
+    # touched, and each costs: give back what the collector and the
+    # allocator no longer use, and keep the reserves out of it (a child's
+    # are untouched mappings; see _take_reserve).
+    global _mmap
     import gc
+    import mmap
 
+    _mmap = mmap
     gc.collect()
     if hasattr(gc, "freeze"):
         gc.freeze()  # keeps the collector from dirtying shared pages in children
+    try:
+        ctx["libc"].malloc_trim(0)
+    except AttributeError:
+        pass  # not glibc
+    # Children are reaped here and their ends reported: each has a pidfd
+    # the loop polls, so the zygote needs no SIGCHLD handler (nor a wakeup
+    # descriptor) that every child would have to undo.
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    ctx["poller"], ctx["kids"], ctx["pollin"] = poller, {}, select.POLLIN
     buf, pending = b"", []
     while True:
-        ready, _, _ = select.select([sock, wake_r], [], [])
-        if wake_r in ready:
-            try:
-                os.read(wake_r, 4096)
-            except OSError:
-                pass
-            _reap(sock)
-        if sock not in ready:
+        sock_ready = False
+        for fd, _ in poller.poll():
+            if fd in ctx["kids"]:
+                _reap(sock, ctx, fd)
+            else:
+                sock_ready = True
+        if not sock_ready:
             continue
         data, fds = _recv_with_fds(sock, ctx)
         if not data:
@@ -1119,41 +1170,20 @@ def _zygote_main():
                     os.close(fd)
                 _send_error(sock, "", "expected a spawn request with 3 descriptors")
                 continue
-            # A tells us B's pid (as we see it) on this pipe, then exits;
-            # B, orphaned, becomes our child, so we reap it ourselves.
-            report_r, report_w = os.pipe()
             _TRACE = [] if req.get("trace") is True else None
-            _stamp("zygote.fork")
-            pid = os.fork()
-            if pid == 0:
-                os.close(report_r)
-                _child(req, fds, report_w, ctx)  # never returns
+            _stamp("zygote.request")
+            try:
+                pid = _spawn(req, fds, ctx)
+            except OSError as e:
+                pid = 0
+                _send_error(sock, req.get("id", ""), "could not fork the child: %s" % (e,))
             _TRACE = None
-            os.close(report_w)
             for fd in fds:
                 os.close(fd)
-            data = b""
-            while True:
-                chunk = os.read(report_r, 64)
-                if not chunk:
-                    break
-                data += chunk
-            os.close(report_r)
-            try:
-                bpid = int(data)
-            except ValueError:
-                bpid = 0
-            a_usage = None
-            try:
-                a_usage = os.wait4(pid, 0)[2]  # A is done either way
-            except ChildProcessError:
-                pass
-            if bpid <= 0:
-                _send_error(sock, req.get("id", ""), "child setup failed before its sandbox existed")
+            if pid <= 0:
                 continue
-            msg = {"op": "spawned", "id": req.get("id", ""), "pid": bpid}
-            if req.get("trace") is True and a_usage is not None:
-                msg["a"] = _rusage_fields(a_usage)
+            msg = {"op": "spawned", "id": req.get("id", ""), "pid": pid}
+            if req.get("trace") is True:
                 msg["zygote_cpu_us"] = time.process_time_ns() // 1000
             _send(sock, msg)
 
@@ -1200,21 +1230,22 @@ def _recv_with_fds(sock, ctx):
     return data, fds
 
 
-def _reap(sock):
-    while True:
-        try:
-            pid, status, usage = os.wait4(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        msg = {"op": "exited", "pid": pid}
-        msg.update(_rusage_fields(usage))
-        if os.WIFSIGNALED(status):
-            msg["signal"] = os.WTERMSIG(status)
-        else:
-            msg["code"] = os.WEXITSTATUS(status)
-        _send(sock, msg)
+def _reap(sock, ctx, pidfd):
+    """Report the end of the child whose pidfd polled readable."""
+    pid = ctx["kids"].pop(pidfd)
+    ctx["poller"].unregister(pidfd)
+    os.close(pidfd)
+    try:
+        pid, status, usage = os.wait4(pid, 0)
+    except ChildProcessError:
+        return
+    msg = {"op": "exited", "pid": pid}
+    msg.update(_rusage_fields(usage))
+    if os.WIFSIGNALED(status):
+        msg["signal"] = os.WTERMSIG(status)
+    else:
+        msg["code"] = os.WEXITSTATUS(status)
+    _send(sock, msg)
 
 
 def _libc_check(ctx, ret, what):
@@ -1223,16 +1254,132 @@ def _libc_check(ctx, ret, what):
         raise OSError(err, "%s: %s" % (what, os.strerror(err)))
 
 
-def _child(req, fds, report_w, ctx):
-    """Runs in A, then in B. Never returns."""
-    import signal
+def _zygote_userns(ctx, id_block):
+    """Move the zygote into a user namespace of its own, where it holds
+    every capability, for its children to build their sandboxes in.
 
+    A child then needs no process before it: forked by the zygote straight
+    into a fresh pid namespace, it unshares its other namespaces, mounts
+    its /tmp and /proc and brings up its loopback with those capabilities,
+    then enters a user namespace of its own (where its uid is 1000 and it
+    owns nothing else) and drops everything before any user code runs. So
+    every namespace of a run is owned by this one, in which no run ever has
+    a capability, and whatever mounts the zygote's sandbox made are locked
+    in every child's mount namespace (copied into a less privileged user
+    namespace). Only the zygote, which never runs user code, has power
+    here, and it had as much before: it could always create a user
+    namespace, as any fork of it could.
+
+    The namespace maps the zygote's own id and, for a root server, the
+    block of child ids; a helper left behind in the old namespace writes
+    the maps, since only a process there may. Then the zygote forks itself
+    into a pid namespace this user namespace owns, so that it may return
+    to it (setns) after forking each child into a new one; the process it
+    leaves behind only waits, and goes (and with it, as pid 1 of the
+    sandbox, everything) when the zygote does.
+    """
+    libc = ctx["libc"]
+    uid, gid = os.geteuid(), os.getegid()
+    lines = ["%d %d 1" % (uid, uid)]
+    if isinstance(id_block, list) and len(id_block) == 2 and all(isinstance(v, int) and v > 0 for v in id_block):
+        lines.append("%d %d %d" % (id_block[0], id_block[0], id_block[1]))
+    uid_map = "\n".join(lines) + "\n"
+    gid_map = uid_map.replace("%d %d 1" % (uid, uid), "%d %d 1" % (gid, gid), 1)
+    go_r, go_w = os.pipe()
+    helper = os.fork()
+    if helper == 0:
+        code = 1
+        try:
+            os.close(go_w)
+            if os.read(go_r, 1) == b"u":
+                target = os.getppid()
+                if len(lines) == 1:
+                    # Without CAP_SETGID here, gid_map may only be written
+                    # once setgroups is denied.
+                    _write_proc("/proc/%d/setgroups" % target, "deny")
+                _write_proc("/proc/%d/uid_map" % target, uid_map)
+                _write_proc("/proc/%d/gid_map" % target, gid_map)
+                code = 0
+        finally:
+            os._exit(code)
+    os.close(go_r)
+    err = None
+    if libc.unshare(CLONE_NEWUSER) != 0:
+        err = OSError(ctx["ctypes"].get_errno(), "unshare(user)")
+    os.write(go_w, b"x" if err else b"u")
+    os.close(go_w)
+    _, status = os.waitpid(helper, 0)
+    if err is not None:
+        raise err
+    if status != 0:
+        raise OSError("could not map the zygote's user namespace")
+    _libc_check(ctx, libc.unshare(CLONE_NEWPID), "unshare(pid)")
+    zygote = os.fork()
+    if zygote != 0:
+        os.closerange(0, 1 << 16)
+        code = 1
+        try:
+            _, status = os.waitpid(zygote, 0)
+            code = os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else 1
+        finally:
+            os._exit(code if 0 <= code < 256 else 1)
+
+
+def _write_proc(path, text):
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _spawn(req, fds, ctx):
+    """Fork one child, as pid 1 of a fresh pid namespace; returns its pid."""
+    libc = ctx["libc"]
+    _libc_check(ctx, libc.unshare(CLONE_NEWPID), "unshare(pid)")
+    _stamp("zygote.fork")
+    try:
+        pid = os.fork()
+    except BaseException:
+        _reset_pidns(ctx)
+        raise
+    if pid == 0:
+        _child(req, fds, ctx)  # never returns
+    _reset_pidns(ctx)
+    try:
+        pidfd = _pidfd_open(ctx, pid)
+    except OSError:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    ctx["kids"][pidfd] = pid
+    ctx["poller"].register(pidfd, ctx["pollin"])
+    return pid
+
+
+def _pidfd_open(ctx, pid):
+    if hasattr(os, "pidfd_open"):
+        return os.pidfd_open(pid)
+    fd = ctx["libc"].syscall(434, pid, 0)  # pidfd_open, the same number everywhere
+    if fd < 0:
+        raise OSError(ctx["ctypes"].get_errno(), "pidfd_open")
+    return fd
+
+
+def _reset_pidns(ctx):
+    # Back to the zygote's own pid namespace for its next unshare. Should
+    # that ever fail, every later child would share this one's pid
+    # namespace: stop instead, and let the pool start a new zygote.
+    if ctx["libc"].setns(ctx["pidns"], CLONE_NEWPID) != 0:
+        os._exit(3)
+
+
+def _child(req, fds, ctx):
+    """The run's pid 1, forked by the zygote. Never returns."""
     global _PID
 
     try:
-        _stamp("a.start")
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        _stamp("b.start")
         ctrl, out, err = fds
         # fd 3 is the zygote's own channel in the zygote; dup2 replaces it,
         # so the child never holds it, and everything else is closed below.
@@ -1241,49 +1388,18 @@ def _child(req, fds, report_w, ctx):
         os.dup2(ctrl, CONTROL_FD)
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
-        # Keep the report pipe just above fd 3 and close everything else.
-        report = CONTROL_FD + 1
-        if report_w != report:
-            os.dup2(report_w, report)
-        os.closerange(report + 1, 1 << 16)
+        os.closerange(CONTROL_FD + 1, 1 << 16)
+        _stamp("b.fds")
         libc = ctx["libc"]
-        child_id = req.get("uid")
-        if isinstance(child_id, int) and child_id > 0:
-            # A root server mapped a block of ids into the zygote's sandbox:
-            # become this run's own host user before leaving for a user
-            # namespace of our own (which also ends CAP_SETUID/SETGID here).
-            os.setgroups([])
-            os.setresgid(child_id, child_id, child_id)
-            os.setresuid(child_id, child_id, child_id)
-            # The uid change made us non-dumpable, which hands our /proc
-            # files to root; we need to write our own id maps below.
-            _libc_check(ctx, libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "set dumpable")
-        _stamp("a.setup")
-        uid, gid = os.geteuid(), os.getegid()
-        _libc_check(ctx, libc.unshare(CLONE_NEWUSER), "unshare(user)")
-        _stamp("a.unshare_user")
-        for path, text in (("/proc/self/setgroups", "deny"),
-                           ("/proc/self/uid_map", "%d %d 1" % (SANDBOX_ID, uid)),
-                           ("/proc/self/gid_map", "%d %d 1" % (SANDBOX_ID, gid))):
-            with open(path, "w") as f:
-                f.write(text)
-        _stamp("a.id_maps")
         if _TRACE is None:
-            _libc_check(ctx, libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC |
-                                          CLONE_NEWUTS | CLONE_NEWPID), "unshare(namespaces)")
+            _libc_check(ctx, libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS),
+                        "unshare(namespaces)")
         else:
             # One at a time, to time each: the same namespaces in the end.
             for flag, name in ((CLONE_NEWNS, "mnt"), (CLONE_NEWNET, "net"), (CLONE_NEWIPC, "ipc"),
-                               (CLONE_NEWUTS, "uts"), (CLONE_NEWPID, "pid")):
+                               (CLONE_NEWUTS, "uts")):
                 _libc_check(ctx, libc.unshare(flag), "unshare(%s)" % name)
-                _stamp("a.unshare_" + name)
-        pid = os.fork()
-        if pid != 0:
-            # A: report B's pid and leave; B is reparented to the zygote.
-            os.write(report, str(pid).encode())
-            os._exit(0)
-        _stamp("b.start")
-        os.close(report)
+                _stamp("b.unshare_" + name)
         _become_sandbox(req, ctx)
         # Locked down now: only from here may code a caller controls run
         # (the working directory and the dependency environments, with
@@ -1330,8 +1446,41 @@ def _reseed():
             pass
 
 
+def _prepare_child(ctx):
+    """Build once, in the zygote, the arguments of the system calls every
+    child makes: a child then only makes the calls. Every object a child
+    builds or touches is a page it copies from the zygote, which costs far
+    more than the call on a machine where page faults are slow."""
+    ctypes = ctx["ctypes"]
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    hdr, data = Header(0x20080522, 0), (Data * 2)()
+    prog = ctx["seccomp"]
+    filt = ctypes.create_string_buffer(prog, len(prog))
+    fprog = Fprog(len(prog) // 8, ctypes.cast(filt, ctypes.c_void_p))
+    last = int(_read_text("/proc/sys/kernel/cap_last_cap").strip() or 63)
+    ctx.update({
+        "capset": (hdr, data, ctypes.byref(hdr), ctypes.byref(data)),
+        "fprog": (filt, fprog, ctypes.byref(fprog)),
+        "caps": list(range(last + 1)),
+        "flags": ctypes.c_ulong,
+        "joined": b'{"op":"joined"}\n',
+    })
+
+
 def _become_sandbox(req, ctx):
-    """B, pid 1 of fresh namespaces: finish the sandbox around ourselves."""
+    """The run's pid 1, in fresh namespaces: finish the sandbox around
+    ourselves, with the capabilities the zygote's user namespace gives us,
+    then enter one of our own and drop every capability."""
     libc, ctypes, struct = ctx["libc"], ctx["ctypes"], ctx["struct"]
     sock = socket.socket(fileno=CONTROL_FD)
     sock.set_inheritable(False)
@@ -1339,24 +1488,30 @@ def _become_sandbox(req, ctx):
     # learns our host pid without trusting anything we say.
     creds = struct.pack("3i", os.getpid(), os.getuid(), os.getgid())
     sock.sendmsg([b'{"op":"hello"}\n'], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds)])
+    joined = ctx["joined"]
     line = b""
-    while not line.endswith(b"\n"):
-        chunk = sock.recv(1)
+    while len(line) < len(joined):
+        chunk = sock.recv(len(joined) - len(line))  # nothing may follow it yet
         if not chunk:
             os._exit(0)  # the pool gave up on us
         line += chunk
-    if _loads(line).get("op") != "joined":
+    if line != joined:
         raise RuntimeError("unexpected message from the pool")
     sock.detach()
     _stamp("b.joined")
     # Now in our own cgroup: a cgroup namespace rooted there.
     _libc_check(ctx, libc.unshare(CLONE_NEWCGROUP), "unshare(cgroup)")
     _stamp("b.unshare_cgroup")
+    flags = ctx["flags"]
 
-    def mount(src, target, fstype, flags, data=None):
+    def mount(src, target, fstype, fl, data=None):
         _libc_check(ctx, libc.mount(src and src.encode(), target.encode(), fstype and fstype.encode(),
-                                    ctypes.c_ulong(flags), data and data.encode()), "mount " + target)
+                                    flags(fl), data and data.encode()), "mount " + target)
 
+    child_id = req.get("uid")
+    if not (isinstance(child_id, int) and child_id > 0):
+        child_id = None
+    owner = os.geteuid() if child_id is None else child_id
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     size = int(req.get("tmp_bytes") or (256 << 20))
     mount("tmpfs", SCRATCH, "tmpfs", MS_NOSUID | MS_NODEV, "size=%d,nr_inodes=65536,mode=0755" % size)
@@ -1364,6 +1519,8 @@ def _become_sandbox(req, ctx):
         path = SCRATCH + "/" + name
         os.mkdir(path)
         os.chmod(path, mode)
+        if owner != os.geteuid():
+            os.chown(path, owner, owner)  # the run's own user, which we become below
         mount(path, target, None, MS_BIND)
     _libc_check(ctx, libc.umount2(SCRATCH.encode(), MNT_DETACH), "umount " + SCRATCH)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -1378,37 +1535,41 @@ def _become_sandbox(req, ctx):
         resource.setrlimit(res, (cur, mx))
     os.chdir("/work")
     env = req.get("env")
-    if isinstance(env, dict):
+    if isinstance(env, dict) and env != os.environ:
+        # (The zygote's own environment is the run's, as a rule.)
         os.environ.clear()
         os.environ.update(env)
     _stamp("b.limits")
+    if child_id is not None:
+        # A root server mapped a block of ids into the zygote's sandbox:
+        # become this run's own host user before leaving for a user
+        # namespace of our own.
+        os.setgroups([])
+        os.setresgid(child_id, child_id, child_id)
+        os.setresuid(child_id, child_id, child_id)
+        # The uid change made us non-dumpable, which hands our /proc
+        # files to root; we need to write our own id maps below.
+        _libc_check(ctx, libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "set dumpable")
+    uid, gid = os.geteuid(), os.getegid()
+    # From here we have no capability in the namespaces built above (the
+    # zygote's user namespace owns them), only in this one, which owns
+    # nothing; and those go below.
+    _libc_check(ctx, libc.unshare(CLONE_NEWUSER), "unshare(user)")
+    _write_proc("/proc/self/setgroups", "deny")
+    _write_proc("/proc/self/uid_map", "%d %d 1" % (SANDBOX_ID, uid))
+    _write_proc("/proc/self/gid_map", "%d %d 1" % (SANDBOX_ID, gid))
+    _stamp("b.user")
     # Privileges last: nothing below may need them.
     _libc_check(ctx, libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient caps")
-    last = int(_read_text("/proc/sys/kernel/cap_last_cap").strip() or 63)
-    for cap in range(last + 1):
+    for cap in ctx["caps"]:
         _libc_check(ctx, libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop bounding cap")
-
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                    ("inheritable", ctypes.c_uint32)]
-
-    hdr, data = Header(0x20080522, 0), (Data * 2)()
-    _libc_check(ctx, libc.capset(ctypes.byref(hdr), ctypes.byref(data)), "capset")
+    _, _, hdr, data = ctx["capset"]
+    _libc_check(ctx, libc.capset(hdr, data), "capset")
     _libc_check(ctx, libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     _stamp("b.caps")
     _landlock_enter(ctx)
     _stamp("b.landlock")
-
-    class Fprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    prog = ctx["seccomp"]
-    filt = ctypes.create_string_buffer(prog, len(prog))
-    fprog = Fprog(len(prog) // 8, ctypes.cast(filt, ctypes.c_void_p))
-    _libc_check(ctx, libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+    _libc_check(ctx, libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctx["fprog"][2], 0, 0), "seccomp")
     _stamp("b.seccomp")
 
 

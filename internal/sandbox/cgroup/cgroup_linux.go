@@ -106,14 +106,15 @@ func (g *Group) SetIdle(idle bool) error {
 		if quota <= 0 {
 			quota = -1
 		}
-		err = os.WriteFile(filepath.Join(d, "cpu.cfs_period_us"), []byte(strconv.FormatInt(period, 10)), 0)
+		err = g.v1.f.write(filepath.Join(d, "cpu.cfs_period_us"), strconv.FormatInt(period, 10))
 		if err == nil {
-			err = os.WriteFile(filepath.Join(d, "cpu.cfs_quota_us"), []byte(strconv.FormatInt(quota, 10)), 0)
+			err = g.v1.f.write(filepath.Join(d, "cpu.cfs_quota_us"), strconv.FormatInt(quota, 10))
 		}
 	}
 	if err != nil {
 		return fmt.Errorf("cgroup: %s: set idle=%v: %w", g.Path(), idle, err)
 	}
+	g.idle.Store(idle)
 	return nil
 }
 
@@ -147,6 +148,9 @@ type Group struct {
 	// oomBase is the OOM kill count when the group was last Reset: the
 	// kernel's counter cannot be zeroed.
 	oomBase atomic.Int64
+	// idle says SetIdle(true) was the last to succeed, so that Reset only
+	// writes the quota back when it changed.
+	idle atomic.Bool
 }
 
 // ErrNoReuse means a group cannot be reset for another run on this
@@ -174,7 +178,7 @@ func (g *Group) Reset() error {
 	}
 	g.oomBase.Store(g.v1.oomKills())
 	// A session's group may have been left at the idle quota.
-	if g.CanIdle() {
+	if g.idle.Load() && g.CanIdle() {
 		if err := g.SetIdle(false); err != nil {
 			return fmt.Errorf("cgroup: reset %s: %w", g.Path(), err)
 		}
@@ -304,7 +308,7 @@ func (g *Group) AddProc(pid int) error {
 	if g.v2 != nil {
 		err = g.v2.m.AddProc(uint64(pid))
 	} else {
-		err = g.v1.cg.AddProc(uint64(pid))
+		err = g.v1.addProc(pid)
 	}
 	if err != nil {
 		return fmt.Errorf("cgroup: add pid %d to %s: %w", pid, g.Path(), err)
@@ -452,14 +456,22 @@ func readKey(path, key string) (int64, bool, error) {
 	if err != nil {
 		return 0, false, err
 	}
+	n, err := parseKey(b, key)
+	if n < 0 {
+		return 0, false, err
+	}
+	return n, err == nil, err
+}
+
+// parseKey finds key in "key value" lines; -1 when it is not there.
+func parseKey(b []byte, key string) (int64, error) {
 	for line := range strings.SplitSeq(string(b), "\n") {
 		k, v, ok := strings.Cut(line, " ")
 		if ok && k == key {
-			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			return n, err == nil, err
+			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		}
 	}
-	return 0, false, nil
+	return -1, nil
 }
 
 // readPids reads a cgroup.procs file.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,6 +22,24 @@ type v1Group struct {
 	cg    cgroup1.Cgroup
 	dirs  map[cgroup1.Name]string // absolute directory per hierarchy
 	memsw bool                    // memory.memsw.* exists (swap accounting)
+	f     files                   // the control files every run uses, kept open
+}
+
+// addProc writes pid to cgroup.procs of each hierarchy (once where
+// several are mounted together).
+func (g *v1Group) addProc(pid int) error {
+	seen := map[string]bool{}
+	for _, n := range v1Wanted {
+		d, ok := g.dirs[n]
+		if !ok || seen[d] {
+			continue
+		}
+		seen[d] = true
+		if err := g.f.write(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // v1Wanted are the hierarchies a group is created in, when mounted.
@@ -186,26 +205,26 @@ func (g *v1Group) stats() (Stats, error) {
 		if g.memsw {
 			pre = "memory.memsw."
 		}
-		if st.MemoryCurrentBytes, err = readInt(filepath.Join(d, pre+"usage_in_bytes")); err != nil {
+		if st.MemoryCurrentBytes, err = g.f.readInt(filepath.Join(d, pre+"usage_in_bytes")); err != nil {
 			return Stats{}, err
 		}
-		if st.MemoryPeakBytes, err = readInt(filepath.Join(d, pre+"max_usage_in_bytes")); err != nil {
+		if st.MemoryPeakBytes, err = g.f.readInt(filepath.Join(d, pre+"max_usage_in_bytes")); err != nil {
 			return Stats{}, err
 		}
-		if st.OOMKills, err = readOOMKills(d); err != nil {
+		if st.OOMKills, err = g.readOOMKills(d); err != nil {
 			return Stats{}, err
 		}
 	}
 	if d, ok := g.dirs[cgroup1.Pids]; ok {
-		if st.PidsCurrent, err = readInt(filepath.Join(d, "pids.current")); err != nil {
+		if st.PidsCurrent, err = g.f.readInt(filepath.Join(d, "pids.current")); err != nil {
 			return Stats{}, err
 		}
-		if st.PidsMax, err = readInt(filepath.Join(d, "pids.max")); err != nil {
+		if st.PidsMax, err = g.f.readInt(filepath.Join(d, "pids.max")); err != nil {
 			return Stats{}, err
 		}
 	}
 	if d, ok := g.dirs[cgroup1.Cpuacct]; ok {
-		ns, err := readInt(filepath.Join(d, "cpuacct.usage"))
+		ns, err := g.f.readInt(filepath.Join(d, "cpuacct.usage"))
 		if err != nil {
 			return Stats{}, err
 		}
@@ -221,16 +240,16 @@ func (g *v1Group) oomKills() int64 {
 	if !ok {
 		return 0
 	}
-	n, err := readOOMKills(d)
+	n, err := g.readOOMKills(d)
 	if err != nil {
 		return 0
 	}
 	return n
 }
 
-func readOOMKills(memoryDir string) (int64, error) {
-	n, _, err := readKey(filepath.Join(memoryDir, "memory.oom_control"), "oom_kill")
-	return n, err
+func (g *v1Group) readOOMKills(memoryDir string) (int64, error) {
+	n, err := g.f.readKey(filepath.Join(memoryDir, "memory.oom_control"), "oom_kill")
+	return max(n, 0), err
 }
 
 // empty reports whether no process is left in the group or below it. One
@@ -332,6 +351,7 @@ func (g *v1Group) killLoop(freezerDir string, deadline time.Time) error {
 }
 
 func (g *v1Group) delete(deadline time.Time) error {
+	g.f.close()
 	var err error
 	for i := 0; ; i++ {
 		err = g.cg.Delete()
@@ -454,7 +474,7 @@ func (g *v1Group) reset() error {
 		files = append(files, filepath.Join(d, "cpuacct.usage"))
 	}
 	for _, f := range files {
-		if err := os.WriteFile(f, []byte("0"), 0); err != nil {
+		if err := g.f.write(f, "0"); err != nil {
 			return err
 		}
 	}

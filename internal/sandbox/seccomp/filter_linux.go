@@ -147,15 +147,16 @@ const (
 	// Strict is the filter every piece of user code runs under.
 	Strict Profile = iota
 	// Zygote is Strict minus the calls a warm-pool zygote needs to give each
-	// child its own sandbox: unshare (new namespaces), mount and umount2 (a
-	// fresh /tmp and /proc), and sethostname. The zygote never runs user
+	// child its own sandbox: unshare (new namespaces), setns (back to its
+	// own pid namespace after forking a child into a new one), mount and
+	// umount2 (a fresh /tmp and /proc), and sethostname. The zygote never runs user
 	// code, and every child installs Strict on top before it does: filters
 	// stack, and the most restrictive verdict wins.
 	Zygote
 )
 
 // zygoteAllowed are the calls Zygote lets through.
-var zygoteAllowed = map[string]bool{"unshare": true, "mount": true, "umount2": true, "sethostname": true}
+var zygoteAllowed = map[string]bool{"unshare": true, "setns": true, "mount": true, "umount2": true, "sethostname": true}
 
 // Program returns the Strict filter for the architecture the program runs
 // on, ready to be handed to seccomp(2).
