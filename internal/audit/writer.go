@@ -213,7 +213,10 @@ func (w *Writer) write(line []byte, seq int64) error {
 	if _, err := w.f.Write(line); err != nil {
 		return w.fail(fmt.Errorf("audit: write: %w", err))
 	}
-	if err := w.f.Sync(); err != nil {
+	// fdatasync, not fsync: it flushes the line and what reading it back
+	// needs (the file's new size), and skips the timestamps, which cost a
+	// third of the sync on every call.
+	if err := datasync(w.f); err != nil {
 		return w.fail(fmt.Errorf("audit: sync: %w", err))
 	}
 	w.size += int64(len(line))

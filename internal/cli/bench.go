@@ -231,9 +231,8 @@ func waitPoolFull(p *pool.Pool, limit time.Duration) {
 	if p == nil {
 		return
 	}
-	size := int64(p.Info().Size)
 	deadline := time.Now().Add(limit)
-	for p.Stats().Ready < size && time.Now().Before(deadline) {
+	for st := p.Stats(); st.Ready < st.Target && time.Now().Before(deadline); st = p.Stats() {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
@@ -261,6 +260,8 @@ func runOK(ctx context.Context, eng *engine.Engine, req engine.RunRequest) error
 func benchLearned(ctx context.Context, o *options, log *slog.Logger, snippet engine.RunRequest, n int) ([]time.Duration, error) {
 	lo := *o
 	lo.preload = ""
+	var p *pool.Pool
+	lo.onPool = func(pp *pool.Pool) { p = pp }
 	eng, release, err := lo.engine(ctx, log)
 	if err != nil {
 		return nil, err
@@ -278,8 +279,9 @@ func benchLearned(ctx context.Context, o *options, log *slog.Logger, snippet eng
 			return nil, errors.New("bench: the pool did not learn to preload the snippet's imports within a minute")
 		}
 	}
-	time.Sleep(time.Second) // let the new zygote fill its pool
-	return measure(n, func() error { return runOK(ctx, eng, snippet) })
+	// One call at a time, as for the preloaded pool.
+	paced := func() error { waitPoolFull(p, 10*time.Second); return nil }
+	return measureBetween(n, paced, func() error { return runOK(ctx, eng, snippet) })
 }
 
 // benchMCP starts this binary as `serve` over stdio with the same flags and

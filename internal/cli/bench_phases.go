@@ -47,7 +47,8 @@ var setupPhases = []phase{
 	{"child: Landlock", "c:b.caps", "c:b.landlock"},
 	{"child: seccomp", "c:b.landlock", "c:b.seccomp"},
 	{"child: user paths, reseed", "c:b.seccomp", "c:b.user_paths"},
-	{"child: worker ready; server sees it", "c:b.user_paths", "s:ready"},
+	{"child: pre-touch preloaded libraries", "c:b.user_paths", "c:b.pretouch"},
+	{"child: worker ready; server sees it", "c:b.pretouch", "s:ready"},
 }
 
 // runPhases are what a run waits for, from the engine's call on.
@@ -120,10 +121,7 @@ func benchPhases(ctx context.Context, o *options, log *slog.Logger, n int, out i
 	}
 	size := p.Info().Size
 	waitFull := func() {
-		deadline := time.Now().Add(30 * time.Second)
-		for p.Stats().Ready < int64(size) && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
+		waitPoolFull(p, 30*time.Second)
 		// Let the kernel finish the last run's deferred cleanup too.
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -367,15 +367,19 @@ func (p *Pool) Info() sandbox.PoolInfo {
 
 // Stats are counters for benchmarks and logs.
 type Stats struct {
-	Ready, Hits, Misses, IdleDeaths int64
+	// Ready children now, of Target (Size for each zygote of the pool's
+	// own spec).
+	Ready, Target            int64
+	Hits, Misses, IdleDeaths int64
 }
 
 func (p *Pool) Stats() Stats {
-	ready := len(p.light.ready)
+	ready, target := len(p.light.ready), p.cfg.Size
 	if heavy := p.heavy.Load(); heavy != nil {
 		ready += len(heavy.ready)
+		target += p.cfg.Size
 	}
-	return Stats{Ready: int64(ready), Hits: p.hits.Load(), Misses: p.misses.Load(), IdleDeaths: p.idleDeaths.Load()}
+	return Stats{Ready: int64(ready), Target: int64(target), Hits: p.hits.Load(), Misses: p.misses.Load(), IdleDeaths: p.idleDeaths.Load()}
 }
 
 // Start hands out a ready child for a run with the pool's spec, forks one

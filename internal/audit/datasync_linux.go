@@ -1,0 +1,17 @@
+package audit
+
+import (
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// datasync is fdatasync(2), retried on EINTR.
+func datasync(f *os.File) error {
+	for {
+		err := unix.Fdatasync(int(f.Fd()))
+		if err != unix.EINTR {
+			return os.NewSyscallError("fdatasync", err)
+		}
+	}
+}
