@@ -65,7 +65,10 @@ func nativeOf(t testing.TB) *sandbox.Native {
 }
 
 // engineWith builds an engine over an existing pool.
-func engineWith(t testing.TB, p *Pool) *engine.Engine {
+func engineWith(t testing.TB, p *Pool) *engine.Engine { return engineOver(t, p) }
+
+// engineOver builds an engine with the pool tests' settings over backend.
+func engineOver(t testing.TB, backend sandbox.Backend) *engine.Engine {
 	t.Helper()
 	py, err := interp.Find(context.Background(), "")
 	if err != nil {
@@ -73,7 +76,7 @@ func engineWith(t testing.TB, p *Pool) *engine.Engine {
 	}
 	// The same settings as newPooledEngine: only runs with the pool's exact
 	// spec are pooled.
-	e, err := engine.New(engine.Config{Backend: p, Python: py, Limits: runLimits, DefaultTimeout: 20 * time.Second,
+	e, err := engine.New(engine.Config{Backend: backend, Python: py, Limits: runLimits, DefaultTimeout: 20 * time.Second,
 		MaxTimeout: 60 * time.Second, MaxOutput: 1 << 20, MaxConcurrent: 16, MaxQueue: 64})
 	if err != nil {
 		t.Fatal(err)

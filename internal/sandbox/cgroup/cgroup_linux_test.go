@@ -721,3 +721,49 @@ func TestV2MoveToLeaf(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestKeptFilesV1 uses a group the way the pool does, many times over
+// (join, figures, reset), and checks that the files it keeps open are
+// closed with the group: a server must not leak descriptors over runs.
+func TestKeptFilesV1(t *testing.T) {
+	requireV1(t)
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	before := fds()
+	g, err := New(fmt.Sprintf("kept-%d", os.Getpid()), Limits{MemoryBytes: 64 << 20, Pids: 16, CPUMilli: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var afterOne int
+	for i := range 20 {
+		if i == 1 {
+			afterOne = fds()
+		}
+		cmd := startIn(t, g, io.Discard, io.Discard, "/bin/true")
+		cmd.Wait()
+		if _, err := g.Stats(); err != nil {
+			t.Fatal(err)
+		}
+		g.OOMKilled()
+		if err := g.SetIdle(true); err != nil && g.CanIdle() {
+			t.Fatal(err)
+		}
+		if err := g.Reset(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if now := fds(); now != afterOne {
+		t.Errorf("%d descriptors after one use of the group, %d after 20: files are not reused", afterOne, now)
+	}
+	if err := g.Delete(); err != nil {
+		t.Fatal(err)
+	}
+	if after := fds(); after != before {
+		t.Errorf("%d descriptors before the group, %d after deleting it", before, after)
+	}
+}
