@@ -19,6 +19,13 @@ type Options struct {
 	MaxSize int64
 	// Now is the clock; nil means time.Now. For tests.
 	Now func() time.Time
+	// SyncEach makes Append return only once its record is on disk
+	// (fdatasync). Otherwise Append returns once the record is written to
+	// the file, and a background sync follows at once, shared by every
+	// record written meanwhile: a server crash loses nothing, a machine
+	// crash may lose the last millisecond or so of records. Either way a
+	// failed write or sync breaks the Writer (see Append).
+	SyncEach bool
 }
 
 // Writer appends records to a log file. It is safe for concurrent use.
@@ -36,6 +43,11 @@ type Writer struct {
 	seq  int64  // seq of the last record written, 0 if none
 	hash string // hash of the last record written
 	err  error  // set once a write failed or Close was called: no more appends
+
+	// The background sync (without Options.SyncEach): a record written
+	// asks for one on syncReq; quit stops the goroutine, done says it has.
+	syncReq    chan struct{}
+	quit, done chan struct{}
 }
 
 var errClosed = errors.New("audit: writer closed")
@@ -65,7 +77,31 @@ func Open(path string, opts Options) (*Writer, error) {
 		f.Close()
 		return nil, err
 	}
+	if !opts.SyncEach {
+		w.syncReq, w.quit, w.done = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+		go w.syncLoop()
+	}
 	return w, nil
+}
+
+// syncLoop makes written records durable off the callers' path. One sync
+// covers every record written before it starts.
+func (w *Writer) syncLoop() {
+	defer close(w.done)
+	for {
+		select {
+		case <-w.quit:
+			return
+		case <-w.syncReq:
+		}
+		w.mu.Lock()
+		if w.f != nil && w.err == nil {
+			if err := datasync(w.f); err != nil {
+				w.fail(fmt.Errorf("audit: sync: %w", err))
+			}
+		}
+		w.mu.Unlock()
+	}
 }
 
 // openLocked opens path for appending and locks it, refusing anything but
@@ -163,12 +199,12 @@ func lastRecord(path, chain string) (int64, string, error) {
 
 // Append writes r as the next record of the chain, filling in r.Seq,
 // r.Prev and, when zero, r.Time, and capping r.Error. It returns once the
-// line is on disk (fsync), so a record whose Append returned survives a
-// crash.
+// line is in the file (one write), and with Options.SyncEach once it is on
+// disk; otherwise the sync follows in the background.
 //
-// If a write or sync fails the Writer is broken: this and every later
-// Append return an error, and the caller should refuse further calls
-// rather than run them unaudited.
+// If a write or sync fails the Writer is broken: this (or, for a
+// background sync, the next) and every later Append return an error, and
+// the caller should refuse further calls rather than run them unaudited.
 func (w *Writer) Append(r *Record) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -208,7 +244,8 @@ func (w *Writer) encode(r *Record) ([]byte, error) {
 	return line, err
 }
 
-// write writes one line with one write call and syncs it.
+// write writes one line with one write call and syncs it, or has it
+// synced (see Options.SyncEach).
 func (w *Writer) write(line []byte, seq int64) error {
 	if _, err := w.f.Write(line); err != nil {
 		return w.fail(fmt.Errorf("audit: write: %w", err))
@@ -216,8 +253,15 @@ func (w *Writer) write(line []byte, seq int64) error {
 	// fdatasync, not fsync: it flushes the line and what reading it back
 	// needs (the file's new size), and skips the timestamps, which cost a
 	// third of the sync on every call.
-	if err := datasync(w.f); err != nil {
-		return w.fail(fmt.Errorf("audit: sync: %w", err))
+	if w.syncReq == nil {
+		if err := datasync(w.f); err != nil {
+			return w.fail(fmt.Errorf("audit: sync: %w", err))
+		}
+	} else {
+		select {
+		case w.syncReq <- struct{}{}:
+		default: // one is due already, and will cover this line
+		}
 	}
 	w.size += int64(len(line))
 	w.seq = seq
@@ -256,6 +300,10 @@ func (w *Writer) rotate(now time.Time) error {
 	if err := syncDir(w.path); err != nil {
 		return err
 	}
+	// The old file's last records may not be synced yet.
+	if err := datasync(w.f); err != nil {
+		return err
+	}
 	w.f.Close()
 	w.f = nil
 	f, err := openLocked(w.path)
@@ -284,14 +332,31 @@ func (w *Writer) Head() (seq int64, hash string) {
 	return w.seq, w.hash
 }
 
-// Close closes the file. Later Appends fail.
+// Close syncs and closes the file. Later Appends fail.
 func (w *Writer) Close() error {
+	if w.quit != nil {
+		w.mu.Lock()
+		select {
+		case <-w.quit:
+		default:
+			close(w.quit)
+		}
+		w.mu.Unlock()
+		<-w.done
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.f == nil {
 		return nil
 	}
+	serr := datasync(w.f)
+	if serr != nil && w.err == nil {
+		w.fail(fmt.Errorf("audit: sync: %w", serr))
+	}
 	err := w.f.Close()
+	if err == nil {
+		err = serr
+	}
 	w.f = nil
 	if w.err == nil {
 		w.err = errClosed

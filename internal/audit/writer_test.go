@@ -478,3 +478,41 @@ func TestOpenRefusesDamagedSibling(t *testing.T) {
 		t.Errorf("error does not name the sibling: %v", err)
 	}
 }
+
+// TestBackgroundSync appends without SyncEach: each record is in the file
+// when Append returns (a server crash loses nothing), and the chain is
+// whole after Close, which syncs.
+func TestBackgroundSync(t *testing.T) {
+	for _, each := range []bool{false, true} {
+		path := filepath.Join(t.TempDir(), "audit.log")
+		w, err := Open(path, Options{SyncEach: each})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 50 {
+			if err := w.Append(&Record{Event: "call", Tool: "run_python"}); err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := bytes.Count(b, []byte("\n")); got != i+1 {
+				t.Fatalf("SyncEach=%v: %d lines in the file after %d appends", each, got, i+1)
+			}
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Append(&Record{Event: "call"}); err == nil {
+			t.Errorf("SyncEach=%v: Append after Close succeeded", each)
+		}
+		if err := w.Close(); err != nil {
+			t.Errorf("second Close: %v", err)
+		}
+		rep, err := Verify([]string{path})
+		if err != nil || rep.Records != 50 {
+			t.Errorf("SyncEach=%v: verify: %v %+v", each, err, rep)
+		}
+	}
+}

@@ -42,6 +42,7 @@ func serve(args []string, stderr io.Writer) error {
 	fs.Var(&maxReply, "max-reply", "largest tool result on the wire, JSON escapes included: figures beyond it become resource links and output is cut further (clients drop connections at about 10MiB)")
 	policyFile := fs.String("policy", "", "policy file (JSON or YAML): which tools are allowed, denied or need the user's approval, rate limits, package rules; default: everything allowed. SIGHUP reloads it (a broken file changes nothing)")
 	auditLog := fs.String("audit-log", "", "append a tamper-evident record of every tool call to this file (JSON lines, hash-chained; check it with 'pysandbox audit verify')")
+	auditSyncEach := fs.Bool("audit-sync-each", false, "make each audit record durable (fdatasync) before its call's result is returned, rather than in the background right after (costs a disk flush per call)")
 	auditMaxSize := size(100 << 20)
 	fs.Var(&auditMaxSize, "audit-max-size", "rotate the audit log to FILE.1, FILE.2, ... when it would grow past this size (the chain continues across files); 0 never rotates")
 	tokenFile := fs.String("auth-token-file", "", "require a bearer token on /mcp and /metrics: a file of 'NAME TOKEN' lines; NAME becomes the caller's identity in the audit log and rate limits")
@@ -163,7 +164,7 @@ func serve(args []string, stderr io.Writer) error {
 		}),
 	}
 	if *auditLog != "" {
-		w, err := audit.Open(*auditLog, audit.Options{MaxSize: int64(auditMaxSize)})
+		w, err := audit.Open(*auditLog, audit.Options{MaxSize: int64(auditMaxSize), SyncEach: *auditSyncEach})
 		if err != nil {
 			return err
 		}
