@@ -37,6 +37,7 @@ type child struct {
 	onClose     func()              // asks the pool to prepare a replacement
 	release     func()              // uncounts the child on its zygote
 	zyg         *zygote             // the zygote it was forked from
+	lowWeight   bool                // set up ahead of demand at the lowest CPU weight
 	trace       *Trace              // nil unless Config.Trace is set
 	traceMu     sync.Mutex
 	onTrace     func(*Trace)

@@ -341,18 +341,27 @@ func (p *Pool) Start(ctx context.Context, spec *sandbox.Spec) (sandbox.Sandbox, 
 	if c == nil {
 		p.misses.Add(1)
 		var err error
-		if c, err = p.spawn(ctx, f, oneshot); err != nil {
+		if c, err = p.spawn(ctx, f, oneshot, false); err != nil {
 			f.active.Add(-1)
 			return nil, err
 		}
 	} else {
 		p.hits.Add(1)
+		if c.lowWeight {
+			// Made ahead of demand at the lowest weight: a run's now.
+			if err := c.cg.SetWeight(runWeight); err != nil {
+				p.cfg.Logger.Warn("pool: could not give a run its CPU weight", "err", err)
+			}
+		}
 	}
 	c.stamp("taken")
 	c.onClose = func() { f.active.Add(-1); f.kick() }
 	c.attach(spec.Stdout, spec.Stderr)
 	return c, nil
 }
+
+// runWeight is a run's CPU weight, a plain process's.
+const runWeight = 100
 
 // maxExtraFlavors bounds the zygotes kept for other interpreters and
 // environments, each a resident interpreter of its own.
@@ -484,7 +493,9 @@ func (p *Pool) refillLoop(f *flavor) {
 		case <-f.refill:
 		}
 		for len(f.ready) < p.cfg.Size && p.underBudget() {
-			c, err := p.spawn(p.ctx, f, true)
+			// At the lowest weight only while ready children remain: an
+			// empty pool means runs are waiting for this one.
+			c, err := p.spawn(p.ctx, f, true, len(f.ready) > 0)
 			if err != nil {
 				if p.ctx.Err() == nil {
 					p.cfg.Logger.Warn("pool: could not prepare a worker", "err", err)

@@ -14,7 +14,13 @@ import (
 )
 
 // spawn forks one child and waits until it is a complete sandbox.
-func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, error) {
+//
+// A child made ahead of demand (ahead) does its setup at the lowest CPU
+// weight, so that refilling the pool never competes with runs for the
+// cores; Start gives it a run's weight when it hands it out. (Against the
+// processes beside the server, the sandboxes weigh as a whole: see
+// cgroup's parent weight, so a refill is not starved by them.)
+func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot, ahead bool) (*child, error) {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	c := &child{ended: make(chan struct{}), done: make(chan struct{}), outputDone: make(chan struct{}), onIdleDeath: func() { p.idleDeaths.Add(1); f.kick() }}
@@ -163,6 +169,14 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot bool) (*child, erro
 		return fail(err)
 	}
 	if c.cg != nil {
+		w := uint64(runWeight)
+		if ahead {
+			w = 1
+		}
+		c.lowWeight = ahead
+		if err := c.cg.SetWeight(w); err != nil {
+			return fail(fmt.Errorf("pool: %w", err))
+		}
 		if err := c.cg.AddProc(c.hostPID); err != nil {
 			return fail(fmt.Errorf("pool: %w", err))
 		}

@@ -118,6 +118,30 @@ func (g *Group) SetIdle(idle bool) error {
 	return nil
 }
 
+// SetWeight sets the group's share of contended CPUs (100 is a plain
+// process's; v2 cpu.weight, v1 cpu.shares scaled the same way). A group
+// without the CPU controller ignores it.
+func (g *Group) SetWeight(w uint64) error {
+	if err := g.live(); err != nil {
+		return err
+	}
+	w = min(max(w, 1), 10000)
+	var err error
+	if g.v2 != nil {
+		p := filepath.Join(g.v2.dir, "cpu.weight")
+		if !exists(p) {
+			return nil
+		}
+		err = os.WriteFile(p, []byte(strconv.FormatUint(w, 10)), 0)
+	} else if d := g.v1.dirs[cgroup1.Cpu]; d != "" {
+		err = g.v1.f.write(filepath.Join(d, "cpu.shares"), strconv.FormatUint(max(w*1024/100, 2), 10))
+	}
+	if err != nil {
+		return fmt.Errorf("cgroup: %s: set weight %d: %w", g.Path(), w, err)
+	}
+	return nil
+}
+
 // Stats is a snapshot of a group's usage.
 type Stats struct {
 	// MemoryPeakBytes is the high-water mark: memory.memsw.max_usage_in_bytes

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/cgroups/v3/cgroup1"
@@ -177,8 +179,21 @@ func newV1(name string, lim Limits, only []cgroup1.Name) (*v1Group, error) {
 		return nil, fmt.Errorf("cgroup: create %s: %w", g.path(), err)
 	}
 	g.cg = cg
+	if d := dirs[cgroup1.Cpu]; d != "" {
+		parentShares.Do(func() {
+			// Every sandbox of this server is below <own>/pysandbox, which
+			// the kernel schedules as one entity against the processes
+			// beside it: at the default weight all runs together would get
+			// one process's share of a busy machine. Weigh them as one
+			// process per CPU instead (each run is held to its own quota).
+			_ = os.WriteFile(filepath.Join(filepath.Dir(d), "cpu.shares"), []byte(strconv.Itoa(1024*runtime.NumCPU())), 0)
+		})
+	}
 	return g, nil
 }
+
+// parentShares sets the weight of <own>/pysandbox once per process.
+var parentShares sync.Once
 
 func (g *v1Group) path() string {
 	if d, ok := g.dirs[cgroup1.Memory]; ok {
