@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -765,5 +766,27 @@ func TestKeptFilesV1(t *testing.T) {
 	}
 	if after := fds(); after != before {
 		t.Errorf("%d descriptors before the group, %d after deleting it", before, after)
+	}
+}
+
+// TestWeightV1 checks SetWeight's cpu.shares, and the weight of the parent
+// every sandbox is below: one process's per CPU.
+func TestWeightV1(t *testing.T) {
+	requireV1(t)
+	g := newGroup(t, Limits{MemoryBytes: 64 << 20, CPUMilli: 1000})
+	d := g.v1.dirs[cgroup1.Cpu]
+	if d == "" {
+		t.Skip("no v1 cpu hierarchy on this machine")
+	}
+	for w, shares := range map[uint64]string{1: "10", 100: "1024", 800: "8192"} {
+		if err := g.SetWeight(w); err != nil {
+			t.Fatal(err)
+		}
+		if got := readTrim(t, filepath.Join(d, "cpu.shares")); got != shares {
+			t.Errorf("SetWeight(%d): cpu.shares %s, want %s", w, got, shares)
+		}
+	}
+	if got, want := readTrim(t, filepath.Join(filepath.Dir(d), "cpu.shares")), strconv.Itoa(1024*runtime.NumCPU()); got != want {
+		t.Errorf("parent cpu.shares %s, want %s", got, want)
 	}
 }
