@@ -7,19 +7,26 @@
 // with pandas preloaded over 300 ms of CPU, which caps a 2-core machine at
 // a few runs per second. A fork of a warm interpreter costs a few
 // milliseconds whatever it has imported. So one zygote per interpreter
-// runs inside an ordinary sandbox and forks a child per run; each child
-// gets its own user, mount, pid, net, ipc, uts and cgroup namespaces, its
-// own tmpfs, /proc and cgroup (memory, pids), rlimits, no capabilities,
-// no_new_privs and the strict seccomp filter before any user code runs,
-// and is used once. Runs never share a process, a namespace or a file.
+// runs inside an ordinary sandbox and forks a child per run, straight into
+// a fresh pid namespace; each child gets its own user, mount, pid, net,
+// ipc, uts and cgroup namespaces, its own tmpfs, /proc and cgroup (memory,
+// pids, CPU), rlimits, no capabilities, no_new_privs, Landlock and the
+// strict seccomp filter before any user code runs, and is used once. Runs
+// never share a process, a namespace or a file.
+//
+// Namespace ownership: the zygote lives in a user namespace of its own,
+// where it holds every capability; a child builds its other namespaces
+// with them, then enters a user namespace of its own (owning nothing) and
+// drops everything. So every namespace of a run is owned by the zygote's
+// user namespace, where no run holds a capability.
 //
 // The pool implements sandbox.Backend, so the engine does not know whether
 // a run is pooled.
 //
 // Trust. A zygote is more privileged than a run: its seccomp filter allows
-// unshare and mount, and a root server's zygote keeps CAP_SETUID/SETGID in
-// its own user namespace (which maps no privileged host id) to give each
-// child a host uid of its own. So nothing a caller controls ever executes
+// unshare, setns and mount, and it holds every capability in its own user
+// namespace (which maps no privileged host id; for a root server, the
+// block of ids that gives each child a host uid of its own). So nothing a caller controls ever executes
 // in a zygote, nor in a child before its lockdown:
 //   - a zygote imports only the interpreter's standard library and
 //     site-packages (--preload and learned names resolve there and nowhere
