@@ -88,6 +88,9 @@ type Policy struct {
 	// Quotas bound what one identity may hold at once (runs in flight,
 	// queue places, sessions); nil when the file has no quotas section.
 	Quotas *Quotas `json:"quotas,omitempty"`
+	// Network is what runs may reach through the server's proxy; nil
+	// when the file has no network section (no network).
+	Network *NetworkRules `json:"network,omitempty"`
 	// Source is where the policy came from and SHA256 the digest of its
 	// bytes, for the audit log's start record.
 	Source string `json:"-"`
@@ -308,7 +311,7 @@ func (v *validator) str(field string, x any) (string, bool) {
 }
 
 func (v *validator) policy(doc any, p *Policy) {
-	m := v.object("", doc, "version", "default", "tools", "packages", "quotas")
+	m := v.object("", doc, "version", "default", "tools", "packages", "quotas", "network")
 	if m == nil {
 		return
 	}
@@ -352,6 +355,9 @@ func (v *validator) policy(doc any, p *Policy) {
 	}
 	if q, ok := m["quotas"]; ok {
 		p.Quotas = v.quotas("quotas", q)
+	}
+	if n, ok := m["network"]; ok {
+		p.Network = v.network("network", n)
 	}
 }
 
