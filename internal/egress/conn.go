@@ -238,7 +238,11 @@ func (g *Grant) dial(host string, port int, rule *policy.HostRule, trusted bool)
 	ctx, cancel := context.WithTimeout(g.ctx, g.p.cfg.DialTimeout)
 	defer cancel()
 	var addrs []netip.Addr
-	if a, err := netip.ParseAddr(host); err == nil {
+	pinned := rule != nil && rule.Pin.IsValid()
+	if pinned {
+		// The operator named the address: no lookup, no check.
+		addrs = []netip.Addr{rule.Pin}
+	} else if a, err := netip.ParseAddr(host); err == nil {
 		addrs = []netip.Addr{a.Unmap()}
 	} else {
 		addrs, err = g.p.cfg.Resolver.LookupNetIP(ctx, "ip", host)
@@ -252,7 +256,7 @@ func (g *Grant) dial(host string, port int, rule *policy.HostRule, trusted bool)
 	d := net.Dialer{}
 	for _, a := range addrs {
 		a = a.Unmap()
-		if !trusted && !addrRule(rule, a) {
+		if !trusted && !pinned && !addrRule(rule, a) {
 			if r := internal(a); r != "" {
 				why = append(why, fmt.Sprintf("%s is %s", a, r))
 				continue

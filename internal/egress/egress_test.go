@@ -188,7 +188,7 @@ func TestRefusals(t *testing.T) {
 	rec := &recorder{}
 	p := New(Config{
 		Rules: func() *policy.NetworkRules {
-			r := rules(t, "*.test", "localhost", "allowed.example:"+ps, "127.0.0.1:"+ps)
+			r := rules(t, "*.test", "localhost", "allowed.example:"+ps, "127.0.0.1:"+ps, "pinned.example:"+ps+"=127.0.0.1")
 			deny, _ := policy.ParseHostRule("evil.test")
 			r.Deny = []policy.HostRule{deny}
 			return r
@@ -230,12 +230,16 @@ func TestRefusals(t *testing.T) {
 			t.Errorf("%q:\n got %q\nwant %q", strings.SplitN(c.req, "\r\n", 2)[0], got, c.want)
 		}
 	}
+	// A name pinned to an address is not looked up, nor checked.
+	if got := rawRequest(t, purl, "GET http://pinned.example:"+ps+"/ HTTP/1.1\r\n\r\n"); !strings.HasPrefix(got, "HTTP/1.1 200") {
+		t.Errorf("pinned: %q", got)
+	}
 	// The address rule itself works.
 	if got := rawRequest(t, purl, "GET http://127.0.0.1:"+ps+"/ HTTP/1.1\r\nHost: evil.test\r\n\r\n"); !strings.HasPrefix(got, "HTTP/1.1 200") {
 		t.Errorf("allowed address: %q", got)
 	}
 	for _, r := range rec.all() {
-		if r.Decision == Allowed && r.Host != "127.0.0.1" {
+		if r.Decision == Allowed && r.Host != "127.0.0.1" && r.Host != "pinned.example" {
 			t.Errorf("allowed %+v", r)
 		}
 	}

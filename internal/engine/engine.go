@@ -16,6 +16,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"os"
 	"regexp"
 	"strings"
@@ -87,8 +88,19 @@ type Config struct {
 	// MaxConcurrent runs execute at once; up to MaxQueue more wait.
 	MaxConcurrent int
 	MaxQueue      int
-	Logger        *slog.Logger
+	// Network gives sandboxes a way out through the server's proxy
+	// (internal/egress): each listens on 127.0.0.1:sandbox.ProxyPort and
+	// its environment points HTTP clients there. Which run may reach what
+	// is up to the NetAttach of its request; a run without one has no
+	// network. Off: no sandbox has any network at all.
+	Network bool
+	Logger  *slog.Logger
 }
+
+// NetAttach serves a sandbox's proxy listener (see Config.Network) for one
+// run or one session, and returns the function that ends that, which the
+// engine calls when the run or session is over.
+type NetAttach func(l net.Listener) (stop func())
 
 // Engine runs code. It is safe for concurrent use.
 type Engine struct {
@@ -195,6 +207,9 @@ type RunRequest struct {
 	PythonVersion string
 	// Progress, when set, receives installer progress lines.
 	Progress func(string)
+	// Network serves the run's proxy listener; nil: the run has no
+	// network. A session's is given when it is created.
+	Network NetAttach
 }
 
 // Result is the outcome of a run; its JSON form is the tool's output.
@@ -243,7 +258,15 @@ func (e *Engine) RunSpec() *sandbox.Spec { return e.spec(true, nil, nil) }
 
 // workerEnv is the whole environment of the worker: nothing of the
 // server's leaks in.
-func workerEnv() []string {
+func (e *Engine) workerEnv() []string {
+	env := baseEnv()
+	if e.cfg.Network {
+		env = append(env, sandbox.ProxyEnv()...)
+	}
+	return env
+}
+
+func baseEnv() []string {
 	return []string{
 		"PATH=/usr/local/bin:/usr/bin:/bin",
 		"HOME=/work",
@@ -327,6 +350,8 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 			teardown = append(teardown, func() { sb.Close() })
 		}
 	}()
+	// The run's network ends with its answer, whatever it left running.
+	defer attachNetwork(sb, req.Network)()
 
 	// A flood far beyond the cap is stopped rather than left to burn CPU
 	// until the timeout; the head and tail are already kept.
@@ -671,4 +696,19 @@ func ImportsOf(code string) []string {
 		}
 	}
 	return out
+}
+
+// attachNetwork hands a sandbox's proxy listener to attach, or closes it
+// when the run has no network; it returns what ends the network.
+func attachNetwork(sb sandbox.Sandbox, attach NetAttach) (stop func()) {
+	p, ok := sb.(sandbox.Proxied)
+	if !ok || p.ProxyListener() == nil {
+		return func() {}
+	}
+	l := p.ProxyListener()
+	if attach == nil {
+		l.Close()
+		return func() {}
+	}
+	return attach(l)
 }

@@ -528,7 +528,7 @@ for p in os.listdir('/proc'):
 	if !slices.Equal(got.Keys, want) {
 		t.Errorf("os.environ keys = %v, want exactly %v", got.Keys, want)
 	}
-	for _, kv := range workerEnv() {
+	for _, kv := range baseEnv() {
 		k, v, _ := strings.Cut(kv, "=")
 		if got.Environ[k] != v {
 			t.Errorf("%s = %q inside, want %q", k, got.Environ[k], v)

@@ -94,6 +94,8 @@ type Session struct {
 
 	runMu sync.Mutex // one run at a time
 
+	netStop func() // ends the session's network
+
 	// renv is the session's interpreter and dependency environment (held
 	// in the cache as in use while the session lives); reqs are all its
 	// requirements, install_package's included.
@@ -173,6 +175,9 @@ type CreateOptions struct {
 	// Owner is who created the session (the MCP layer's caller identity);
 	// the MCP layer lets only the owner use it.
 	Owner string
+	// Network serves the session's proxy listener for its whole life;
+	// nil: the session has no network.
+	Network NetAttach
 }
 
 // Create starts a session. ttl 0 means the default.
@@ -219,7 +224,9 @@ func (s *Sessions) Create(ctx context.Context, ttl time.Duration, opts ...Create
 		return nil, fmt.Errorf("engine: start session: %w", err)
 	}
 	sess.sb = sb
+	sess.netStop = attachNetwork(sb, o.Network)
 	fail := func(err error) (*SessionInfo, error) {
+		sess.netStop()
 		sb.Close()
 		return nil, err
 	}
@@ -306,6 +313,7 @@ func (s *Sessions) remove(sess *Session, why string) {
 	}
 	sess.mu.Unlock()
 	sess.sb.Kill()
+	sess.netStop()
 	// File operations in flight finish first: the workspace descriptor
 	// keeps the session's tmpfs alive until it is closed.
 	sess.wsUsers.Wait()

@@ -15,7 +15,8 @@ import (
 // proxy (internal/egress), and how much. With no allow and no approve
 // rule, a run has no network at all: that is the default.
 //
-// A rule is HOST or HOST:PORT. HOST is a DNS name, a glob over DNS names
+// A rule is HOST or HOST:PORT, or NAME[:PORT]=ADDRESS, which pins a name
+// to an address the way curl's --resolve does. HOST is a DNS name, a glob over DNS names
 // ("*" matches any characters, dots included, so "*.example.com" matches
 // every subdomain of example.com but not example.com itself), "*" for any
 // host, or an IP address ("10.0.0.5", "[fd00::5]"). Without a port a rule
@@ -23,8 +24,10 @@ import (
 //
 // The proxy refuses loopback, private, link-local (cloud metadata among
 // them), multicast and unspecified addresses after it resolves a name, so
-// an allowed name cannot lead inside. The one way in is a rule that names
-// the address itself, and a connection made to that address.
+// an allowed name cannot lead inside. The ways in are a rule that names
+// the address itself (for a connection made to that address), and a rule
+// that pins a name to an address ("files.corp:443=10.0.0.5": the name is
+// not resolved at all, and the connection goes to that address).
 type NetworkRules struct {
 	Allow   []HostRule `json:"allow,omitempty"`
 	Deny    []HostRule `json:"deny,omitempty"`
@@ -58,6 +61,8 @@ type HostRule struct {
 	// Addr is set when the rule names an IP address.
 	Addr netip.Addr
 	Port int // 0: any port
+	// Pin is the address a NAME=ADDRESS rule connects NAME to.
+	Pin netip.Addr
 }
 
 // String writes the rule back in its own syntax.
@@ -66,10 +71,13 @@ func (r HostRule) String() string {
 	if r.Addr.Is6() {
 		h = "[" + h + "]"
 	}
-	if r.Port == 0 {
-		return h
+	if r.Port != 0 {
+		h += ":" + strconv.Itoa(r.Port)
 	}
-	return h + ":" + strconv.Itoa(r.Port)
+	if r.Pin.IsValid() {
+		h += "=" + r.Pin.String()
+	}
+	return h
 }
 
 // MarshalText makes rules print as they are written.
@@ -121,9 +129,24 @@ func (r HostRule) Match(host string, port int) bool {
 	return ok
 }
 
-// ParseHostRule parses HOST[:PORT].
+// ParseHostRule parses HOST[:PORT] or NAME[:PORT]=ADDRESS.
 func ParseHostRule(s string) (HostRule, error) {
 	s = strings.TrimSpace(s)
+	if name, addr, ok := strings.Cut(s, "="); ok {
+		r, err := ParseHostRule(name)
+		if err != nil {
+			return HostRule{}, err
+		}
+		a, err := netip.ParseAddr(strings.Trim(strings.TrimSpace(addr), "[]"))
+		if err != nil || a.Zone() != "" {
+			return HostRule{}, fmt.Errorf("%q: after '=' comes the address the name is pinned to, e.g. files.corp:443=10.0.0.5", s)
+		}
+		if r.Addr.IsValid() || strings.ContainsAny(r.Host, "*?") {
+			return HostRule{}, fmt.Errorf("%q: only a plain name can be pinned to an address", s)
+		}
+		r.Pin = a.Unmap()
+		return r, nil
+	}
 	if s == "" || len(s) > 300 {
 		return HostRule{}, errors.New("want a host of 1 to 300 characters, optionally with :PORT")
 	}

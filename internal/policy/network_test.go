@@ -59,6 +59,13 @@ network:
 	if got, _ := (&NetworkRules{Allow: []HostRule{mustRule(t, "1*")}}).Decide("127.0.0.1", 80); got != Deny {
 		t.Errorf("a glob matched an address")
 	}
+	pin := mustRule(t, "Files.Corp:8443=10.0.0.5")
+	if pin.Host != "files.corp" || pin.Port != 8443 || pin.Pin.String() != "10.0.0.5" || pin.String() != "files.corp:8443=10.0.0.5" {
+		t.Errorf("pinned rule %+v", pin)
+	}
+	if !pin.Match("files.corp", 8443) || pin.Match("10.0.0.5", 8443) {
+		t.Errorf("a pinned rule matches its name only")
+	}
 	if (&NetworkRules{Deny: []HostRule{mustRule(t, "x.com")}}).Enabled() {
 		t.Error("deny alone enabled the network")
 	}
@@ -85,6 +92,8 @@ func TestNetworkRuleErrors(t *testing.T) {
 		{`{"version":"1","network":{"allow":["[fe80::1%eth0]"]}}`, "zone"},
 		{`{"version":"1","network":{"allow":["x.com"],"proxy":1}}`, "network.proxy: unknown field"},
 		{`{"version":"1","network":{"limits":{"bytes_in":0}}}`, "network.limits.bytes_in"},
+		{`{"version":"1","network":{"allow":["*.x.com=10.0.0.1"]}}`, "only a plain name"},
+		{`{"version":"1","network":{"allow":["x.com=nowhere"]}}`, "pinned to"},
 		{`{"version":"1","network":{"limits":{"connections":-1}}}`, "network.limits.connections"},
 	} {
 		_, err := Parse([]byte(c.doc), "p.json", testTools)

@@ -23,7 +23,8 @@ import (
 // sandbox.Sandbox, so the engine drives it exactly like a cold sandbox.
 type child struct {
 	ctrl        *net.UnixConn
-	pidfd       int // pidfd of the run's pid 1, so a kill can never hit a recycled pid
+	proxy       net.Listener // see sandbox.Proxied; nil without Spec.Proxy
+	pidfd       int          // pidfd of the run's pid 1, so a kill can never hit a recycled pid
 	hostPID     int
 	cg          *cgroup.Group
 	exitc       chan exitStatus
@@ -52,6 +53,9 @@ type child struct {
 }
 
 func (c *child) Control() net.Conn { return c.ctrl }
+
+// ProxyListener implements sandbox.Proxied.
+func (c *child) ProxyListener() net.Listener { return c.proxy }
 
 // alive reports whether the child's pid 1 still runs. The pidfd answers
 // at once; the reaper may not have noticed yet.
@@ -172,6 +176,9 @@ func (c *child) Close() error {
 		}
 		<-c.ended
 		c.ctrl.Close()
+		if c.proxy != nil {
+			c.proxy.Close()
+		}
 		if c.pidfd > 0 {
 			unix.Close(c.pidfd)
 		}

@@ -120,6 +120,9 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot, ahead bool) (*chil
 	}
 	go func() { c.copies.Wait(); close(c.outputDone) }()
 	req := spawnRequest{TmpBytes: lim.TmpBytes, Rlimits: p.rlimits, Env: p.env, Oneshot: oneshot, Trace: c.trace != nil}
+	if p.cfg.Spec.Proxy {
+		req.ProxyPort = sandbox.ProxyPort
+	}
 	if os.Geteuid() == 0 {
 		// Distinct host users for concurrent runs (see sandbox.ChildIDBase);
 		// the block is far larger than the runs that can be alive at once.
@@ -185,6 +188,11 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot, ahead bool) (*chil
 		return fail(fmt.Errorf("pool: %w", err))
 	}
 	c.stamp("joined")
+	if req.ProxyPort != 0 {
+		if c.proxy, err = sandbox.RecvProxyListener(ctx, c.ctrl); err != nil {
+			return fail(fmt.Errorf("pool: child setup failed: %w", err))
+		}
+	}
 	if c.trace != nil {
 		if c.trace.Stamps, err = readTrace(ctx, c.ctrl); err != nil {
 			return fail(err)

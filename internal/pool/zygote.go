@@ -101,6 +101,9 @@ type spawnRequest struct {
 	Oneshot  bool              `json:"oneshot"`
 	UID      int               `json:"uid,omitempty"`   // the child's own id in the zygote's namespace (root server)
 	Trace    bool              `json:"trace,omitempty"` // send phase stamps (see Trace)
+	// ProxyPort: listen there on 127.0.0.1 once lo is up and hand the
+	// socket over (see sandbox.Proxied); 0: no network at all.
+	ProxyPort int `json:"proxy_port,omitempty"`
 }
 
 // startZygote starts a zygote in a sandbox of backend and waits until it

@@ -64,6 +64,11 @@ func runInit(setup *os.File) error {
 			return err
 		}
 	}
+	if cfg.Proxy {
+		if err := sendProxyListener(int(setup.Fd())); err != nil {
+			return fmt.Errorf("sandbox init: %w", err)
+		}
+	}
 	if err := os.Chdir(cfg.Cwd); err != nil {
 		return fmt.Errorf("sandbox init: %w", err)
 	}

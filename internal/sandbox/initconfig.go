@@ -59,6 +59,9 @@ type initConfig struct {
 	// HostNetwork: the sandbox kept the host's network namespace, so lo
 	// must not be touched and the host's resolver configuration is used.
 	HostNetwork bool `json:"host_network,omitempty"`
+	// Proxy: listen on 127.0.0.1:ProxyPort once lo is up and send the
+	// socket to the server over the setup socket (see listener_linux.go).
+	Proxy bool `json:"proxy,omitempty"`
 	// Zygote relaxes the seccomp filter for a warm-pool zygote (see
 	// seccomp.Zygote); its children install the strict one themselves.
 	Zygote bool `json:"zygote,omitempty"`

@@ -229,12 +229,23 @@ func (n *Native) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 	if err := sendConfig(setupParent, cfg); err != nil {
 		return nil, err
 	}
+	var first []byte
+	if cfg.Proxy {
+		s.proxy, err = recvProxyListenerFD(int(setupParent.Fd()))
+		var no *errNoListener
+		if errors.As(err, &no) {
+			first = no.first // the start of the init's error
+		} else if err != nil && ctx.Err() == nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+	}
 	// The init closes its end on exec (close-on-exec); anything it wrote
 	// before that is its error.
 	msg, err := io.ReadAll(io.LimitReader(setupParent, 64<<10))
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: read init status: %w", err)
 	}
+	msg = append(first, msg...)
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -355,6 +366,7 @@ func (n *Native) config(spec *Spec) (*initConfig, error) {
 			return nil, err
 		}
 	}
+	cfg.Proxy = spec.Proxy && !spec.HostNetwork
 	if spec.HostNetwork {
 		cfg.HostNetwork = true
 		// The host's resolver, instead of the generated "no network" file.
@@ -489,9 +501,10 @@ func rlimits(l Limits, cg cgroup.Info) []rlimit {
 }
 
 type nativeSandbox struct {
-	cmd  *exec.Cmd
-	cg   *cgroup.Group
-	ctrl net.Conn
+	cmd   *exec.Cmd
+	cg    *cgroup.Group
+	ctrl  net.Conn
+	proxy net.Listener
 
 	done      chan struct{} // closed when the init and the output copies are done
 	exit      Exit
@@ -500,6 +513,9 @@ type nativeSandbox struct {
 }
 
 func (s *nativeSandbox) Control() net.Conn { return s.ctrl }
+
+// ProxyListener implements Proxied.
+func (s *nativeSandbox) ProxyListener() net.Listener { return s.proxy }
 
 func (s *nativeSandbox) reap() {
 	s.cmd.Wait()
@@ -531,6 +547,9 @@ func (s *nativeSandbox) Close() error {
 		}
 		if s.ctrl != nil {
 			s.ctrl.Close()
+		}
+		if s.proxy != nil {
+			s.proxy.Close()
 		}
 		if s.cg != nil {
 			s.closeErr = s.cg.Delete()

@@ -85,6 +85,11 @@ type Spec struct {
 	// HostNetwork keeps the host's network namespace, for an installer that
 	// must reach a package index. Every other layer stays.
 	HostNetwork bool
+	// Proxy gives the sandbox a way out through the server's network
+	// proxy: it listens on 127.0.0.1:ProxyPort in its own network
+	// namespace and hands the socket over (see Proxied). The sandbox's
+	// processes get no other network.
+	Proxy bool
 	// Imports are the top-level modules the code imports, as a hint for the
 	// warm pool's choice of zygote; backends may ignore it.
 	Imports []string
@@ -152,6 +157,15 @@ type Ender interface {
 type Finisher interface {
 	OutputDone() <-chan struct{}
 	Figures() Exit
+}
+
+// Proxied is implemented by sandboxes that can be started with
+// Spec.Proxy.
+type Proxied interface {
+	// ProxyListener is the socket listening on 127.0.0.1:ProxyPort inside
+	// the sandbox; nil when it was started without Spec.Proxy. The caller
+	// serves it (internal/egress) or closes it; Close closes it too.
+	ProxyListener() net.Listener
 }
 
 // Sessioner is implemented by sandboxes that can host a session: the

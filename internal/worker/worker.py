@@ -1568,6 +1568,9 @@ def _become_sandbox(req, ctx):
     _stamp("b.proc_masks")
     socket.sethostname("pysandbox")
     _loopback_up(struct, ctx["fcntl"])
+    port = req.get("proxy_port")
+    if isinstance(port, int) and 0 < port < 65536:
+        _hand_over_listener(port, struct)
     _stamp("b.net")
     resource = ctx["resource"]
     for res, cur, mx in req.get("rlimits") or []:
@@ -1703,6 +1706,24 @@ def _loopback_up(struct, fcntl):
     finally:
         s.close()
 
+
+
+def _hand_over_listener(port, struct):
+    """Listen on 127.0.0.1:port in this network namespace and send the
+    socket to the server, which serves the run's network on it (see
+    internal/egress). No copy stays here: no code of the run can accept
+    on it, or bind the port while the server holds it."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", port))
+        s.listen(128)
+        ctrl = socket.socket(fileno=CONTROL_FD)
+        try:
+            ctrl.sendmsg([b"L"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", s.fileno()))])
+        finally:
+            ctrl.detach()
+    finally:
+        s.close()
 
 
 class _LineReader:

@@ -107,6 +107,10 @@ func (ix *Index) add(p Package, build func(string, Package) (string, error)) (st
 	return path, nil
 }
 
+// Handler serves the index, for a test that serves it elsewhere (behind
+// a name, for a sandbox's proxy).
+func (ix *Index) Handler() http.Handler { return http.HandlerFunc(ix.serve) }
+
 // FileURL is the download URL of a published file, given its base name.
 func (ix *Index) FileURL(file string) string { return ix.srv.URL + "/files/" + file }
 
