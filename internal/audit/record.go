@@ -36,6 +36,7 @@ type Record struct {
 	Event           string            `json:"event"`              // "call", "start", "rotate"
 	Identity        string            `json:"identity,omitempty"` // token name, or connection id
 	Tool            string            `json:"tool,omitempty"`
+	CallID          string            `json:"call_id,omitempty"` // ties a call to its connections
 	Arguments       json.RawMessage   `json:"arguments,omitempty"`   // as sent by the client (compacted)
 	CodeSHA256      string            `json:"code_sha256,omitempty"` // hex SHA-256 of the code run
 	Decision        string            `json:"decision,omitempty"`    // allow, deny, rate_limited, approval_requested, approved, declined, ...
@@ -48,6 +49,7 @@ type Record struct {
 	LimitsHit       []string          `json:"limits_hit,omitempty"`
 	Error           string            `json:"error,omitempty"`  // the isError text the client saw, capped at MaxErrorBytes
 	Detail          map[string]string `json:"detail,omitempty"` // free-form: server version on "start", previous file on "rotate"
+	Net             *Connection       `json:"net,omitempty"`    // on "connect": the connection
 	Prev            string            `json:"prev"`             // hash of the previous record; "" for the first of a chain
 }
 
@@ -59,7 +61,21 @@ const (
 	// EventPolicy records a policy replacing the one in force (serve
 	// reloads its policy file on SIGHUP); Detail holds its digest.
 	EventPolicy = "policy"
+	// EventConnect records one connection a run asked the network proxy
+	// for, allowed or not; CallID names the call it belongs to.
+	EventConnect = "connect"
 )
+
+// Connection is what a "connect" record says about a connection.
+type Connection struct {
+	Method   string `json:"method"` // CONNECT, or the plain HTTP method
+	Host     string `json:"host"`
+	Port     int    `json:"port"`
+	Address  string `json:"address,omitempty"` // the address connected to
+	Session  string `json:"session,omitempty"`
+	BytesIn  int64  `json:"bytes_in"`
+	BytesOut int64  `json:"bytes_out"`
+}
 
 // MaxErrorBytes caps Record.Error: the client already saw the full text,
 // and a hostile run can make it as large as its output.

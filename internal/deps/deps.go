@@ -28,6 +28,8 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"os/exec"
@@ -84,7 +86,57 @@ type Config struct {
 	// Limits are the installer's limits (typically the same as runs').
 	Limits  sandbox.Limits
 	Timeout time.Duration // per install (0 = DefaultTimeout)
+	// Network serves the installer sandbox's proxy listener when an index
+	// must be reached (internal/egress): trusted are the index and
+	// find-links targets (host:port), to be reached whatever their
+	// addresses. nil: the installer has no network, and only local
+	// --find-links wheelhouses work.
+	Network func(l net.Listener, trusted []string) (stop func())
 	Logger  *slog.Logger
+}
+
+// Targets are the host:port of every index and find-links URL: where the
+// installer must be able to connect.
+func (ix IndexConfig) Targets() []string {
+	var out []string
+	add := func(raw string) {
+		u, err := url.Parse(raw)
+		if err != nil || u.Host == "" {
+			return
+		}
+		port := u.Port()
+		if port == "" {
+			port = "80"
+			if u.Scheme == "https" {
+				port = "443"
+			}
+		}
+		host := strings.ToLower(strings.TrimSuffix(u.Hostname(), "."))
+		if a, err := netip.ParseAddr(host); err == nil {
+			host = a.Unmap().String()
+		}
+		hp := net.JoinHostPort(host, port)
+		if !slices.Contains(out, hp) {
+			out = append(out, hp)
+		}
+	}
+	if !ix.NoIndex {
+		if ix.IndexURL == "" {
+			// pip's and uv's default: PyPI's pages and its file host.
+			out = append(out, "pypi.org:443", "files.pythonhosted.org:443")
+		} else {
+			add(ix.IndexURL)
+		}
+		for _, u := range ix.ExtraIndexURLs {
+			add(u)
+		}
+	}
+	for _, fl := range ix.FindLinks {
+		if isHTTPURL(fl) {
+			add(fl)
+		}
+	}
+	return out
 }
 
 // Env is a finished environment. Site is the host directory to put on

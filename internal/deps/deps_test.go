@@ -3,14 +3,18 @@ package deps
 import (
 	"context"
 	"errors"
+	"github.com/pysandbox/pysandbox/internal/egress"
 	"io/fs"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -75,6 +79,7 @@ func newCache(t *testing.T, ix IndexConfig) *Cache {
 		Backend: sandbox.NewNative(),
 		Limits:  sandbox.Limits{MemoryBytes: 1 << 30, MaxProcs: 128, TmpBytes: 256 << 20},
 		Timeout: 2 * time.Minute,
+		Network: egress.New(egress.Config{}).Installer,
 		Logger:  slog.New(slog.NewTextHandler(lw, nil)),
 	})
 	if err != nil {
@@ -472,8 +477,8 @@ func TestInstallSpec(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		if spec.HostNetwork != tc.network {
-			t.Errorf("%s: HostNetwork = %v, want %v", tc.name, spec.HostNetwork, tc.network)
+		if spec.Proxy != tc.network {
+			t.Errorf("%s: Proxy = %v, want %v", tc.name, spec.Proxy, tc.network)
 		}
 		args := strings.Join(spec.Args, " ")
 		if spec.Python != py.Path || spec.Prefix != py.Prefix || !strings.HasPrefix(args, "-I -m pip install --target "+buildMount+"/site ") || !strings.HasSuffix(args, " -- pysbx-alpha") {
@@ -914,5 +919,36 @@ func TestPruneSparesOtherProcesses(t *testing.T) {
 	defer release3()
 	if _, err := os.Stat(env2.Site); err != nil {
 		t.Errorf("rebuilt env: %v", err)
+	}
+}
+
+// TestInstallerHasNoHostNetwork: a wheel whose metadata names a URL on the
+// host's loopback (another service than the index) cannot make the
+// installer fetch it. The installer reaches the index through the proxy,
+// and nothing else.
+func TestInstallerHasNoHostNetwork(t *testing.T) {
+	t.Parallel()
+	py := systemPython(t)
+	var hits atomic.Int64
+	victim := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		http.Error(w, "secret", http.StatusTeapot)
+	}))
+	defer victim.Close()
+	ix := pypi.NewIndex(t, pypi.Package{Name: "pysbx-ssrf", Version: "1.0", Requires: []string{"pysbx-victim @ " + victim.URL + "/pysbx_victim-1.0-py3-none-any.whl"}})
+	c := newCache(t, IndexConfig{IndexURL: ix.URL})
+	_, _, err := ensure(t, c, py, []string{"pysbx-ssrf"}, nil)
+	if err == nil {
+		t.Fatal("the install reached the host's loopback service")
+	}
+	t.Logf("refused: %v", err)
+	if n := hits.Load(); n != 0 {
+		t.Errorf("the host's loopback service got %d requests from the installer", n)
+	}
+	if strings.Contains(err.Error(), "418") {
+		t.Errorf("the service's answer came back: %v", err)
+	}
+	if n := ix.Downloads("pysbx_ssrf-1.0-py3-none-any.whl"); n == 0 {
+		t.Errorf("the index itself was not reached through the proxy")
 	}
 }

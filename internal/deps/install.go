@@ -65,7 +65,7 @@ func (c *Cache) build(st *buildState, key string, py *interp.Interpreter, canon 
 	out := newOutput(maxOutput, st.emit)
 	spec.Stdout, spec.Stderr = out, out
 	start := time.Now()
-	c.log.Info("deps: installing", "key", key, "requirements", canon, "python", py.Version, "network", spec.HostNetwork)
+	c.log.Info("deps: installing", "key", key, "requirements", canon, "python", py.Version, "network", spec.Proxy)
 	c.installs.Add(1)
 	exit, err := c.run(ctx, spec)
 	if st.ctx.Err() != nil {
@@ -128,6 +128,15 @@ func (c *Cache) run(ctx context.Context, spec *sandbox.Spec) (sandbox.Exit, erro
 		return sandbox.Exit{}, fmt.Errorf("deps: start installer sandbox: %w", err)
 	}
 	defer sb.Close()
+	// The installer's only way out: the proxy, to the index hosts (and
+	// what the operator allowed, for direct URL requirements).
+	if p, ok := sb.(sandbox.Proxied); ok && p.ProxyListener() != nil {
+		if c.cfg.Network != nil {
+			defer c.cfg.Network(p.ProxyListener(), c.cfg.Index.Targets())()
+		} else {
+			p.ProxyListener().Close()
+		}
+	}
 	stop := context.AfterFunc(ctx, sb.Kill)
 	defer stop()
 	return sb.Wait(), nil
@@ -188,7 +197,8 @@ func writeMeta(path string, env *Env) error {
 
 // installSpec builds the installer's sandbox: bdir writable at
 // /.pysandbox/build, local find-links read-only below /.pysandbox/find-links,
-// and the host's network only when an index must be reached.
+// and a way out through the server's proxy only when an index must be
+// reached (never the host's network).
 func (c *Cache) installSpec(py *interp.Interpreter, canon []string, bdir string) (*sandbox.Spec, error) {
 	ix := c.cfg.Index
 	// The none backend has no mounts: the installer sees host paths.
@@ -251,7 +261,14 @@ func (c *Cache) installSpec(py *interp.Interpreter, canon []string, bdir string)
 			args = append(args, "--find-links", t)
 		}
 	}
-	spec.HostNetwork = network
+	if network && !direct {
+		spec.Proxy = true
+		// No NO_PROXY: nothing in the installer's sandbox is worth
+		// reaching directly, and an index on the host's 127.0.0.1 is
+		// reached through the proxy like any other.
+		u := fmt.Sprintf("http://127.0.0.1:%d", sandbox.ProxyPort)
+		spec.Env = append(spec.Env, "HTTP_PROXY="+u, "HTTPS_PROXY="+u, "http_proxy="+u, "https_proxy="+u)
+	}
 	// "--" ends the options: nothing in a requirement can become a flag.
 	args = append(args, "--")
 	spec.Args = append(args, canon...)

@@ -70,7 +70,7 @@ func (g *Grant) handle(c net.Conn, headerDone func()) {
 	if rec.Decision != Allowed && rec.Decision != Approved {
 		g.refused()
 	}
-	g.p.cfg.OnRecord(rec)
+	g.p.record(rec)
 }
 
 // connect serves a CONNECT: the tunnel's target is the request's

@@ -97,7 +97,33 @@ type Config struct {
 
 // Proxy serves the grants of one server.
 type Proxy struct {
-	cfg Config
+	cfg       Config
+	recorders atomic.Pointer[[]func(Record)]
+}
+
+// AddRecorder has f receive every record too (the MCP layer's audit log
+// and metrics), from now on.
+func (p *Proxy) AddRecorder(f func(Record)) {
+	for {
+		old := p.recorders.Load()
+		var list []func(Record)
+		if old != nil {
+			list = append(list, *old...)
+		}
+		list = append(list, f)
+		if p.recorders.CompareAndSwap(old, &list) {
+			return
+		}
+	}
+}
+
+func (p *Proxy) record(r Record) {
+	p.cfg.OnRecord(r)
+	if list := p.recorders.Load(); list != nil {
+		for _, f := range *list {
+			f(r)
+		}
+	}
 }
 
 // New returns a proxy.
@@ -195,9 +221,9 @@ func (g *Grant) rules() *policy.NetworkRules {
 // SetCall moves a session's grant on to its next call: later connections
 // are recorded under it, and the per-run limits count afresh. Approvals
 // hold for the session's life.
-func (g *Grant) SetCall(callID string) {
+func (g *Grant) SetCall(info Info) {
 	g.mu.Lock()
-	g.info.CallID = callID
+	g.info = info
 	g.usage = Usage{}
 	if r := g.rules(); r != nil {
 		g.limits = r.Limits
@@ -205,6 +231,13 @@ func (g *Grant) SetCall(callID string) {
 	g.mu.Unlock()
 	g.in.Store(0)
 	g.out.Store(0)
+}
+
+// Info is whom the grant's connections are recorded under now.
+func (g *Grant) Info() Info {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.info
 }
 
 // Usage returns what the grant used since it started (or since SetCall).
@@ -348,4 +381,22 @@ func (g *Grant) trusted(host string, port int) bool {
 // addrRule reports whether a rule of the decision names this very address.
 func addrRule(rule *policy.HostRule, a netip.Addr) bool {
 	return rule != nil && rule.Addr.IsValid() && rule.Addr == a.Unmap()
+}
+
+// installerLimits bound one install: far above a run's, since wheels are
+// large, and still finite.
+var installerLimits = policy.NetLimits{BytesIn: 8 << 30, BytesOut: 256 << 20, Connections: 10_000, ConnTime: 30 * time.Minute}
+
+// Installer serves the listener of a dependency installer's sandbox (a
+// deps.Config.Network): it may reach the trusted index and find-links
+// targets, and the hosts the rules allow outright (for a requirement
+// named by URL), nothing that needs approval and nothing else.
+func (p *Proxy) Installer(l net.Listener, trusted []string) (stop func()) {
+	rules := &policy.NetworkRules{Limits: installerLimits}
+	if r := p.cfg.Rules(); r != nil {
+		rules.Allow, rules.Deny = r.Allow, r.Deny
+	}
+	g := p.NewGrant(GrantConfig{Info: Info{Tool: "installer"}, Rules: rules, Trusted: trusted})
+	g.Serve(l)
+	return g.Close
 }

@@ -283,13 +283,13 @@ func TestLimits(t *testing.T) {
 		t.Errorf("bytes_in record %+v", r)
 	}
 	// Sending: the grant's byte count starts over only with SetCall.
-	g.SetCall("c2")
+	g.SetCall(Info{CallID: "c2"})
 	_, err = c.Post(up.URL+"/up", "text/plain", strings.NewReader(strings.Repeat("z", 1<<20)))
 	if r := rec.nth(t, 2); r.Limit != "bytes_out" || r.BytesOut > lim.BytesOut || r.CallID != "c2" {
 		t.Errorf("bytes_out record %+v (%v)", r, err)
 	}
 	// The connection time.
-	g.SetCall("c3")
+	g.SetCall(Info{CallID: "c3"})
 	start := time.Now()
 	resp, err = c.Get(up.URL + "/slow")
 	if err == nil {

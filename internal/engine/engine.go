@@ -237,6 +237,18 @@ type Result struct {
 	// Resource use, for the audit trail.
 	PeakMemoryBytes int64 `json:"peak_memory_bytes,omitempty"`
 	CPUTimeMS       int64 `json:"cpu_time_ms,omitempty"`
+	// Network is what the run did through the network proxy; nil when it
+	// had no network.
+	Network *NetUsage `json:"network,omitempty"`
+}
+
+// NetUsage is a run's use of the network proxy.
+type NetUsage struct {
+	Connections int      `json:"connections"`
+	Refused     int      `json:"refused,omitempty"`
+	BytesIn     int64    `json:"bytes_in"`
+	BytesOut    int64    `json:"bytes_out"`
+	LimitsHit   []string `json:"limits_hit,omitempty"`
 }
 
 // timeout picks the effective timeout of a request.

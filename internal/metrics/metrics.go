@@ -31,6 +31,8 @@ type Metrics struct {
 	rateLimited *prometheus.CounterVec
 	limitHits   *prometheus.CounterVec
 	cpu         prometheus.Counter
+	netConns    *prometheus.CounterVec
+	netBytes    *prometheus.CounterVec
 }
 
 // New registers the collectors on a registry of their own (plus the Go
@@ -68,8 +70,16 @@ func New(g Gauges) *Metrics {
 			Name: "pysandbox_run_cpu_seconds_total",
 			Help: "CPU time used by runs (run_python, one-shot and in sessions), as their cgroups measured it.",
 		}),
+		netConns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pysandbox_net_connections_total",
+			Help: "Connections runs asked the network proxy for, by decision (allow, approved, deny, declined, limit, error).",
+		}, []string{"decision"}),
+		netBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pysandbox_net_bytes_total",
+			Help: "Bytes through the network proxy, by direction (in: from hosts to runs, out: from runs to hosts).",
+		}, []string{"direction"}),
 	}
-	m.reg.MustRegister(m.calls, m.runs, m.duration, m.denials, m.rateLimited, m.limitHits, m.cpu,
+	m.reg.MustRegister(m.calls, m.runs, m.duration, m.denials, m.rateLimited, m.limitHits, m.cpu, m.netConns, m.netBytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	gauge := func(name, help string, f func() int) {
 		if f != nil {
@@ -128,5 +138,19 @@ func (m *Metrics) RateLimited(tool, counter string) {
 func (m *Metrics) LimitHit(limit string) {
 	if m != nil {
 		m.limitHits.WithLabelValues(limit).Inc()
+	}
+}
+
+// NetConn records one connection through the network proxy.
+func (m *Metrics) NetConn(decision string, in, out int64) {
+	if m == nil {
+		return
+	}
+	m.netConns.WithLabelValues(decision).Inc()
+	if in > 0 {
+		m.netBytes.WithLabelValues("in").Add(float64(in))
+	}
+	if out > 0 {
+		m.netBytes.WithLabelValues("out").Add(float64(out))
 	}
 }

@@ -459,7 +459,7 @@ func (p *Pool) compatible(spec *sandbox.Spec) (oneshot, ok bool) {
 // arguments), each such combination with a zygote of its own.
 func (p *Pool) match(spec *sandbox.Spec) (oneshot bool, key string, ok bool) {
 	ps := p.cfg.Spec
-	if spec.Limits != ps.Limits || spec.Zygote || spec.HostNetwork || spec.Proxy != ps.Proxy || !slices.Equal(spec.Env, ps.Env) || !slices.EqualFunc(spec.Files, ps.Files, sameFile) {
+	if spec.Limits != ps.Limits || spec.Zygote || spec.Proxy != ps.Proxy || !slices.Equal(spec.Env, ps.Env) || !slices.EqualFunc(spec.Files, ps.Files, sameFile) {
 		return false, "", false
 	}
 	args := spec.Args

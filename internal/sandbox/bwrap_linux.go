@@ -202,12 +202,11 @@ func (b *Bwrap) plan(spec *Spec) (*bwrapPlan, error) {
 	add := func(args ...string) { p.options = append(p.options, args...) }
 
 	// --unshare-all is user (try), ipc, pid, net, uts and cgroup (try);
-	// --unshare-user makes the user namespace mandatory. --share-net only
-	// for an installer that must reach a package index (Spec.HostNetwork).
+	// --unshare-user makes the user namespace mandatory. The network is
+	// always a namespace of its own with only lo: bwrap gives us no hook
+	// to hand a proxy listener out (Spec.Proxy), so its sandboxes have no
+	// way out at all.
 	add("--unshare-all", "--unshare-user")
-	if spec.HostNetwork {
-		add("--share-net")
-	}
 	if b.disableUserns {
 		add("--disable-userns")
 	}
@@ -263,9 +262,6 @@ func (b *Bwrap) plan(spec *Spec) (*bwrapPlan, error) {
 			add("--ro-bind", bd.Source, bd.Target)
 		}
 	}
-	if spec.HostNetwork {
-		add("--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf")
-	}
 	add("--proc", "/proc")
 	// DefaultProcMasks, as far as bwrap's options reach: /dev/null bound
 	// by --ro-bind is a device on a nodev mount, so a masked file cannot
@@ -294,9 +290,6 @@ func (b *Bwrap) plan(spec *Spec) (*bwrapPlan, error) {
 		"--size", size, "--perms", "0755", "--tmpfs", "/work")
 	fd := bwrapFDFirstData
 	for _, f := range append(etcFiles(), spec.Files...) {
-		if spec.HostNetwork && f.Path == "/etc/resolv.conf" {
-			continue // the host's, bound above
-		}
 		if !filepath.IsAbs(f.Path) || filepath.Clean(f.Path) != f.Path || f.Path == "/" {
 			return nil, fmt.Errorf("sandbox: file path %q is not a clean absolute path", f.Path)
 		}

@@ -59,10 +59,8 @@ func runInit(setup *os.File) error {
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 		return fmt.Errorf("sandbox init: %w", os.NewSyscallError("sethostname", err))
 	}
-	if !cfg.HostNetwork {
-		if err := loopbackUp(); err != nil {
-			return err
-		}
+	if err := loopbackUp(); err != nil {
+		return err
 	}
 	if cfg.Proxy {
 		if err := sendProxyListener(int(setup.Fd())); err != nil {

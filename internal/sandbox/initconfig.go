@@ -56,9 +56,6 @@ type initConfig struct {
 	// Landlock restricts writes to these paths (see landlock.go); empty
 	// for a zygote, whose children restrict themselves.
 	Landlock []string `json:"landlock,omitempty"`
-	// HostNetwork: the sandbox kept the host's network namespace, so lo
-	// must not be touched and the host's resolver configuration is used.
-	HostNetwork bool `json:"host_network,omitempty"`
 	// Proxy: listen on 127.0.0.1:ProxyPort once lo is up and send the
 	// socket to the server over the setup socket (see listener_linux.go).
 	Proxy bool `json:"proxy,omitempty"`

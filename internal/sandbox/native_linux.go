@@ -147,9 +147,6 @@ func (n *Native) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 			syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
 		Pdeathsig: syscall.SIGKILL,
 	}
-	if spec.HostNetwork {
-		attr.Cloneflags &^= syscall.CLONE_NEWNET
-	}
 	// The init runs as the sandbox user from the start, with ambient
 	// capabilities carrying across its exec just what it needs to build the
 	// root; it drops them all before the worker. No host uid the namespace
@@ -366,15 +363,7 @@ func (n *Native) config(spec *Spec) (*initConfig, error) {
 			return nil, err
 		}
 	}
-	cfg.Proxy = spec.Proxy && !spec.HostNetwork
-	if spec.HostNetwork {
-		cfg.HostNetwork = true
-		// The host's resolver, instead of the generated "no network" file.
-		cfg.Etc = slices.DeleteFunc(cfg.Etc, func(f File) bool { return f.Path == "/etc/resolv.conf" })
-		if err := add("/etc/resolv.conf", "/etc/resolv.conf", false); err != nil {
-			return nil, err
-		}
-	}
+	cfg.Proxy = spec.Proxy
 	for _, d := range []string{"null", "zero", "full", "random", "urandom"} {
 		if err := add("/dev/"+d, "/dev/"+d, true); err != nil {
 			return nil, err

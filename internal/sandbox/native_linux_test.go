@@ -258,32 +258,41 @@ func TestNativeBindValidation(t *testing.T) {
 	}
 }
 
-// HostNetwork is for installers that must reach an index: the host's
-// loopback is reachable then, and only then.
-func TestNativeHostNetwork(t *testing.T) {
+// A sandbox has no route to the host's loopback. With Spec.Proxy it
+// listens on 127.0.0.1:ProxyPort in its own namespace, and the socket is
+// the server's: a connection made inside is accepted outside.
+func TestNativeProxyListener(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
+	code := "import socket\nfor port in (" + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port) + ", 3128):\n    try:\n        print(socket.create_connection(('127.0.0.1', port), timeout=5).recv(5).decode())\n    except OSError as e:\n        print('refused', e.errno)"
+	var out, errb bytes.Buffer
+	sb, err := NewNative().Start(context.Background(), &Spec{Python: "/usr/bin/python3", Prefix: "/usr", Args: []string{"-I", "-c", code},
+		Env: []string{"PATH=/usr/bin:/bin"}, Limits: small, Stdout: &out, Stderr: &errb, Proxy: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	l := sb.(Proxied).ProxyListener()
+	if l == nil {
+		t.Fatal("no proxy listener")
+	}
 	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte("hello"))
+		c, err := l.Accept()
+		if err == nil {
+			c.Write([]byte("proxy"))
 			c.Close()
 		}
 	}()
-	code := "import socket\ntry:\n    print(socket.create_connection(('127.0.0.1', " + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port) + "), timeout=5).recv(5).decode())\nexcept OSError as e:\n    print('refused', e.errno)"
-	_, out, _ := startSpec(t, &Spec{Args: []string{"-I", "-c", code}, HostNetwork: true})
-	if out != "hello\n" {
-		t.Errorf("with HostNetwork: %q", out)
+	sb.Wait()
+	if out.String() != "refused 111\nproxy\n" {
+		t.Errorf("output %q %q", out.String(), errb.String())
 	}
-	_, out, _ = startSpec(t, &Spec{Args: []string{"-I", "-c", code}})
-	if !strings.HasPrefix(out, "refused") {
-		t.Errorf("without HostNetwork: %q", out)
+	_, plain, _ := startSpec(t, &Spec{Args: []string{"-I", "-c", code}})
+	if plain != "refused 111\nrefused 111\n" {
+		t.Errorf("without Proxy: %q", plain)
 	}
 }
 

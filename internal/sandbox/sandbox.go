@@ -82,9 +82,6 @@ type Spec struct {
 	// Binds are extra host paths made visible inside (a dependency
 	// environment, read-only; an installer's output directory, writable).
 	Binds []Bind
-	// HostNetwork keeps the host's network namespace, for an installer that
-	// must reach a package index. Every other layer stays.
-	HostNetwork bool
 	// Proxy gives the sandbox a way out through the server's network
 	// proxy: it listens on 127.0.0.1:ProxyPort in its own network
 	// namespace and hands the socket over (see Proxied). The sandbox's

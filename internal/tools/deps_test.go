@@ -10,6 +10,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/pysandbox/pysandbox/internal/deps"
+	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/sandbox"
@@ -24,7 +25,7 @@ func TestDependenciesOverMCP(t *testing.T) {
 	var progress []string
 	cs := connectWith(t, func(c *engine.Config) {
 		c.Interpreters = interp.Discover(context.Background())
-		cache, err := deps.New(deps.Config{Dir: t.TempDir(), Index: deps.IndexConfig{IndexURL: idx.URL}, Backend: sandbox.NewNative(), Limits: c.Limits})
+		cache, err := deps.New(deps.Config{Dir: t.TempDir(), Index: deps.IndexConfig{IndexURL: idx.URL}, Backend: sandbox.NewNative(), Limits: c.Limits, Network: egress.New(egress.Config{}).Installer})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -85,6 +85,7 @@ func (g *governor) policy() *policy.Policy { return g.pol.Load() }
 // through the context by the approval step and by handlers that refuse a
 // package.
 type callInfo struct {
+	callID   string // see newCallID
 	mu       sync.Mutex
 	decision string // "" means the policy's plain allow
 	reason   string
@@ -118,7 +119,7 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		}
 		tool := ctr.Params.Name
 		start := time.Now()
-		rec := &audit.Record{Event: "call", Identity: identity(req), Tool: tool}
+		rec := &audit.Record{Event: "call", Identity: identity(req), Tool: tool, CallID: newCallID()}
 		rec.Arguments, rec.CodeSHA256 = auditArgs(tool, ctr.Params.Arguments)
 
 		if err := g.brokenErr(); err != nil {
@@ -149,7 +150,7 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			return g.finish(rec, res, nil, start, false)
 		}
 
-		ci := &callInfo{}
+		ci := &callInfo{callID: rec.CallID}
 		result, err := next(context.WithValue(ctx, callInfoKey{}, ci), method, req)
 		res, _ := result.(*mcp.CallToolResult)
 		ci.mu.Lock()

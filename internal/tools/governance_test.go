@@ -17,6 +17,7 @@ import (
 
 	"github.com/pysandbox/pysandbox/internal/audit"
 	"github.com/pysandbox/pysandbox/internal/deps"
+	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/metrics"
 	"github.com/pysandbox/pysandbox/internal/policy"
@@ -355,7 +356,7 @@ func TestPackagePolicy(t *testing.T) {
 		pypi.Package{Name: "pysbx-wrapper", Version: "1.0.0", Requires: []string{"pysbx-miner-lib"}},
 		pypi.Package{Name: "pysbx-miner-lib", Version: "1.0.0"})
 	g := newGovServer(t, `{"version": "1", "default": "allow", "packages": {"allow": ["pysbx-ok", "pysbx-wrap*"], "deny": ["*miner*"]}}`, func(c *engine.Config) {
-		cache, err := deps.New(deps.Config{Dir: t.TempDir(), Index: deps.IndexConfig{IndexURL: idx.URL}, Backend: sandbox.NewNative(), Limits: c.Limits})
+		cache, err := deps.New(deps.Config{Dir: t.TempDir(), Index: deps.IndexConfig{IndexURL: idx.URL}, Backend: sandbox.NewNative(), Limits: c.Limits, Network: egress.New(egress.Config{}).Installer})
 		if err != nil {
 			t.Fatal(err)
 		}

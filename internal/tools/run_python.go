@@ -33,13 +33,23 @@ Without session_id each call starts from a clean interpreter: no variables, file
 The result has status (success, error, timeout, memory_limit, output_limit, killed or cancelled; a call refused before anything ran says invalid_request, denied, busy, quota, install_error or sandbox_error, with a message saying what to do), exit_code, stdout, stderr (tracebacks use your code's own line numbers), return_value (the JSON value of the last expression, or its repr if it is not JSON-serialisable, or null), and duration_ms. Use inputs to pass data in as global variables instead of pasting it into the code. matplotlib figures left open (or shown with plt.show()) come back as PNG images; those that do not fit the server's reply limit come back as resource links. Each run gets a CPU quota (see check_environment); between runs a session's processes get almost no CPU.`
 
 func (s *server) addRunPython(srv *mcp.Server) {
+	desc := runPythonDescription
+	if s.networkOn() {
+		desc = strings.Replace(desc, noNetworkSentence, proxyNetworkSentence, 1)
+	}
 	addTool(s, srv, &mcp.Tool{
 		Name:        "run_python",
 		Title:       "Run Python",
-		Description: runPythonDescription,
-		Annotations: &mcp.ToolAnnotations{OpenWorldHint: ptr(false), DestructiveHint: ptr(false)},
+		Description: desc,
+		Annotations: &mcp.ToolAnnotations{OpenWorldHint: ptr(s.networkOn()), DestructiveHint: ptr(false)},
 	}, s.runPython)
 }
+
+// The description's words on the network, without and with the proxy.
+const (
+	noNetworkSentence    = "The sandbox has no network access, cannot see"
+	proxyNetworkSentence = "The sandbox reaches the network only through the server's proxy (HTTP_PROXY and HTTPS_PROXY are set, so urllib, requests, httpx, pip and pandas use it), and only the hosts the server's network policy allows (check_environment lists them); any other connection is refused with a message saying why. It cannot see"
+)
 
 func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (*mcp.CallToolResult, *engine.Result, error) {
 	run, msg := s.checkRunInput(in)
@@ -58,12 +68,23 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 		if err := s.ownSession(req, in.SessionID); err != nil {
 			return sessionError(ctx, err), nil, nil
 		}
+		usage := s.sessionCall(ctx, req, in.SessionID)
 		res, err = s.sessions.Run(ctx, in.SessionID, run)
+		if res != nil {
+			res.Network = usage()
+		} else {
+			usage()
+		}
 		if err != nil && !errors.Is(err, engine.ErrBusy) {
 			return sessionError(ctx, err), nil, nil
 		}
 	} else {
+		var usage func() *engine.NetUsage
+		run.Network, usage = s.runNetwork(ctx, req, "run_python")
 		res, err = s.eng.Run(ctx, run)
+		if res != nil {
+			res.Network = usage()
+		}
 	}
 	if res, ok := deniedError(ctx, err); ok {
 		return res, nil, nil

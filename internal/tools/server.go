@@ -14,6 +14,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/policy"
@@ -53,7 +54,10 @@ type Options struct {
 	// Governance is the policy, audit log and metrics; the zero value
 	// allows everything and records nothing.
 	Governance Governance
-	Logger     *slog.Logger
+	// Network is the proxy that gives runs the network the policy allows
+	// (internal/egress); nil: runs have no network.
+	Network *egress.Proxy
+	Logger  *slog.Logger
 }
 
 // Names are the tools a server offers (before the policy hides any). A
@@ -70,6 +74,10 @@ type server struct {
 	posture  func(context.Context) *engine.Posture
 	gov      *governor
 	quotas   *quota.Quotas
+	net      *egress.Proxy
+
+	netMu    sync.Mutex
+	sessNets map[string]*sessionNet // by session id
 
 	maxUpload, maxInline, maxDownload, maxReply int64
 }
@@ -80,7 +88,7 @@ func NewServer(opts Options) *mcp.Server {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &server{eng: opts.Engine, log: log, sessions: opts.Sessions, figures: newFigureStore(), quotas: opts.Quotas,
+	s := &server{eng: opts.Engine, log: log, sessions: opts.Sessions, figures: newFigureStore(), quotas: opts.Quotas, net: opts.Network, sessNets: map[string]*sessionNet{},
 		maxUpload: opts.MaxUploadBytes, maxInline: opts.MaxInlineBytes, maxDownload: opts.MaxDownloadBytes}
 	if s.sessions == nil {
 		s.sessions = opts.Engine.NewSessions(engine.SessionConfig{})
@@ -118,6 +126,9 @@ func NewServer(opts Options) *mcp.Server {
 		Logger: log,
 	})
 	s.gov = newGovernor(opts.Governance, opts.Engine, log)
+	if s.net != nil {
+		s.net.AddRecorder(s.gov.netRecord)
+	}
 	s.register(srv)
 	srv.AddReceivingMiddleware(s.gov.middleware)
 	if up := opts.Governance.Updates; up != nil {

@@ -83,12 +83,15 @@ func (s *server) createSession(ctx context.Context, req *mcp.CallToolRequest, in
 	if in.TTLSeconds > maxTTL.Seconds() {
 		return errorResult(fmt.Sprintf("ttl_seconds %.0f is above this server's maximum of %.0f seconds; pass a smaller value.", in.TTLSeconds, maxTTL.Seconds())), nil, nil
 	}
+	snet, attach := s.sessionNetwork(ctx, req)
 	info, err := s.sessions.Create(ctx, time.Duration(in.TTLSeconds*float64(time.Second)), engine.CreateOptions{
 		Dependencies: in.Dependencies, PythonVersion: in.PythonVersion, Progress: progressFunc(ctx, req), Owner: identity(req),
+		Network: attach,
 	})
 	if err != nil {
 		return sessionError(ctx, err), nil, nil
 	}
+	s.keepSessionNet(info.ID, snet)
 	out := &CreateSessionOutput{SessionID: info.ID, ExpiresAt: info.ExpiresAt}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(
 		"session %s created; pass session_id %q to run_python. It expires at %s unless used.", info.ID, info.ID, info.ExpiresAt.Format(time.RFC3339))}}}, out, nil
