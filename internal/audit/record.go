@@ -36,7 +36,7 @@ type Record struct {
 	Event           string            `json:"event"`              // "call", "start", "rotate"
 	Identity        string            `json:"identity,omitempty"` // token name, or connection id
 	Tool            string            `json:"tool,omitempty"`
-	CallID          string            `json:"call_id,omitempty"` // ties a call to its connections
+	CallID          string            `json:"call_id,omitempty"`     // ties a call to its connections
 	Arguments       json.RawMessage   `json:"arguments,omitempty"`   // as sent by the client (compacted)
 	CodeSHA256      string            `json:"code_sha256,omitempty"` // hex SHA-256 of the code run
 	Decision        string            `json:"decision,omitempty"`    // allow, deny, rate_limited, approval_requested, approved, declined, ...

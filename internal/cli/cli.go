@@ -16,8 +16,10 @@ import (
 	"time"
 
 	"github.com/pysandbox/pysandbox/internal/deps"
+	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/interp"
+	"github.com/pysandbox/pysandbox/internal/policy"
 	"github.com/pysandbox/pysandbox/internal/pool"
 	"github.com/pysandbox/pysandbox/internal/sandbox"
 	"github.com/pysandbox/pysandbox/internal/sandbox/cgroup"
@@ -149,6 +151,22 @@ type options struct {
 	noIndex        bool
 	allowSdist     bool
 	installTimeout duration
+
+	// allowNet are --allow-net's hosts; netRules, when set (serve with a
+	// policy that has a network section), replaces them. proxy is built
+	// by engine.
+	allowNet  listFlag
+	flagRules *policy.NetworkRules
+	netRules  func() *policy.NetworkRules
+	proxy     *egress.Proxy
+}
+
+// networkRules are the network rules in force now.
+func (o *options) networkRules() *policy.NetworkRules {
+	if o.netRules != nil {
+		return o.netRules()
+	}
+	return o.flagRules
 }
 
 // listFlag is a flag that may be given more than once.
@@ -212,6 +230,7 @@ func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *option
 	fs.BoolVar(&o.noIndex, "no-index", false, "dependencies: use only --find-links (offline)")
 	fs.BoolVar(&o.allowSdist, "allow-sdist", false, "dependencies: allow building source distributions, which runs their build code (in the installer's sandbox)")
 	fs.Var(&o.installTimeout, "install-timeout", "dependencies: time limit of one install")
+	fs.Var(&o.allowNet, "allow-net", "network: let runs reach this host through the server's proxy, e.g. api.github.com, '*.githubusercontent.com:443', or NAME[:PORT]=ADDRESS to pin a name to an address (repeatable). Without it (or a policy file's network section) runs have no network at all")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: pysandbox %s\n\nFlags:\n", synopsis)
 		fs.PrintDefaults()
@@ -273,6 +292,14 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 	if err != nil {
 		return nil, noop, err
 	}
+	if err := o.buildProxy(log); err != nil {
+		return nil, noop, err
+	}
+	netOn := o.networkRules().Enabled()
+	if netOn && kind != sandbox.KindNative {
+		log.Warn("runs get no network: the network proxy needs the native sandbox backend", "sandbox", o.sandbox)
+		netOn = false
+	}
 	cache, err := o.depsCache(backend, log)
 	var noDeps string
 	if err != nil {
@@ -299,6 +326,7 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 		MaxOutput:      int(o.maxOutput),
 		MaxConcurrent:  o.maxConcurrent,
 		MaxQueue:       o.maxQueue,
+		Network:        netOn,
 		Logger:         log,
 	}
 	cold, err := engine.New(cfg)
@@ -365,6 +393,7 @@ func (o *options) depsCache(backend sandbox.Backend, log *slog.Logger) (*deps.Ca
 		Backend: backend,
 		Limits:  o.limits(),
 		Timeout: time.Duration(o.installTimeout),
+		Network: o.proxy.Installer,
 		Logger:  log,
 	})
 }
@@ -438,5 +467,35 @@ func (s *size) Set(v string) error {
 		return fmt.Errorf("want a size such as 512MiB or 1GiB")
 	}
 	*s = size(n * mult)
+	return nil
+}
+
+// buildProxy parses --allow-net and builds the network proxy, which the
+// installer always uses and runs use when some host is allowed.
+func (o *options) buildProxy(log *slog.Logger) error {
+	if o.netRules != nil && len(o.allowNet) > 0 {
+		return usageError{errors.New("--allow-net and a policy file's network section both say which hosts runs may reach; put the hosts in the policy file")}
+	}
+	o.flagRules = &policy.NetworkRules{Limits: policy.DefaultNetLimits}
+	for _, h := range o.allowNet {
+		for _, one := range strings.Split(h, ",") {
+			if one = strings.TrimSpace(one); one == "" {
+				continue
+			}
+			r, err := policy.ParseHostRule(one)
+			if err != nil {
+				return usageError{fmt.Errorf("--allow-net: %w", err)}
+			}
+			o.flagRules.Allow = append(o.flagRules.Allow, r)
+		}
+	}
+	o.proxy = egress.New(egress.Config{Rules: o.networkRules, Log: log})
+	if r := o.networkRules(); r.Enabled() {
+		var hosts []string
+		for _, h := range append(append([]policy.HostRule(nil), r.Allow...), r.Approve...) {
+			hosts = append(hosts, h.String())
+		}
+		log.Info("network: runs may reach these hosts through the proxy", "hosts", strings.Join(hosts, ","))
+	}
 	return nil
 }

@@ -5,11 +5,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"syscall"
 
+	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/tools"
 )
@@ -62,7 +64,15 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) 
 	if o.sandbox == "none" {
 		fmt.Fprintln(stderr, "pysandbox: WARNING: --sandbox none: running UNSANDBOXED on this machine")
 	}
-	res, err := eng.Run(ctx, engine.RunRequest{Code: string(code), Filename: filename, Stdout: stdout, Stderr: stderr})
+	req := engine.RunRequest{Code: string(code), Filename: filename, Stdout: stdout, Stderr: stderr}
+	if eng.Config().Network {
+		req.Network = func(l net.Listener) func() {
+			g := o.proxy.NewGrant(egress.GrantConfig{Info: egress.Info{Identity: "cli", Tool: "run"}})
+			g.Serve(l)
+			return g.Close
+		}
+	}
+	res, err := eng.Run(ctx, req)
 	if err != nil {
 		return 0, err
 	}

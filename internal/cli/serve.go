@@ -104,6 +104,15 @@ func serve(args []string, stderr io.Writer) error {
 		if pol, err = policy.Load(*policyFile, tools.Names); err != nil {
 			return err
 		}
+		if pol.Network != nil {
+			o.netRules = func() *policy.NetworkRules {
+				if n := current.Load().Network; n != nil {
+					return n
+				}
+				// A reload that drops the section drops the network.
+				return &policy.NetworkRules{Limits: policy.DefaultNetLimits}
+			}
+		}
 		o.checkPackage = func(name string, requested bool) error {
 			rules := current.Load().Packages
 			if requested {
@@ -195,7 +204,7 @@ func serve(args []string, stderr io.Writer) error {
 		defer signal.Stop(hup)
 		go reloadPolicy(ctx, hup, *policyFile, gov.Audit, &current, updates, log)
 	}
-	srv := tools.NewServer(tools.Options{Engine: eng, Posture: posture, Sessions: sessions, MaxUploadBytes: int64(maxUpload), MaxReplyBytes: int64(maxReply), Quotas: quotas, Governance: gov, Logger: log})
+	srv := tools.NewServer(tools.Options{Engine: eng, Posture: posture, Sessions: sessions, MaxUploadBytes: int64(maxUpload), MaxReplyBytes: int64(maxReply), Quotas: quotas, Governance: gov, Network: o.proxy, Logger: log})
 	if *httpAddr == "" {
 		log.Info("serving MCP on stdio", "backend", posture.Backend, "posture", posture.Posture, "python", posture.Python.Version)
 		// Run returns nil on a clean EOF from the client.

@@ -105,6 +105,22 @@ type Governance struct {
 	Tools           map[string]string `json:"tools"`
 	PackagesAllowed []string          `json:"packages_allowed,omitempty"` // empty: any package not denied
 	PackagesDenied  []string          `json:"packages_denied,omitempty"`
+	// Network is what runs may reach through the server's proxy; nil: no
+	// network at all.
+	Network *NetworkPolicy `json:"network,omitempty"`
+}
+
+// NetworkPolicy is the network section of a policy, as check_environment
+// reports it.
+type NetworkPolicy struct {
+	Proxy             string   `json:"proxy"` // where HTTP_PROXY and HTTPS_PROXY point inside
+	Allow             []string `json:"allow"`
+	Approve           []string `json:"approve,omitempty"` // the user is asked first
+	Deny              []string `json:"deny,omitempty"`
+	BytesIn           int64    `json:"bytes_in_per_run"`
+	BytesOut          int64    `json:"bytes_out_per_run"`
+	Connections       int      `json:"connections_per_run"`
+	ConnectionSeconds int64    `json:"connection_seconds"`
 }
 
 // PoolInfo describes the warm pool now (what it preloads changes as it

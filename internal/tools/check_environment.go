@@ -27,6 +27,7 @@ func (s *server) addCheckEnvironment(srv *mcp.Server) {
 func (s *server) checkEnvironment(ctx context.Context, req *mcp.CallToolRequest, _ CheckEnvironmentInput) (*mcp.CallToolResult, *engine.Posture, error) {
 	p := *s.posture(ctx) // a copy: the shared posture stays as measured
 	p.Governance = s.gov.summary()
+	p.Governance.Network = s.networkSummary()
 	if p.Pool != nil {
 		p.Pool = s.eng.PoolInfo() // it learns modules to preload as it runs
 	}
@@ -63,6 +64,7 @@ func governanceText(sum *engine.Governance) string {
 	if len(sum.PackagesDenied) > 0 {
 		fmt.Fprintf(&b, "packages denied: %s\n", strings.Join(sum.PackagesDenied, ", "))
 	}
+	b.WriteString(networkText(sum.Network))
 	return b.String()
 }
 

@@ -51,6 +51,8 @@ type governor struct {
 	metrics *metrics.Metrics
 	log     *slog.Logger
 	eng     *engine.Engine
+	// netWords says what network runs have (see server.networkWords).
+	netWords func() string
 
 	// broken is set once the audit log failed: from then on every call is
 	// refused, because it could not be recorded.
@@ -73,7 +75,8 @@ func newGovernor(g Governance, eng *engine.Engine, log *slog.Logger) *governor {
 		// cannot be granted, which fails closed.
 		log.Error("approvals disabled", "err", err)
 	}
-	gv := &governor{limiter: policy.NewLimiter(nil), sealer: sealer, audit: g.Audit, metrics: g.Metrics, log: log, eng: eng}
+	gv := &governor{limiter: policy.NewLimiter(nil), sealer: sealer, audit: g.Audit, metrics: g.Metrics, log: log, eng: eng,
+		netWords: func() string { return "no network" }}
 	gv.pol.Store(pol)
 	return gv
 }
@@ -569,7 +572,7 @@ func (g *governor) limitsText(in any) string {
 	if cfg.Backend.Kind() == "none" {
 		parts = append(parts, "UNSANDBOXED: the code runs directly on the server's machine")
 	} else {
-		parts = append(parts, "no network", "no access to the host's files ("+string(cfg.Backend.Kind())+" sandbox)")
+		parts = append(parts, g.netWords(), "no access to the host's files ("+string(cfg.Backend.Kind())+" sandbox)")
 	}
 	return strings.Join(parts, ", ")
 }

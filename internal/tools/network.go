@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
+	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +17,8 @@ import (
 	"github.com/pysandbox/pysandbox/internal/audit"
 	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/policy"
+	"github.com/pysandbox/pysandbox/internal/sandbox"
 )
 
 // A run's network: each one-shot run, and each session, gets a grant of
@@ -37,7 +41,9 @@ func callIDOf(ctx context.Context) string {
 }
 
 // networkOn reports whether runs may reach any host now.
-func (s *server) networkOn() bool { return s.net != nil && s.net.Rules().Enabled() }
+func (s *server) networkOn() bool {
+	return s.net != nil && s.eng.Config().Network && s.net.Rules().Enabled()
+}
 
 // runNetwork is the network of a one-shot run: a grant for this call,
 // asking the user through this call's client. usage reports what the run
@@ -198,4 +204,107 @@ func (g *governor) netRecord(r egress.Record) {
 		g.mu.Unlock()
 		g.log.Error("audit log write failed; refusing every call from now on", "err", err)
 	}
+}
+
+// networkSummary is the network part of check_environment; nil when runs
+// have no network.
+func (s *server) networkSummary() *engine.NetworkPolicy {
+	if !s.networkOn() {
+		return nil
+	}
+	r := s.net.Rules()
+	names := func(rules []policy.HostRule) []string {
+		out := []string{}
+		for _, h := range rules {
+			out = append(out, h.String())
+		}
+		return out
+	}
+	return &engine.NetworkPolicy{
+		Proxy: fmt.Sprintf("http://127.0.0.1:%d", sandbox.ProxyPort),
+		Allow: names(r.Allow), Approve: names(r.Approve), Deny: names(r.Deny),
+		BytesIn: r.Limits.BytesIn, BytesOut: r.Limits.BytesOut, Connections: r.Limits.Connections,
+		ConnectionSeconds: int64(r.Limits.ConnTime / time.Second),
+	}
+}
+
+func networkText(n *engine.NetworkPolicy) string {
+	if n == nil {
+		return "network: none; runs cannot connect anywhere\n"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "network: only through the server's proxy (HTTP_PROXY and HTTPS_PROXY point to %s), to these hosts:\n", n.Proxy)
+	fmt.Fprintf(&b, "  allow:   %s\n", orNone(n.Allow))
+	if len(n.Approve) > 0 {
+		fmt.Fprintf(&b, "  approve: %s (the user is asked first)\n", strings.Join(n.Approve, ", "))
+	}
+	if len(n.Deny) > 0 {
+		fmt.Fprintf(&b, "  deny:    %s\n", strings.Join(n.Deny, ", "))
+	}
+	fmt.Fprintf(&b, "  per run: %d MiB in, %d MiB out, %d connections, each open at most %ds; internal addresses are refused unless a rule names them\n",
+		n.BytesIn>>20, n.BytesOut>>20, n.Connections, n.ConnectionSeconds)
+	return b.String()
+}
+
+func orNone(list []string) string {
+	if len(list) == 0 {
+		return "(none)"
+	}
+	return strings.Join(list, ", ")
+}
+
+// networkWords say in a few words what network a run has, for the
+// descriptions and the approval message.
+func (s *server) networkWords() string {
+	if !s.networkOn() {
+		return "no network"
+	}
+	return "network only to the hosts the server's policy allows, through its proxy"
+}
+
+// urlRE finds the http(s) URLs a piece of code names literally.
+var urlRE = regexp.MustCompile(`https?://[A-Za-z0-9.\-_\[\]:]+`)
+
+// NetworkTarget is a host that code names in a URL, and what the network
+// policy says about it.
+type NetworkTarget struct {
+	URL      string `json:"url"`
+	Host     string `json:"host"`
+	Port     int    `json:"port"`
+	Decision string `json:"decision"` // allow, approve, deny
+}
+
+// networkTargets checks the URLs code names against the network policy:
+// validate_script's warning about a fetch that will be refused.
+func (s *server) networkTargets(code string) ([]NetworkTarget, []string) {
+	var out []NetworkTarget
+	var problems []string
+	seen := map[string]bool{}
+	for _, u := range urlRE.FindAllString(code, 50) {
+		scheme, hostport, _ := strings.Cut(u, "://")
+		def := 80
+		if scheme == "https" {
+			def = 443
+		}
+		host, port, err := policy.SplitHostPort(hostport, def)
+		if err != nil || seen[host+":"+strconv.Itoa(port)] {
+			continue
+		}
+		seen[host+":"+strconv.Itoa(port)] = true
+		t := NetworkTarget{URL: u, Host: host, Port: port, Decision: string(policy.Deny)}
+		if s.networkOn() {
+			a, _ := s.net.Rules().Decide(host, port)
+			t.Decision = string(a)
+		}
+		switch t.Decision {
+		case string(policy.Deny):
+			if s.networkOn() {
+				problems = append(problems, fmt.Sprintf("the code names %s, and the network policy does not allow %s:%d (check_environment lists the hosts it allows)", u, host, port))
+			} else {
+				problems = append(problems, fmt.Sprintf("the code names %s, and runs on this server have no network", u))
+			}
+		}
+		out = append(out, t)
+	}
+	return out, problems
 }

@@ -119,13 +119,14 @@ func NewServer(opts Options) *mcp.Server {
 		return p
 	}
 	srv := mcp.NewServer(&mcp.Implementation{Name: "pysandbox", Title: "pysandbox: sandboxed Python", Version: Version}, &mcp.ServerOptions{
-		Instructions: "pysandbox runs Python 3 code in a fresh, isolated Linux sandbox for every call: no network, no access to the host's files, " +
+		Instructions: "pysandbox runs Python 3 code in a fresh, isolated Linux sandbox for every call: " + s.networkWords() + ", no access to the host's files, " +
 			"limited memory, processes and time. Use run_python to compute, analyse data or test code; create_session for multi-step work that keeps " +
 			"variables and files between calls (upload_file, list_files, download_file move files in and out; plots come back as images); " +
 			"check_environment to see the sandbox's limits and Python version; validate_script to check code without running it.",
 		Logger: log,
 	})
 	s.gov = newGovernor(opts.Governance, opts.Engine, log)
+	s.gov.netWords = s.networkWords
 	if s.net != nil {
 		s.net.AddRecorder(s.gov.netRecord)
 	}

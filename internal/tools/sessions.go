@@ -55,7 +55,7 @@ func (s *server) addSessionTools(srv *mcp.Server) {
 	addTool(s, srv, &mcp.Tool{
 		Name:        "create_session",
 		Title:       "Create a Python session",
-		Description: createSessionDescription,
+		Description: strings.Replace(createSessionDescription, "no network,", s.networkWords()+",", 1),
 		Annotations: &mcp.ToolAnnotations{OpenWorldHint: ptr(false), DestructiveHint: ptr(false)},
 	}, s.createSession)
 	addTool(s, srv, &mcp.Tool{

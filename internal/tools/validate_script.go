@@ -39,6 +39,9 @@ type ValidateScriptOutput struct {
 	RequiresPython string       `json:"requires_python"`
 	Dependencies   []Dependency `json:"dependencies"`
 	Problems       []string     `json:"problems"`
+	// Network lists the hosts the code names in http(s) URLs, and whether
+	// the network policy lets a run reach them.
+	Network []NetworkTarget `json:"network,omitempty"`
 }
 
 const validateScriptDescription = `Check Python code without running it: it is compiled inside the sandbox, and any syntax error is reported with its line, column and message. An inline PEP 723 metadata block ("# /// script" ... "# ///") is parsed: its requires-python is checked against the server's interpreter, and its dependencies, merged with the dependencies argument, are each checked against PEP 508 syntax. valid is true only when there are no problems.`
@@ -103,6 +106,10 @@ func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, i
 			out.Problems = append(out.Problems, fmt.Sprintf("requires-python %q is not satisfied by this server's Python %s", out.RequiresPython, py.Version))
 		}
 	}
+
+	var netProblems []string
+	out.Network, netProblems = s.networkTargets(in.Code)
+	out.Problems = append(out.Problems, netProblems...)
 
 	release, refused := s.takeQuota(ctx, req)
 	if refused != nil {
