@@ -28,11 +28,12 @@ import (
 // one run mean anything, since machines (and one machine from one moment
 // to the next) differ by several times.
 func bench(args []string, stdout, stderr io.Writer) error {
-	fs, o := newFlagSet("bench", "bench [-n N] [--concurrency C] [--phases] [flags]", stderr)
+	fs, o := newFlagSet("bench", "bench [-n N] [--concurrency C] [--phases] [--network] [flags]", stderr)
 	n := fs.Int("n", 50, "iterations per measurement")
 	conc := fs.Int("concurrency", 16, "calls in flight for the throughput measurement")
 	baselinePy := fs.String("baseline", "/usr/bin/python3", "interpreter spawned directly for the baselines")
 	phasesOnly := fs.Bool("phases", false, "print only where one pooled run's time and CPU go, phase by phase")
+	netOnly := fs.Bool("network", false, "print only the network proxy's throughput and added latency against a direct download")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -52,6 +53,9 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	ctx := context.Background()
 	if *phasesOnly {
 		return benchPhases(ctx, o, log, *n, stdout)
+	}
+	if *netOnly {
+		return benchNetwork(ctx, o, log, *baselinePy, *n, stdout)
 	}
 	var p *pool.Pool
 	o.onPool = func(pp *pool.Pool) { p = pp }
@@ -193,6 +197,9 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "\nthroughput, %d calls %d at a time: %.0f isolated print('hi') runs/s, %.2fx of spawning %s -c pass %d at a time (%.0f/s) (goal >= 2x)\n",
 		total, *conc, pooled, pooled/spawned, *baselinePy, *conc, spawned)
+	if err := benchNetwork(ctx, o, log, *baselinePy, *n, stdout); err != nil {
+		return err
+	}
 	return benchPhases(ctx, o, log, *n, stdout)
 }
 
@@ -334,7 +341,7 @@ func filterBenchFlags(args []string) []string {
 		case "-n", "--n", "-concurrency", "--concurrency", "-baseline", "--baseline":
 			i++
 			continue
-		case "-phases", "--phases":
+		case "-phases", "--phases", "-network", "--network":
 			continue
 		}
 		if hasPrefixAny(a, "-n=", "--n=", "-concurrency=", "--concurrency=", "-baseline=", "--baseline=") {

@@ -18,6 +18,10 @@ import (
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
 	fs, o := newFlagSet("run", "run [flags] FILE|-", stderr)
+	// The run's own stderr comes through ours: the server's notes stay
+	// out of it unless asked for.
+	fs.Lookup("log-level").DefValue = "warn"
+	o.logLevel = "warn"
 	if err := parseFlags(fs, args); err != nil {
 		return 0, err
 	}

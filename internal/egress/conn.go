@@ -150,17 +150,9 @@ func (g *Grant) plain(c net.Conn, br *bufio.Reader, req *http.Request, rec *Reco
 		writeRefusal(c, upstreamFailure(up, "sending the request failed", err))
 		return
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(up), req)
-	if err != nil {
-		writeRefusal(c, upstreamFailure(up, "the host's response could not be read", err))
-		return
-	}
-	defer resp.Body.Close()
-	for _, h := range hopHeaders {
-		resp.Header.Del(h)
-	}
-	resp.Close = true
-	resp.Write(c)
+	// The host answers once and closes (Connection: close): its answer
+	// goes back as it is, to its end, spliced where the kernel can.
+	up.(*counted).copyIn(c)
 }
 
 // open decides on rec's target and connects to it: the connection
@@ -417,37 +409,70 @@ func (c *counted) Close() error {
 // relay copies both ways until both directions are done, passing on a
 // half-close, then closes both.
 func relay(client, up net.Conn) {
+	cc := up.(*counted)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		copyHalf(up, client)
+		halfDone(cc.Conn, client, cc.copyOut(client))
 	}()
-	copyHalf(client, up)
+	halfDone(client, up, cc.copyIn(client))
 	wg.Wait()
 }
 
-func copyHalf(dst, src net.Conn) {
-	buf := make([]byte, 64<<10)
-	_, err := io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, buf)
+// halfDone ends one direction of a tunnel: a clean end passes on as a
+// half-close, a failure ends the tunnel.
+func halfDone(dst, src net.Conn, err error) {
 	if err != nil {
-		// A failure either way ends the tunnel.
 		dst.Close()
 		src.Close()
 		return
 	}
-	if cw, ok := unwrap(dst).(interface{ CloseWrite() error }); ok {
+	if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite()
 	} else {
 		dst.Close()
 	}
 }
 
-func unwrap(c net.Conn) net.Conn {
-	if cc, ok := c.(*counted); ok {
-		return cc.Conn
+// copyChunk bounds what one copy may move before the grant's budget is
+// checked again.
+const copyChunk = 1 << 20
+
+// copyIn copies from the host to dst until the host's end or the grant's
+// bytes_in budget. Each chunk is taken from the budget before it moves,
+// so connections sharing it never overshoot; between two TCP sockets
+// io.Copy splices, and the bytes never enter this process.
+func (c *counted) copyIn(dst net.Conn) error {
+	return c.copyBudget(dst, c.Conn, &c.g.in, &c.in, c.lim.BytesIn, "bytes_in")
+}
+
+// copyOut copies from src (the sandbox) to the host, against bytes_out.
+func (c *counted) copyOut(src net.Conn) error {
+	return c.copyBudget(c.Conn, src, &c.g.out, &c.out, c.lim.BytesOut, "bytes_out")
+}
+
+func (c *counted) copyBudget(dst io.Writer, src io.Reader, budget, mine *atomic.Int64, limit int64, name string) error {
+	for {
+		want := int64(copyChunk)
+		if over := budget.Add(want) - limit; over > 0 {
+			budget.Add(-min(over, want))
+			want -= over
+			if want <= 0 {
+				c.hit(name)
+				return errLimit
+			}
+		}
+		n, err := io.Copy(dst, &io.LimitedReader{R: src, N: want})
+		budget.Add(n - want)
+		mine.Add(n)
+		if err != nil {
+			return err
+		}
+		if n < want {
+			return nil // the end of src
+		}
 	}
-	return c
 }
 
 // upstreamFailure explains a plain exchange that failed on the host's

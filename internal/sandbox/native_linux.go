@@ -251,7 +251,11 @@ func (n *Native) Start(ctx context.Context, spec *Spec) (Sandbox, error) {
 	}
 	select {
 	case <-s.done:
-		return nil, fmt.Errorf("sandbox: init exited during setup (exit code %d)", s.exit.Code)
+		// A program that already ran to a clean end (a short one, on a
+		// busy machine) was set up fine.
+		if s.exit.Code != 0 {
+			return nil, fmt.Errorf("sandbox: init exited during setup (exit code %d)", s.exit.Code)
+		}
 	default:
 	}
 	ok = true
