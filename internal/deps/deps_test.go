@@ -481,7 +481,8 @@ func TestInstallSpec(t *testing.T) {
 			t.Errorf("%s: Proxy = %v, want %v", tc.name, spec.Proxy, tc.network)
 		}
 		args := strings.Join(spec.Args, " ")
-		if spec.Python != py.Path || spec.Prefix != py.Prefix || !strings.HasPrefix(args, "-I -m pip install --target "+buildMount+"/site ") || !strings.HasSuffix(args, " -- pysbx-alpha") {
+		wrapped := "-I -S -c " + scratchWrapper + " " + py.Path + " -I -m pip install --target " + scratchSite + " "
+		if spec.Python != py.Path || spec.Prefix != py.Prefix || !strings.HasPrefix(args, wrapped) || !strings.HasSuffix(args, " -- pysbx-alpha") {
 			t.Errorf("%s: %s %s", tc.name, spec.Python, args)
 		}
 		for _, f := range tc.flags {
@@ -494,10 +495,8 @@ func TestInstallSpec(t *testing.T) {
 				t.Errorf("%s: args have %q: %s", tc.name, f, args)
 			}
 		}
-		if spec.Binds[0] != (sandbox.Bind{Source: bdir, Target: buildMount, Writable: true}) {
-			t.Errorf("%s: binds %+v", tc.name, spec.Binds)
-		}
-		for _, b := range spec.Binds[1:] {
+		// Nothing of the host is writable: the install goes to scratch.
+		for _, b := range spec.Binds {
 			if b.Writable || b.Source != wheels || b.Target != findLinksMount+"/0" {
 				t.Errorf("%s: find-links bind %+v", tc.name, b)
 			}
@@ -514,7 +513,7 @@ func TestInstallSpec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if args := strings.Join(spec.Args, " "); spec.Python != "/usr/bin/uv" || !strings.HasPrefix(args, "pip install --target "+buildMount+"/site --python "+py.Path+" --no-cache ") {
+	if args := strings.Join(spec.Args, " "); spec.Python != py.Path || !strings.HasPrefix(args, "-I -S -c "+scratchWrapper+" /usr/bin/uv pip install --target "+scratchSite+" --python "+py.Path+" --no-cache ") {
 		t.Errorf("uv: %s %s", spec.Python, args)
 	}
 }
@@ -951,4 +950,59 @@ func TestInstallerHasNoHostNetwork(t *testing.T) {
 	if n := ix.Downloads("pysbx_ssrf-1.0-py3-none-any.whl"); n == 0 {
 		t.Errorf("the index itself was not reached through the proxy")
 	}
+}
+
+// TestSdistBuildCannotFillTheDisk: build code (an sdist's in-tree backend,
+// with AllowSdist) tries to write 600 MiB wherever it can. The installer's
+// scratch space is capped like a run's (64 MiB here), nothing of the host
+// is writable, and the install fails without the host's disk growing.
+func TestSdistBuildCannotFillTheDisk(t *testing.T) {
+	t.Parallel()
+	py := systemPython(t)
+	backend := `
+import os
+def _fill():
+    chunk = b"x" * (1 << 20)
+    for d in ("/work", "/tmp", "/.pysandbox", "/dev/shm", "/"):
+        try:
+            with open(os.path.join(d, "fill"), "wb") as f:
+                for _ in range(600):
+                    f.write(chunk)
+        except OSError as e:
+            print("pysbx-fill:", d, e.strerror)
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    _fill()
+    raise RuntimeError("pysbx-fill: done")
+`
+	ix := pypi.NewIndex(t, pypi.Package{Name: "pysbx-fill", Version: "1.0", SdistOnly: true, Backend: backend})
+	c := newCache(t, IndexConfig{IndexURL: ix.URL, AllowSdist: true})
+	c.cfg.Limits.TmpBytes = 64 << 20
+	before := diskUsed(t, c.cfg.Dir)
+	_, _, err := ensure(t, c, py, []string{"pysbx-fill"}, nil)
+	if err == nil {
+		t.Fatal("the install succeeded")
+	}
+	var ie *InstallError
+	if !errors.As(err, &ie) || !strings.Contains(ie.Output, "pysbx-fill") {
+		t.Fatalf("the build code did not run: %v", err)
+	}
+	t.Logf("output: %s", ie.Output)
+	if !strings.Contains(ie.Output, "No space left on device") {
+		t.Errorf("the scratch space did not fill up: %s", ie.Output)
+	}
+	if grew := diskUsed(t, c.cfg.Dir) - before; grew > 16<<20 {
+		t.Errorf("the cache directory grew by %d bytes", grew)
+	}
+	assertNoBuilds(t, c)
+}
+
+// diskUsed is the space used on the filesystem holding dir.
+func diskUsed(t *testing.T, dir string) int64 {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	return int64(st.Blocks-st.Bfree) * st.Bsize
 }

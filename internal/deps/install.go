@@ -23,12 +23,9 @@ import (
 
 const noFollow = syscall.O_NOFOLLOW
 
-// Paths inside the installer's sandbox. Both are under /.pysandbox, the one
-// reserved tree a bind may go into.
-const (
-	buildMount     = "/.pysandbox/build"
-	findLinksMount = "/.pysandbox/find-links"
-)
+// findLinksMount is where local wheelhouses are inside the installer's
+// sandbox, under /.pysandbox, the one reserved tree a bind may go into.
+const findLinksMount = "/.pysandbox/find-links"
 
 // maxOutput caps the installer output kept for an InstallError.
 const maxOutput = 1 << 20
@@ -67,7 +64,7 @@ func (c *Cache) build(st *buildState, key string, py *interp.Interpreter, canon 
 	start := time.Now()
 	c.log.Info("deps: installing", "key", key, "requirements", canon, "python", py.Version, "network", spec.Proxy)
 	c.installs.Add(1)
-	exit, err := c.run(ctx, spec)
+	exit, err := c.run(ctx, spec, bdir)
 	if st.ctx.Err() != nil {
 		return errAbandoned
 	}
@@ -122,7 +119,7 @@ func (c *Cache) build(st *buildState, key string, py *interp.Interpreter, canon 
 
 // run starts the installer's sandbox and waits for it, killing it when ctx
 // ends. The sandbox is always closed.
-func (c *Cache) run(ctx context.Context, spec *sandbox.Spec) (sandbox.Exit, error) {
+func (c *Cache) run(ctx context.Context, spec *sandbox.Spec, bdir string) (sandbox.Exit, error) {
 	sb, err := c.cfg.Backend.Start(ctx, spec)
 	if err != nil {
 		return sandbox.Exit{}, fmt.Errorf("deps: start installer sandbox: %w", err)
@@ -135,6 +132,11 @@ func (c *Cache) run(ctx context.Context, spec *sandbox.Spec) (sandbox.Exit, erro
 			defer c.cfg.Network(p.ProxyListener(), c.cfg.Index.Targets())()
 		} else {
 			p.ProxyListener().Close()
+		}
+	}
+	if c.cfg.Backend.Kind() != sandbox.KindNone {
+		if err := c.collect(ctx, sb, bdir); err != nil {
+			return sandbox.Exit{}, err
 		}
 	}
 	stop := context.AfterFunc(ctx, sb.Kill)
@@ -195,15 +197,17 @@ func writeMeta(path string, env *Env) error {
 	return nil
 }
 
-// installSpec builds the installer's sandbox: bdir writable at
-// /.pysandbox/build, local find-links read-only below /.pysandbox/find-links,
+// installSpec builds the installer's sandbox: the install goes into the
+// sandbox's own size-capped scratch space (/work/site), and is copied out
+// once the installer is done (see scratch.go), so no build code writes to
+// the host's disk; local find-links read-only below /.pysandbox/find-links,
 // and a way out through the server's proxy only when an index must be
 // reached (never the host's network).
 func (c *Cache) installSpec(py *interp.Interpreter, canon []string, bdir string) (*sandbox.Spec, error) {
 	ix := c.cfg.Index
 	// The none backend has no mounts: the installer sees host paths.
 	direct := c.cfg.Backend.Kind() == sandbox.KindNone
-	target := buildMount + "/site"
+	target := scratchSite
 	if direct {
 		target = filepath.Join(bdir, "site")
 	}
@@ -218,9 +222,6 @@ func (c *Cache) installSpec(py *interp.Interpreter, canon []string, bdir string)
 			"NO_COLOR=1",
 		},
 		Limits: c.cfg.Limits,
-	}
-	if !direct {
-		spec.Binds = append(spec.Binds, sandbox.Bind{Source: bdir, Target: buildMount, Writable: true})
 	}
 	var args []string
 	if c.uv != "" {
@@ -272,6 +273,12 @@ func (c *Cache) installSpec(py *interp.Interpreter, canon []string, bdir string)
 	// "--" ends the options: nothing in a requirement can become a flag.
 	args = append(args, "--")
 	spec.Args = append(args, canon...)
+	if !direct {
+		// The interpreter runs the installer under the wrapper that hands
+		// the result over (scratch.go).
+		spec.Args = append([]string{"-I", "-S", "-c", scratchWrapper, spec.Python}, spec.Args...)
+		spec.Python = py.Path
+	}
 	return spec, nil
 }
 

@@ -58,8 +58,10 @@ func NewIndex(t testing.TB, pkgs ...Package) *Index {
 		hits:     map[string]int{},
 	}
 	for _, p := range pkgs {
-		ix.mustAdd(t, p, BuildWheel)
-		if p.Sdist {
+		if !p.SdistOnly {
+			ix.mustAdd(t, p, BuildWheel)
+		}
+		if p.Sdist || p.SdistOnly {
 			ix.mustAdd(t, p, BuildSdist)
 		}
 	}

@@ -45,6 +45,13 @@ type Package struct {
 	// Sdist asks NewIndex to publish a source distribution of this package
 	// next to its wheel. BuildWheel and BuildSdist ignore it.
 	Sdist bool
+	// Backend, when set, is the source of an in-tree PEP 517 build
+	// backend (pysbx_backend.py, with no build requirements) that the
+	// sdist is built with instead of setup.py: code the installer runs
+	// without needing setuptools from the index.
+	Backend string
+	// SdistOnly publishes the sdist alone, so an installer has to build it.
+	SdistOnly bool
 }
 
 // Epoch is the modification time stamped on every archive member.
@@ -329,6 +336,10 @@ func SdistBytes(p Package) ([]byte, error) {
 		{"pyproject.toml", []byte(pyprojectToml)},
 		{"setup.py", []byte(setupPy(p, files))},
 	}, files...)
+	if p.Backend != "" {
+		members[1].data = []byte("[build-system]\nrequires = []\nbuild-backend = \"pysbx_backend\"\nbackend-path = [\".\"]\n")
+		members = append(members, file{"pysbx_backend.py", []byte(p.Backend)})
+	}
 	sort.Slice(members, func(i, j int) bool { return members[i].name < members[j].name })
 
 	var buf bytes.Buffer
