@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -113,5 +116,46 @@ func TestUnprivilegedUser(t *testing.T) {
 	out, errOut, code = asUser(t, uid, gid, "", "audit", "verify", auditLog)
 	if code != 0 || !strings.Contains(out, "ok: 3 records") {
 		t.Errorf("audit verify as a normal user: %d %s %s", code, out, errOut)
+	}
+}
+
+// TestUnprivilegedNetwork: a normal user's server hands its runs the
+// network the flags allow, through the proxy, on the system interpreter
+// and on a pyenv one, and nothing else.
+func TestUnprivilegedNetwork(t *testing.T) {
+	uid, gid := throwawayUser(t)
+	binary(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello "+r.Host) }))
+	defer srv.Close()
+	port := srv.URL[strings.LastIndex(srv.URL, ":")+1:]
+	code := "import urllib.request\nprint(urllib.request.urlopen('http://files.test:" + port + "/', timeout=20).read().decode())\n" +
+		"try:\n    urllib.request.urlopen('http://other.test:" + port + "/', timeout=20)\nexcept Exception as e:\n    print('refused:', e)\n"
+	pythons := []string{"/usr/bin/python3"}
+	// A pyenv interpreter lives in root's home, which a normal user cannot
+	// open; one copied somewhere readable would do, but the system one is
+	// what such a user has. As root, the pyenv one too (TestRunPyenvNetwork).
+	for _, py := range pythons {
+		for _, pool := range []string{"0", "1"} { // a cold sandbox, and a pool child
+			out, errOut, code := asUser(t, uid, gid, code, "run", "--python", py, "--pool-size", pool, "--allow-net", "files.test:"+port+"=127.0.0.1", "-")
+			if code != 0 || !strings.HasPrefix(out, "hello files.test:"+port+"\n") || !strings.Contains(out, "refused: HTTP Error 403: pysandbox network proxy: other.test:"+port+" is not among the hosts") {
+				t.Errorf("%s (pool size %s) as uid %d: code %d\n%s\n%s", py, pool, uid, code, out, errOut)
+			}
+		}
+	}
+}
+
+// TestRunPyenvNetwork: the same through a pyenv interpreter (as root).
+func TestRunPyenvNetwork(t *testing.T) {
+	matches, _ := filepath.Glob("/root/.pyenv/versions/3.12*/bin/python3")
+	if len(matches) == 0 {
+		t.Skip("no pyenv 3.12 on this machine")
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello "+r.Host) }))
+	defer srv.Close()
+	port := srv.URL[strings.LastIndex(srv.URL, ":")+1:]
+	code := "import sys, urllib.request\nprint(sys.version_info[:2], urllib.request.urlopen('http://files.test:" + port + "/', timeout=20).read().decode())\n"
+	out, errOut, exit := runBin(t, code, "run", "--python", matches[0], "--allow-net", "files.test:"+port+"=127.0.0.1", "-")
+	if exit != 0 || out != "(3, 12) hello files.test:"+port+"\n" {
+		t.Errorf("pyenv 3.12: code %d\n%s\n%s", exit, out, errOut)
 	}
 }

@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/testutil/webhost"
@@ -115,5 +117,62 @@ except OSError as e:
 	got := r.ReturnValue.([]any)
 	if fmt.Sprint(got[0]) != "111" || len(got[1].([]any)) != 0 {
 		t.Errorf("a server without network: %v", got)
+	}
+}
+
+// TestNoRunUsesAnothersProxy: while one run holds a grant, a concurrent
+// run without one finds its own 127.0.0.1:3128 closed: each run's proxy
+// socket lives in that run's network namespace.
+func TestNoRunUsesAnothersProxy(t *testing.T) {
+	f := newNetFixture(t)
+	e := newEngine(t, func(c *Config) { c.Network = true })
+	url := "http://" + f.PlainName + "/x"
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r, err := e.Run(context.Background(), RunRequest{Network: f.Attach(egress.Info{CallID: "holder"}), Code: `
+import time, urllib.request
+urllib.request.urlopen(` + strconv.Quote(url) + `, timeout=20).read()
+open("/tmp/go", "w")
+time.sleep(2)
+urllib.request.urlopen(` + strconv.Quote(url) + `, timeout=20).read().decode()
+`})
+		if err != nil || r.Status != StatusSuccess {
+			t.Errorf("the run with a grant: %v %+v", err, r)
+		}
+	}()
+	// Wait until the first run is using its proxy.
+	deadline := time.Now().Add(30 * time.Second)
+	for len(f.Records()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	r, err := e.Run(context.Background(), RunRequest{Code: `
+import socket, urllib.request
+try:
+    urllib.request.urlopen(` + strconv.Quote(url) + `, timeout=10)
+    a = "fetched"
+except OSError as e:
+    a = str(e)
+s = socket.socket()
+try:
+    s.connect(("127.0.0.1", 3128))
+    b = "connected"
+except OSError as e:
+    b = e.errno
+[a, b]
+`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := r.ReturnValue.([]any)
+	if len(got) != 2 || !strings.Contains(fmt.Sprint(got[0]), "Connection refused") || fmt.Sprint(got[1]) != "111" {
+		t.Errorf("a run without a grant next to one with: %v (%s)", r.ReturnValue, r.Stderr)
+	}
+	wg.Wait()
+	for _, rec := range f.Records() {
+		if rec.CallID != "holder" {
+			t.Errorf("a connection recorded for another run: %+v", rec)
+		}
 	}
 }
