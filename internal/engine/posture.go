@@ -299,6 +299,8 @@ func (e *Engine) Measure(ctx context.Context, interpreters []*interp.Interpreter
 		p.Limits.MemoryEnforcedBy = "RLIMIT_AS"
 	}
 	switch {
+	case len(pr.Interfaces) == 1 && pr.Interfaces[0] == "lo" && L.NetNamespace.Active && e.cfg.Network:
+		p.Network = "loopback only, in its own network namespace; the one way out is the server's proxy, to the hosts the network policy allows"
 	case len(pr.Interfaces) == 1 && pr.Interfaces[0] == "lo" && L.NetNamespace.Active:
 		p.Network = "none (loopback only, in its own network namespace)"
 	case L.NetNamespace.Active:
