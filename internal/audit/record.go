@@ -75,6 +75,10 @@ type Connection struct {
 	Session  string `json:"session,omitempty"`
 	BytesIn  int64  `json:"bytes_in"`
 	BytesOut int64  `json:"bytes_out"`
+	// Unrecorded, on the summary a call's refusals end with past their
+	// cap, counts by decision the refusals that have no record of their
+	// own.
+	Unrecorded map[string]int `json:"unrecorded,omitempty"`
 }
 
 // MaxErrorBytes caps Record.Error: the client already saw the full text,

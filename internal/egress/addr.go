@@ -9,7 +9,7 @@ import (
 // predicates cover: "this network", carrier-grade NAT (where some clouds
 // keep their metadata service), IETF protocol assignments, benchmarking,
 // reserved, and the prefixes that embed an IPv4 address in IPv6 (NAT64,
-// 6to4, Teredo), which could carry a private one.
+// 6to4, Teredo, SIIT, IPv4-compatible), which could carry a private one.
 var blocked = []netip.Prefix{
 	netip.MustParsePrefix("0.0.0.0/8"),
 	netip.MustParsePrefix("100.64.0.0/10"),
@@ -25,6 +25,11 @@ var blocked = []netip.Prefix{
 	netip.MustParsePrefix("2001:db8::/32"),
 	netip.MustParsePrefix("2002::/16"),
 	netip.MustParsePrefix("100::/64"),
+	// IPv4-compatible (deprecated, yet some stacks still route it), SIIT's
+	// IPv4-translated, and the old site-local range.
+	netip.MustParsePrefix("::/96"),
+	netip.MustParsePrefix("::ffff:0:0:0/96"),
+	netip.MustParsePrefix("fec0::/10"),
 }
 
 // internal says why an address is not one the proxy connects to for a

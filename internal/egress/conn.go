@@ -46,15 +46,29 @@ func (g *Grant) handle(c net.Conn, headerDone func()) {
 	hdr.done = true
 	headerDone()
 	if err != nil {
-		if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, net.ErrClosed) {
-			msg := "the proxy could not read a request: " + err.Error()
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				msg = fmt.Sprintf("no complete request within %s", g.p.cfg.HeaderTimeout)
-			} else if lr.N <= 0 {
-				msg = fmt.Sprintf("a request header longer than %d bytes", maxHeaderBytes)
-			}
-			writeRefusal(c, &refusal{status: http.StatusBadRequest, msg: msg})
+		// A connection that closed before sending anything asked for
+		// nothing; everything else is on the record (within the cap on
+		// refusal records), since a client that never gets its request
+		// through is exactly what an operator wants to see.
+		if len(hdr.b) == 0 && (errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed)) {
+			return
+		}
+		rec := Record{Info: g.currentInfo(), Decision: Failed, Start: time.Now()}
+		var ne net.Error
+		switch {
+		case errors.As(err, &ne) && ne.Timeout():
+			rec.Reason = fmt.Sprintf("no complete request within %s", g.p.cfg.HeaderTimeout)
+		case lr.N <= 0:
+			rec.Reason = fmt.Sprintf("a request header longer than %d bytes", maxHeaderBytes)
+		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+			rec.Reason = "the connection closed in the middle of a request"
+		default:
+			rec.Reason = "the proxy could not read a request: " + shortErr(err)
+		}
+		writeRefusal(c, &refusal{status: http.StatusBadRequest, msg: rec.Reason})
+		rec.Duration = time.Since(rec.Start)
+		if g.noteRefusal(rec.Decision) {
+			g.p.record(rec)
 		}
 		return
 	}
@@ -67,8 +81,8 @@ func (g *Grant) handle(c net.Conn, headerDone func()) {
 		g.plain(c, br, req, &rec)
 	}
 	rec.Duration = time.Since(rec.Start)
-	if rec.Decision != Allowed && rec.Decision != Approved {
-		g.refused()
+	if rec.Decision != Allowed && rec.Decision != Approved && !g.noteRefusal(rec.Decision) {
+		return
 	}
 	g.p.record(rec)
 }

@@ -28,11 +28,13 @@ package egress
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,9 +66,24 @@ type Record struct {
 	Start    time.Time
 	Duration time.Duration
 	// Limit names the limit that ended or refused the connection:
-	// bytes_in, bytes_out, connections, connection_time.
+	// bytes_in, bytes_out, connections, connection_time; "refusals" on a
+	// summary record.
 	Limit string
+	// Unrecorded, on a summary record, counts the refusals (by decision)
+	// past maxRefusalRecords that had no record of their own.
+	Unrecorded map[string]int
 }
+
+// maxRefusalRecords bounds the refusals of one grant (one call of a
+// session) that get a record each: a run that opens refused connections
+// in a loop would otherwise write tens of thousands of audit records a
+// second. The rest are counted, and one summary record carries the count.
+const maxRefusalRecords = 64
+
+// maxOpen bounds the connections of one grant that are open at once,
+// whatever state they are in (reading a request, waiting for the user's
+// approval, tunnelling): each holds a goroutine and two sockets.
+const maxOpen = 512
 
 // Decisions.
 const (
@@ -192,11 +209,17 @@ type Grant struct {
 	approved  map[string]bool
 	closed    bool
 	usage     Usage
+	// recordedRefusals counts the refusals recorded one by one since the
+	// grant started (or since SetCall); unrecorded counts the rest.
+	recordedRefusals int
+	unrecorded       map[string]int
 
 	askMu sync.Mutex // one question to the user at a time
-	in    atomic.Int64
-	out   atomic.Int64
-	wg    sync.WaitGroup
+	// pending counts the connections still sending their request.
+	pending atomic.Int32
+	in      atomic.Int64
+	out     atomic.Int64
+	wg      sync.WaitGroup
 }
 
 // NewGrant starts a grant. Its limits are the rules' at this moment.
@@ -223,6 +246,7 @@ func (g *Grant) rules() *policy.NetworkRules {
 // hold for the session's life.
 func (g *Grant) SetCall(info Info) {
 	g.mu.Lock()
+	sum := g.takeSummary()
 	g.info = info
 	g.usage = Usage{}
 	if r := g.rules(); r != nil {
@@ -231,6 +255,47 @@ func (g *Grant) SetCall(info Info) {
 	g.mu.Unlock()
 	g.in.Store(0)
 	g.out.Store(0)
+	if sum != nil {
+		g.p.record(*sum)
+	}
+}
+
+// takeSummary returns the summary record of the refusals that had none of
+// their own, and starts counting afresh; nil when there were none. g.mu
+// is held.
+func (g *Grant) takeSummary() *Record {
+	g.recordedRefusals = 0
+	if len(g.unrecorded) == 0 {
+		return nil
+	}
+	n, parts := 0, []string{}
+	for _, d := range []string{Denied, Declined, Limited, Failed} {
+		if c := g.unrecorded[d]; c > 0 {
+			n += c
+			parts = append(parts, fmt.Sprintf("%s %d", d, c))
+		}
+	}
+	r := &Record{Info: g.info, Decision: Limited, Limit: "refusals", Start: time.Now(), Unrecorded: g.unrecorded,
+		Reason: fmt.Sprintf("%d more refused connections (%s) have no record of their own: a run gets at most %d refusal records", n, strings.Join(parts, ", "), maxRefusalRecords)}
+	g.unrecorded = nil
+	return r
+}
+
+// noteRefusal counts a refusal, and reports whether it gets a record of
+// its own.
+func (g *Grant) noteRefusal(decision string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.usage.Refused++
+	if g.recordedRefusals < maxRefusalRecords {
+		g.recordedRefusals++
+		return true
+	}
+	if g.unrecorded == nil {
+		g.unrecorded = map[string]int{}
+	}
+	g.unrecorded[decision]++
+	return false
 }
 
 // Info is whom the grant's connections are recorded under now.
@@ -268,7 +333,6 @@ func (g *Grant) Serve(l net.Listener) {
 	g.mu.Unlock()
 	go func() {
 		defer g.wg.Done()
-		var pending atomic.Int32
 		for {
 			c, err := l.Accept()
 			if err != nil {
@@ -278,16 +342,16 @@ func (g *Grant) Serve(l net.Listener) {
 				}
 				return
 			}
-			if pending.Load() >= maxPending || !g.track(c) {
+			if g.pending.Load() >= maxPending || !g.track(c) {
 				c.Close()
 				continue
 			}
-			pending.Add(1)
+			g.pending.Add(1)
 			g.wg.Add(1)
 			go func() {
 				defer g.wg.Done()
 				defer g.untrack(c)
-				g.handle(c, func() { pending.Add(-1) })
+				g.handle(c, func() { g.pending.Add(-1) })
 			}()
 		}
 	}()
@@ -297,7 +361,7 @@ func (g *Grant) Serve(l net.Listener) {
 func (g *Grant) track(c net.Conn) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.closed {
+	if g.closed || len(g.conns) >= maxOpen {
 		return false
 	}
 	g.conns[c] = struct{}{}
@@ -330,6 +394,12 @@ func (g *Grant) Close() {
 	g.mu.Unlock()
 	g.cancel()
 	g.wg.Wait()
+	g.mu.Lock()
+	sum := g.takeSummary()
+	g.mu.Unlock()
+	if sum != nil {
+		g.p.record(*sum)
+	}
 }
 
 // limitHit notes a limit in the usage, once.
@@ -353,12 +423,6 @@ func (g *Grant) admit() (policy.NetLimits, Info, bool) {
 	}
 	g.usage.Connections++
 	return g.limits, g.info, true
-}
-
-func (g *Grant) refused() {
-	g.mu.Lock()
-	g.usage.Refused++
-	g.mu.Unlock()
 }
 
 func (g *Grant) currentInfo() Info {

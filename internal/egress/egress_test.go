@@ -458,6 +458,9 @@ func TestInternal(t *testing.T) {
 		"fc00::1": "private", "169.254.1.1": "link-local", "fe80::1": "link-local", "224.0.0.1": "multicast",
 		"ff02::1": "multicast", "0.0.0.0": "unspecified", "::": "unspecified", "255.255.255.255": "broadcast",
 		"0.1.2.3": "reserved", "64:ff9b::a00:1": "reserved", "2002:a00:1::": "reserved", "::ffff:10.0.0.1": "private",
+		// IPv4-compatible, SIIT and site-local forms of inside addresses.
+		"::7f00:1": "reserved address (::/96)", "::10.0.0.1": "reserved address (::/96)", "::ffff:0:a00:1": "reserved address (::ffff:0:0:0/96)",
+		"::ffff:0:7f00:1": "reserved", "fec0::1": "reserved address (fec0::/10)",
 	} {
 		got := internal(mustAddr(addr))
 		if want == "" && got != "" || !strings.Contains(got, want) {
@@ -516,3 +519,120 @@ func startDNS(t *testing.T, names map[string]string) *net.Resolver {
 }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// TestRefusalRecordsAreCapped floods a grant with refused connections, and
+// requests the proxy cannot read: every one is answered, the first
+// maxRefusalRecords have a record each, and one summary counts the rest, so
+// a run cannot fill the audit log.
+func TestRefusalRecordsAreCapped(t *testing.T) {
+	rec := &recorder{}
+	p := New(Config{Rules: func() *policy.NetworkRules { return rules(t, "allowed.example") }, OnRecord: rec.add, HeaderTimeout: 300 * time.Millisecond})
+	g, purl := serve(t, p, GrantConfig{Info: Info{CallID: "c1"}})
+	// Requests the proxy cannot read are on the record.
+	if got := rawRequest(t, purl, "garbage\r\n\r\n"); !strings.Contains(got, "400") {
+		t.Errorf("garbage: %q", got)
+	}
+	if got := rawRequest(t, purl, "CONNECT a:1 HTTP/1.1\r\nX: "+strings.Repeat("x", maxHeaderBytes)+"\r\n\r\n"); !strings.Contains(got, "longer than") {
+		t.Errorf("long header: %q", got)
+	}
+	if got := rawRequest(t, purl, "CONNECT a:1 HTTP/1.1\r\n"); !strings.Contains(got, "no complete request within 300ms") {
+		t.Errorf("slow header: %q", got)
+	}
+	// A connection that sends nothing asked for nothing.
+	if c, err := net.Dial("tcp", purl.Host); err == nil {
+		c.Close()
+	}
+	for i, r := range []Record{rec.nth(t, 1), rec.nth(t, 2), rec.nth(t, 3)} {
+		if r.Decision != Failed || r.CallID != "c1" || r.Reason == "" {
+			t.Errorf("unreadable request %d: %+v", i, r)
+		}
+	}
+	const flood = 300
+	for i := 0; i < flood; i++ {
+		if got := rawRequest(t, purl, "CONNECT nothere.example:443 HTTP/1.1\r\n\r\n"); !strings.Contains(got, "403") {
+			t.Fatalf("refusal %d: %q", i, got)
+		}
+	}
+	rec.nth(t, maxRefusalRecords)
+	if u := g.Usage(); u.Refused != flood+3 {
+		t.Errorf("usage counts %d refusals, want %d", u.Refused, flood+3)
+	}
+	// A session's next call gets the summary of the one before, and a
+	// fresh allowance.
+	g.SetCall(Info{CallID: "c2"})
+	if got := rawRequest(t, purl, "CONNECT nothere.example:443 HTTP/1.1\r\n\r\n"); !strings.Contains(got, "403") {
+		t.Fatalf("after SetCall: %q", got)
+	}
+	g.Close()
+	recs := rec.all()
+	if len(recs) != maxRefusalRecords+2 {
+		t.Fatalf("%d records, want %d", len(recs), maxRefusalRecords+2)
+	}
+	sum := recs[maxRefusalRecords]
+	want := flood + 3 - maxRefusalRecords
+	if sum.Decision != Limited || sum.Limit != "refusals" || sum.CallID != "c1" || sum.Unrecorded[Denied] != want ||
+		!strings.Contains(sum.Reason, strconv.Itoa(want)+" more refused connections (deny "+strconv.Itoa(want)+")") {
+		t.Errorf("summary %+v", sum)
+	}
+	if last := recs[len(recs)-1]; last.Decision != Denied || last.CallID != "c2" {
+		t.Errorf("after SetCall: %+v", last)
+	}
+}
+
+// TestOpenConnectionsAreCapped holds connections waiting for an approval
+// that never comes: past maxOpen, the proxy closes new ones at once.
+func TestOpenConnectionsAreCapped(t *testing.T) {
+	rule, _ := policy.ParseHostRule("ask.example")
+	p := New(Config{Rules: func() *policy.NetworkRules {
+		return &policy.NetworkRules{Approve: []policy.HostRule{rule}, Limits: policy.DefaultNetLimits}
+	}})
+	g, purl := serve(t, p, GrantConfig{Ask: func(ctx context.Context, h string, pt int) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}})
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	open := func() int {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return len(g.conns)
+	}
+	for i := 0; i < maxOpen; i++ {
+		c, err := net.Dial("tcp", purl.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		io.WriteString(c, "CONNECT ask.example:443 HTTP/1.1\r\n\r\n")
+		// Past maxPending requests being read, connections are closed
+		// too: let each batch get to the approval first.
+		for end := time.Now().Add(30 * time.Second); time.Now().Before(end) &&
+			((i+1)%32 == 0 && g.pending.Load() > 0 || open() < i+1-maxPending/2); {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for open() < maxOpen && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := open(); n != maxOpen {
+		t.Fatalf("%d connections open, want %d", n, maxOpen)
+	}
+	extra, err := net.Dial("tcp", purl.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	io.WriteString(extra, "CONNECT ask.example:443 HTTP/1.1\r\n\r\n")
+	extra.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := extra.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("a connection beyond %d open ones was kept: %v", maxOpen, err)
+	}
+	if n := open(); n > maxOpen {
+		t.Errorf("%d connections open", n)
+	}
+}

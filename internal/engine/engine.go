@@ -402,11 +402,12 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 		// the sandbox is dead before looking at how it ended.
 		sb.Kill()
 	} else if exit, early = finishEarly(runCtx, sb); early {
-		// The reply and all of the output are in: the sandbox is torn down
-		// after the caller has its answer. The worker is exiting already,
-		// and everything it started goes with it; Close kills whatever is
-		// still there after a grace period.
-		teardown = []func(){func() { awaitEnd(sb, time.Second) }}
+		// The reply and all of the output are in: the run is over, and
+		// nothing of it may go on after the slot is free, when it is no
+		// longer counted against --max-concurrent or its CPU time. Stop
+		// it now (the worker is exiting already); the rest of the
+		// teardown happens after the caller has its answer.
+		sb.(sandbox.Finisher).Stop()
 	} else {
 		// The one-shot worker exits after replying. Anything it left
 		// running dies with it (pid 1 of its namespace); wait for that, but
@@ -459,22 +460,6 @@ func finishEarly(ctx context.Context, sb sandbox.Sandbox) (sandbox.Exit, bool) {
 		return sandbox.Exit{}, false
 	case <-ctx.Done():
 		return sandbox.Exit{}, false
-	}
-}
-
-// awaitEnd waits up to grace for every process of sb to be gone.
-func awaitEnd(sb sandbox.Sandbox, grace time.Duration) {
-	en, ok := sb.(sandbox.Ender)
-	if !ok {
-		return
-	}
-	done := make(chan struct{})
-	go func() { en.WaitEnded(); close(done) }()
-	t := time.NewTimer(grace)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
 	}
 }
 

@@ -141,6 +141,15 @@ func (m *Metrics) LimitHit(limit string) {
 	}
 }
 
+// NetConns counts n connections that moved no bytes (refusals counted
+// in a summary).
+func (m *Metrics) NetConns(decision string, n int) {
+	if m == nil || n <= 0 {
+		return
+	}
+	m.netConns.WithLabelValues(decision).Add(float64(n))
+}
+
 // NetConn records one connection through the network proxy.
 func (m *Metrics) NetConn(decision string, in, out int64) {
 	if m == nil {

@@ -19,6 +19,9 @@ func TestMetricsText(t *testing.T) {
 	m.RateLimited("run_python", "runs")
 	m.CPU(1500 * time.Millisecond)
 	m.CPU(500 * time.Millisecond)
+	m.NetConn("allow", 100, 20)
+	m.NetConn("deny", 0, 0)
+	m.NetConns("deny", 5)
 	var nilM *Metrics
 	nilM.Call("x", "allow", true, time.Second, "success") // a nil Metrics records nothing, and does not panic
 	rec := httptest.NewRecorder()
@@ -38,6 +41,10 @@ func TestMetricsText(t *testing.T) {
 		`pysandbox_queue_depth 3`,
 		`pysandbox_runs_in_flight 1`,
 		`pysandbox_run_cpu_seconds_total 2`,
+		`pysandbox_net_connections_total{decision="allow"} 1`,
+		`pysandbox_net_connections_total{decision="deny"} 6`,
+		`pysandbox_net_bytes_total{direction="in"} 100`,
+		`pysandbox_net_bytes_total{direction="out"} 20`,
 		`go_goroutines`,
 	} {
 		if !strings.Contains(text, want) {

@@ -156,12 +156,17 @@ func (c *child) Wait() sandbox.Exit {
 }
 
 func (c *child) Kill() {
-	if c.pidfd > 0 {
-		// SIGKILL to pid 1 of the run's namespace takes every process in it.
-		unix.PidfdSendSignal(c.pidfd, unix.SIGKILL, nil, 0)
-	}
+	c.Stop()
 	if c.cg != nil {
 		c.cg.Kill()
+	}
+}
+
+// Stop SIGKILLs pid 1 of the run's namespace, which takes every process
+// in it; unlike Kill it does not wait for the cgroup to be empty.
+func (c *child) Stop() {
+	if c.pidfd > 0 {
+		unix.PidfdSendSignal(c.pidfd, unix.SIGKILL, nil, 0)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/testutil/afterlife"
 )
 
 // TestOneshotAnswersBeforeTeardown covers the engine's early answer for
@@ -59,5 +60,28 @@ print("main")
 	}
 	if small.PeakMemoryBytes >= 64<<20 {
 		t.Errorf("the next run reports a peak of %d bytes: the last run's figure carried over", small.PeakMemoryBytes)
+	}
+}
+
+// TestNothingRunsAfterTheAnswer: a pooled run that tries to go on after
+// its reply (a thread that never ends, an atexit handler registered during
+// atexit) is stopped by the time the caller has its answer.
+func TestNothingRunsAfterTheAnswer(t *testing.T) {
+	e, _ := newPooledEngine(t, 1, nil)
+	r, err := e.Run(context.Background(), engine.RunRequest{Code: afterlife.Code("pooledafter")})
+	if err != nil || r.Status != engine.StatusSuccess || r.Stdout != "renamed\n" {
+		t.Fatalf("%v %+v", err, r)
+	}
+	afterlife.Check(t, "pooledafter")
+}
+
+// TestOneshotWaitsForThreads: as a script's interpreter does, a one-shot
+// run waits for its non-daemon threads before its atexit handlers and its
+// answer, so what they print is part of the output.
+func TestOneshotWaitsForThreads(t *testing.T) {
+	e, _ := newPooledEngine(t, 1, nil)
+	r, err := e.Run(context.Background(), engine.RunRequest{Code: afterlife.Threads})
+	if err != nil || r.Status != engine.StatusSuccess || r.Stdout != afterlife.ThreadsOut {
+		t.Fatalf("%v %+v", err, r)
 	}
 }

@@ -149,11 +149,15 @@ type Ender interface {
 // replies; once it has replied, OutputDone closes when every byte of the
 // output has been copied (at once, unless a process the run started still
 // holds the streams). The caller may then answer with Figures (the cgroup's
-// figures so far) and tear the sandbox down off its path: Kill, then Close,
-// which still waits for every process to be gone.
+// figures so far), Stop it, and tear it down off its path: Close still
+// waits for every process to be gone.
 type Finisher interface {
 	OutputDone() <-chan struct{}
 	Figures() Exit
+	// Stop SIGKILLs pid 1 of the sandbox's namespace, which takes every
+	// process in it, and returns at once: a run that has answered gets
+	// no more time, since it no longer counts against any limit.
+	Stop()
 }
 
 // Proxied is implemented by sandboxes that can be started with

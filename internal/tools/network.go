@@ -186,13 +186,20 @@ func (s *server) asker(ctx context.Context, req *mcp.CallToolRequest, tool, scop
 
 // netRecord writes a connection's audit record and counts it.
 func (g *governor) netRecord(r egress.Record) {
-	g.metrics.NetConn(r.Decision, r.BytesIn, r.BytesOut)
+	if r.Unrecorded != nil {
+		// A summary: the connections it counts are counted now.
+		for d, n := range r.Unrecorded {
+			g.metrics.NetConns(d, n)
+		}
+	} else {
+		g.metrics.NetConn(r.Decision, r.BytesIn, r.BytesOut)
+	}
 	if g.audit == nil {
 		return
 	}
 	rec := &audit.Record{Event: audit.EventConnect, Identity: r.Identity, Tool: r.Tool, CallID: r.CallID,
 		Decision: r.Decision, Reason: r.Reason, DurationMS: r.Duration.Milliseconds(),
-		Net: &audit.Connection{Method: r.Method, Host: r.Host, Port: r.Port, Address: r.Address, Session: r.Session, BytesIn: r.BytesIn, BytesOut: r.BytesOut}}
+		Net: &audit.Connection{Method: r.Method, Host: r.Host, Port: r.Port, Address: r.Address, Session: r.Session, BytesIn: r.BytesIn, BytesOut: r.BytesOut, Unrecorded: r.Unrecorded}}
 	if r.Limit != "" {
 		rec.LimitsHit = []string{"net:" + r.Limit}
 	}

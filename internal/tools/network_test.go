@@ -9,6 +9,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/pysandbox/pysandbox/internal/audit"
 	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/policy"
@@ -199,5 +200,42 @@ func TestNetworkInSession(t *testing.T) {
 	}
 	if len(callIDs) != 2 {
 		t.Errorf("the session's connections are recorded under %d calls, want 2", len(callIDs))
+	}
+}
+
+// TestNetworkRefusalFloodIsSummarized has a run open hundreds of refused
+// connections: the audit log gets a bounded number of records for the
+// call, the last of them counting the rest, and the metrics count all.
+func TestNetworkRefusalFloodIsSummarized(t *testing.T) {
+	s := newNetServer(t)
+	cs := s.connect(nil, nil)
+	const flood = 400
+	res, out := call(t, cs, "run_python", map[string]any{"code": fmt.Sprintf(`
+import socket
+answers = set()
+for i in range(%d):
+    c = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+    c.sendall(b"CONNECT evil.test:443 HTTP/1.1\r\n\r\n")
+    answers.add(c.recv(12))
+    c.close()
+sorted(answers)`, flood)})
+	if rv := fmt.Sprint(out["return_value"]); !strings.Contains(rv, "HTTP/1.1 403") || strings.Contains(rv, ",") {
+		t.Fatalf("flood: %s", text(res))
+	}
+	var conns []audit.Record
+	for _, r := range s.records(t) {
+		if r.Event == "connect" {
+			conns = append(conns, r)
+		}
+	}
+	if len(conns) > 100 || len(conns) < 2 {
+		t.Fatalf("%d connect records for %d refusals", len(conns), flood)
+	}
+	sum := conns[len(conns)-1]
+	if sum.Net == nil || sum.Net.Unrecorded["deny"] != flood-(len(conns)-1) || sum.CallID != conns[0].CallID || !strings.Contains(sum.Reason, "have no record of their own") {
+		t.Errorf("summary record %+v (%+v)", sum, sum.Net)
+	}
+	if m := s.metricsText(t); !strings.Contains(m, fmt.Sprintf(`pysandbox_net_connections_total{decision="deny"} %d`, flood)) {
+		t.Errorf("metrics count every refusal:\n%s", m)
 	}
 }

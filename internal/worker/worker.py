@@ -579,10 +579,12 @@ def _run(sock, req, rid, session=None):
     except MemoryError:
         data, exit_code = fallback, 1
     if session is None and os.getpid() == _PID:
-        # A one-shot run's interpreter ends with it: its atexit handlers
-        # run now (after its figures are taken: pyplot closes them all at
+        # A one-shot run's interpreter ends with it, as a script's would:
+        # it waits for the run's non-daemon threads, then runs its atexit
+        # handlers (after its figures are taken: pyplot closes them all at
         # exit), so that what they print is part of the run's output (see
-        # below).
+        # below). The run's timeout bounds both.
+        _guarded(_join_threads)
         _guarded(_run_atexit)
     _restore_sigint_handler()
     _flush_output()
@@ -599,6 +601,12 @@ def _run(sock, req, rid, session=None):
         _close_output()
     sock.sendall(data)
     return exit_code
+
+
+def _join_threads():
+    threading = sys.modules.get("threading")
+    if threading is not None and hasattr(threading, "_shutdown"):
+        threading._shutdown()
 
 
 def _run_atexit():
@@ -1457,15 +1465,21 @@ def _child(req, fds, ctx):
         os._exit(121)
     _PID = os.getpid()
     code = 1
+    oneshot = req.get("oneshot", True) is not False
     try:
-        code = _serve(socket.socket(fileno=CONTROL_FD), req.get("oneshot", True) is not False)
-        import atexit
+        code = _serve(socket.socket(fileno=CONTROL_FD), oneshot)
+        if not oneshot:
+            # A session's end: its atexit handlers run now. A one-shot
+            # run's ran before its reply, and nothing of the run may run
+            # after the reply, when the server no longer counts it.
+            import atexit
 
-        atexit._run_exitfuncs()
-    finally:
+            atexit._run_exitfuncs()
+            _flush_output()
+    except BaseException:
         _flush_output()
-        # No interpreter teardown: the sandbox is about to be destroyed.
-        os._exit(code)
+    # No interpreter teardown: the sandbox is about to be destroyed.
+    os._exit(code)
 
 
 def _reseed():
@@ -1837,7 +1851,8 @@ def _serve(sock, oneshot):
             except BaseException:
                 return 1
         if oneshot and code is not None:
-            _flush_output()
+            # The output was flushed before the reply; flushing again
+            # would run user code (a sys.stdout of its own) after it.
             sock.close()
             return code
         if code is not None:
@@ -1888,7 +1903,13 @@ def main():
     if "--zygote" in sys.argv[1:]:
         return _zygote_main()
     oneshot = "--oneshot" in sys.argv[1:]
-    return _serve(_setup(), oneshot)
+    code = _serve(_setup(), oneshot)
+    if oneshot:
+        # No interpreter teardown after a one-shot run's reply: it would
+        # run the run's atexit handlers a second time and wait for its
+        # threads, after the server stopped counting.
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":
