@@ -47,9 +47,137 @@
 package worker
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 )
+
+// Tool calls from code. While a run is in flight (OpRun sent, its
+// OpResult not yet read), and only when its Request.Tools is set, the
+// worker may send OpToolCatalog and OpToolCall messages of its own on the
+// control channel, with ids it picks ("t1", "t2", ...); the Go side
+// answers each with one message of the same op (OpToolCatalog) or with
+// OpToolResult, carrying the same id, in any order and possibly after
+// other answers. Several calls may be in flight at once (up to
+// MaxToolCallsInFlight). Once the run's OpResult is read, the Go side
+// sends no more tool messages for it, and the worker drops any that
+// arrive late (a OpToolResult is never a request). Python code in the run
+// reaches this through the sandbox's "tools" module (sandbox_tools.py).
+//
+// Like everything else the worker sends, these messages are hostile: the
+// Go side bounds them (MaxToolArgsBytes, MaxToolIDBytes, in-flight count)
+// and answers a malformed one with an OpToolResult error, or ends the
+// exchange with a protocol violation when it cannot even tell its id.
+const (
+	OpToolCatalog = "tool_catalog" // worker → Go: list the tools; Go → worker: the list (ToolCatalog)
+	OpToolCall    = "tool_call"    // worker → Go: call one tool (ToolCall)
+	OpToolResult  = "tool_result"  // Go → worker: the outcome of one call (ToolReply)
+)
+
+// Bounds on tool messages from the worker.
+const (
+	// MaxToolCallsInFlight bounds the calls of one run waiting for their
+	// answer; more are answered at once with a "limit" error.
+	MaxToolCallsInFlight = 16
+	// MaxToolArgsBytes bounds one call's arguments (JSON).
+	MaxToolArgsBytes = 1 << 20
+	// MaxToolIDBytes bounds the id a worker picks for a call.
+	MaxToolIDBytes = 64
+	// MaxToolNameBytes bounds a tool's full name (SERVER.TOOL).
+	MaxToolNameBytes = 256
+)
+
+// ToolSpec describes one tool a run may call from code.
+type ToolSpec struct {
+	// Name is the full name, SERVER.TOOL, that the policy and the audit
+	// log use too.
+	Name   string `json:"name"`
+	Server string `json:"server"`
+	Tool   string `json:"tool"`
+	// Description is the tool's description as its server gives it.
+	Description string `json:"description,omitempty"`
+	// InputSchema is the JSON Schema of its arguments (an object schema).
+	InputSchema json.RawMessage `json:"input_schema,omitempty"`
+	// OutputSchema, when the server gives one, describes its structured
+	// result.
+	OutputSchema json.RawMessage `json:"output_schema,omitempty"`
+	// Approval is set when each run must get the user's consent before
+	// its first call to this tool.
+	Approval bool `json:"approval,omitempty"`
+}
+
+// ServerStatus is how one upstream server stands, for code that lists
+// what is available.
+type ServerStatus struct {
+	Name   string `json:"name"`
+	Status string `json:"status"` // ready, connecting, failed
+	Error  string `json:"error,omitempty"`
+	Tools  int    `json:"tools"`
+}
+
+// ToolCatalog answers OpToolCatalog.
+type ToolCatalog struct {
+	Op      string         `json:"op"`
+	ID      string         `json:"id"`
+	Tools   []ToolSpec     `json:"tools"`
+	Servers []ServerStatus `json:"servers"`
+}
+
+// ToolCall is a call a run makes (OpToolCall).
+type ToolCall struct {
+	Op        string          `json:"op"`
+	ID        string          `json:"id"`
+	Name      string          `json:"name"` // SERVER.TOOL
+	Arguments json.RawMessage `json:"arguments"`
+}
+
+// ToolReply answers one ToolCall (OpToolResult): either the call's result
+// (Structured, Content) or Error.
+type ToolReply struct {
+	Op string `json:"op"`
+	ID string `json:"id"`
+	// Structured is the result's structuredContent, when it has one.
+	Structured json.RawMessage `json:"structured,omitempty"`
+	// Content is the result's content blocks, as MCP JSON (text, image,
+	// audio, resource_link, resource).
+	Content json.RawMessage `json:"content,omitempty"`
+	// Error says why there is no result.
+	Error *ToolFailure `json:"error,omitempty"`
+}
+
+// ToolFailure is why a tool call has no result. Kind is one of the
+// ToolFail constants; the worker raises the matching Python exception.
+type ToolFailure struct {
+	Kind    string `json:"kind"`
+	Message string `json:"message"`
+	// Content is the upstream's own error content (ToolFailError).
+	Content json.RawMessage `json:"content,omitempty"`
+}
+
+// Kinds of ToolFailure.
+const (
+	ToolFailError       = "tool_error"        // the tool ran and reported an error (isError)
+	ToolFailDenied      = "denied"            // the policy does not allow the tool
+	ToolFailDeclined    = "declined"          // the user did not approve it
+	ToolFailRateLimited = "rate_limited"      // a policy rate limit
+	ToolFailLimit       = "limit"             // a per-run cap (calls, bytes, in flight)
+	ToolFailTimeout     = "timeout"           // the run's time ran out during the call
+	ToolFailCancelled   = "cancelled"         // the run was cancelled, or ended
+	ToolFailUnavailable = "unavailable"       // the upstream is not connected, or failed mid-call
+	ToolFailArguments   = "invalid_arguments" // the arguments do not match the schema
+	ToolFailUnknown     = "unknown_tool"      // no such tool
+	ToolFailBadRequest  = "bad_request"       // a malformed message
+)
+
+// Tools serves a run's tool calls (Request.Tools).
+type Tools interface {
+	// Catalog lists the tools the run may call and the upstream servers.
+	Catalog(ctx context.Context) ([]ToolSpec, []ServerStatus)
+	// Call makes one call. ctx ends when the run does (its timeout, its
+	// cancellation, or its result). It must return promptly once ctx is
+	// done. Op and ID of the reply are set by the caller.
+	Call(ctx context.Context, name string, args json.RawMessage) ToolReply
+}
 
 // Ops sent by the Go side.
 const (
@@ -93,6 +221,16 @@ type Request struct {
 	// as empty (or not exist), and paths that should be on read-only mounts.
 	Hidden   []string `json:"hidden,omitempty"`
 	ReadOnly []string `json:"readonly,omitempty"`
+	// ToolsOn tells the worker that the run may call tools (OpRun): its
+	// "tools" module is importable. Run sets it from Tools.
+	ToolsOn bool `json:"tools,omitempty"`
+	// Tools serves the run's tool calls (OpRun); nil: the run has none,
+	// and a call from it is refused.
+	Tools Tools `json:"-"`
+	// ToolsCtx, when set, bounds the tool calls instead of Run's ctx: a
+	// session's calls end at the run's timeout, when the run is
+	// interrupted, while Run still waits for its answer.
+	ToolsCtx context.Context `json:"-"`
 }
 
 // Figure limits applied by the worker.
