@@ -47,10 +47,11 @@ type Record struct {
 	PeakMemoryBytes int64             `json:"peak_memory_bytes,omitempty"`
 	CPUTimeMS       int64             `json:"cpu_time_ms,omitempty"`
 	LimitsHit       []string          `json:"limits_hit,omitempty"`
-	Error           string            `json:"error,omitempty"`  // the isError text the client saw, capped at MaxErrorBytes
-	Detail          map[string]string `json:"detail,omitempty"` // free-form: server version on "start", previous file on "rotate"
-	Net             *Connection       `json:"net,omitempty"`    // on "connect": the connection
-	Prev            string            `json:"prev"`             // hash of the previous record; "" for the first of a chain
+	Error           string            `json:"error,omitempty"`    // the isError text the client saw, capped at MaxErrorBytes
+	Detail          map[string]string `json:"detail,omitempty"`   // free-form: server version on "start", previous file on "rotate"
+	Net             *Connection       `json:"net,omitempty"`      // on "connect": the connection
+	Upstream        *UpstreamCall     `json:"upstream,omitempty"` // on "upstream_call": the call
+	Prev            string            `json:"prev"`               // hash of the previous record; "" for the first of a chain
 }
 
 // Events.
@@ -64,7 +65,23 @@ const (
 	// EventConnect records one connection a run asked the network proxy
 	// for, allowed or not; CallID names the call it belongs to.
 	EventConnect = "connect"
+	// EventUpstream records one call code in a run made to an upstream
+	// MCP server's tool (Tool is SERVER.TOOL), allowed or not; CallID
+	// names the run_python call it was made in.
+	EventUpstream = "upstream_call"
 )
+
+// UpstreamCall is what an "upstream_call" record says about the call.
+type UpstreamCall struct {
+	Server      string `json:"server"`
+	Tool        string `json:"tool"`
+	Session     string `json:"session,omitempty"`
+	ArgsBytes   int    `json:"args_bytes"`
+	ResultBytes int64  `json:"result_bytes"`
+	// Unrecorded, on the summary a call's refusals end with past their
+	// cap, counts by decision the refusals without a record of their own.
+	Unrecorded map[string]int `json:"unrecorded,omitempty"`
+}
 
 // Connection is what a "connect" record says about a connection.
 type Connection struct {

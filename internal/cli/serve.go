@@ -24,6 +24,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/policy"
 	"github.com/pysandbox/pysandbox/internal/quota"
 	"github.com/pysandbox/pysandbox/internal/tools"
+	"github.com/pysandbox/pysandbox/internal/upstream"
 )
 
 func serve(args []string, stderr io.Writer) error {
@@ -40,6 +41,7 @@ func serve(args []string, stderr io.Writer) error {
 	fs.Var(&maxUpload, "max-upload", "largest file upload_file accepts")
 	maxReply := size(tools.DefaultMaxReply)
 	fs.Var(&maxReply, "max-reply", "largest tool result on the wire, JSON escapes included: figures beyond it become resource links and output is cut further (clients drop connections at about 10MiB)")
+	upstreamFile := fs.String("upstream", "", "MCP servers whose tools Python code may call (import tools), in the mcpServers JSON format of Claude Desktop, Cursor and VS Code: {\"mcpServers\": {\"NAME\": {\"command\": ..., \"args\": [...], \"env\": {...}} or {\"url\": ..., \"headers\": {...}}}}. They run as children of this server, with its credentials; the policy names their tools NAME.TOOL")
 	policyFile := fs.String("policy", "", "policy file (JSON or YAML): which tools are allowed, denied or need the user's approval, rate limits, package rules; default: everything allowed. SIGHUP reloads it (a broken file changes nothing)")
 	auditLog := fs.String("audit-log", "", "append a tamper-evident record of every tool call to this file (JSON lines, hash-chained; check it with 'pysandbox audit verify')")
 	auditSyncEach := fs.Bool("audit-sync-each", false, "make each audit record durable (fdatasync) before its call's result is returned, rather than in the background right after (costs a disk flush per call)")
@@ -95,13 +97,25 @@ func serve(args []string, stderr io.Writer) error {
 	if host, _, _ := net.SplitHostPort(*httpAddr); tokens != nil && tlsConfig == nil && !isLoopback(host) {
 		log.Warn("bearer tokens travel in clear text over plain HTTP on a non-loopback address; use --tls-cert/--tls-key or a TLS-terminating proxy")
 	}
-	// The policy is read first: a server with a broken policy must not
-	// start at all, not even its sandboxes.
+	// The upstream servers' list and then the policy are read first: a
+	// server with a broken policy must not start at all, not even its
+	// sandboxes. The policy may name the upstreams' tools.
+	toolNames := tools.Names
+	var upCfg *upstream.Config
+	if *upstreamFile != "" {
+		if upCfg, err = upstream.Load(*upstreamFile); err != nil {
+			return err
+		}
+		for _, w := range upCfg.Warnings {
+			log.Warn("upstream servers", "file", *upstreamFile, "warning", w)
+		}
+		toolNames = append(append([]string(nil), tools.Names...), upstreamPatterns(upCfg)...)
+	}
 	pol := policy.AllowAll()
 	// current is the policy in force; SIGHUP replaces it (see below).
 	var current atomic.Pointer[policy.Policy]
 	if *policyFile != "" {
-		if pol, err = policy.Load(*policyFile, tools.Names); err != nil {
+		if pol, err = policy.Load(*policyFile, toolNames); err != nil {
 			return err
 		}
 		if pol.Network != nil {
@@ -202,9 +216,17 @@ func serve(args []string, stderr io.Writer) error {
 		hup := make(chan os.Signal, 1)
 		signal.Notify(hup, syscall.SIGHUP)
 		defer signal.Stop(hup)
-		go reloadPolicy(ctx, hup, *policyFile, gov.Audit, &current, updates, log)
+		go reloadPolicy(ctx, hup, *policyFile, toolNames, gov.Audit, &current, updates, log)
 	}
-	srv := tools.NewServer(tools.Options{Engine: eng, Posture: posture, Sessions: sessions, MaxUploadBytes: int64(maxUpload), MaxReplyBytes: int64(maxReply), Quotas: quotas, Governance: gov, Network: o.proxy, Logger: log})
+	var ups *upstream.Manager
+	if upCfg != nil {
+		// They connect in the background: one that is slow or fails to
+		// start is a warning, and the server serves meanwhile. They are
+		// this process's children and stop with it.
+		ups = upstream.Start(upCfg, upstream.Options{Log: log, ClientName: "pysandbox", ClientVersion: version})
+		defer ups.Close()
+	}
+	srv := tools.NewServer(tools.Options{Engine: eng, Posture: posture, Sessions: sessions, MaxUploadBytes: int64(maxUpload), MaxReplyBytes: int64(maxReply), Quotas: quotas, Governance: gov, Network: o.proxy, Upstreams: ups, Logger: log})
 	if *httpAddr == "" {
 		log.Info("serving MCP on stdio", "backend", posture.Backend, "posture", posture.Posture, "python", posture.Python.Version)
 		// Run returns nil on a clean EOF from the client.
@@ -267,14 +289,14 @@ func serve(args []string, stderr io.Writer) error {
 // that does not parse changes nothing: the policy in force stays, and the
 // error is logged. A new policy is recorded in the audit log (by digest)
 // before any call runs under it.
-func reloadPolicy(ctx context.Context, hup <-chan os.Signal, path string, w *audit.Writer, current *atomic.Pointer[policy.Policy], updates chan<- *policy.Policy, log *slog.Logger) {
+func reloadPolicy(ctx context.Context, hup <-chan os.Signal, path string, toolNames []string, w *audit.Writer, current *atomic.Pointer[policy.Policy], updates chan<- *policy.Policy, log *slog.Logger) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-hup:
 		}
-		pol, err := policy.Load(path, tools.Names)
+		pol, err := policy.Load(path, toolNames)
 		if err != nil {
 			log.Error("policy reload refused; the policy in force stays", "err", err)
 			continue
@@ -332,4 +354,14 @@ func checkExposure(addr string, authenticated, insecure bool) error {
 func isLoopback(host string) bool {
 	ip := net.ParseIP(host)
 	return host == "localhost" || (ip != nil && ip.IsLoopback())
+}
+
+// upstreamPatterns are the names under which a policy may name the
+// upstream servers' tools (SERVER.*, and through it SERVER.TOOL).
+func upstreamPatterns(cfg *upstream.Config) []string {
+	var out []string
+	for _, sc := range cfg.Servers {
+		out = append(out, policy.UpstreamPattern(sc.Name))
+	}
+	return out
 }

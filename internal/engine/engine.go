@@ -54,6 +54,10 @@ const (
 // workerPath is where the worker program sits inside every sandbox.
 const workerPath = "/.pysandbox/worker.py"
 
+// toolsPath is where the "tools" module's source sits, next to the worker
+// (which looks for it there: worker.ToolsFile).
+const toolsPath = "/.pysandbox/" + worker.ToolsFile
+
 // Config configures an Engine.
 type Config struct {
 	Backend sandbox.Backend
@@ -210,6 +214,9 @@ type RunRequest struct {
 	// Network serves the run's proxy listener; nil: the run has no
 	// network. A session's is given when it is created.
 	Network NetAttach
+	// Tools serves the calls the code makes to upstream tools (its
+	// "tools" module); nil: the run has none.
+	Tools worker.Tools
 }
 
 // Result is the outcome of a run; its JSON form is the tool's output.
@@ -240,6 +247,18 @@ type Result struct {
 	// Network is what the run did through the network proxy; nil when it
 	// had no network.
 	Network *NetUsage `json:"network,omitempty"`
+	// ToolCalls is what the run did through upstream tools; nil when it
+	// had none to call.
+	ToolCalls *ToolUsage `json:"tool_calls,omitempty"`
+}
+
+// ToolUsage is a run's use of upstream tools.
+type ToolUsage struct {
+	Calls     int      `json:"calls"`
+	Refused   int      `json:"refused,omitempty"`
+	BytesOut  int64    `json:"bytes_out"` // arguments sent
+	BytesIn   int64    `json:"bytes_in"`  // results received
+	LimitsHit []string `json:"limits_hit,omitempty"`
 }
 
 // NetUsage is a run's use of the network proxy.
@@ -393,6 +412,7 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 			Filename:       req.Filename,
 			MaxReturnBytes: 64 << 10,
 			MaxFigureBytes: e.cfg.MaxFigureBytes,
+			Tools:          req.Tools,
 		})
 	}
 	var exit sandbox.Exit

@@ -108,6 +108,30 @@ type Governance struct {
 	// Network is what runs may reach through the server's proxy; nil: no
 	// network at all.
 	Network *NetworkPolicy `json:"network,omitempty"`
+	// Upstream is what code may call through its "tools" module; nil:
+	// nothing.
+	Upstream *UpstreamPolicy `json:"upstream,omitempty"`
+}
+
+// UpstreamPolicy says which upstream MCP servers code can call, and
+// under what caps.
+type UpstreamPolicy struct {
+	Servers []UpstreamServer `json:"servers"`
+	// Rules are the policy's rules for upstream tools (SERVER.TOOL or
+	// SERVER.*): allow, deny or approve, and rate limits. Tools no rule
+	// names follow the policy's default.
+	Rules       map[string]string `json:"rules,omitempty"`
+	Default     string            `json:"default"`
+	CallsPerRun int               `json:"calls_per_run"`
+	BytesPerRun int64             `json:"bytes_per_run"`
+}
+
+// UpstreamServer is one upstream server's state.
+type UpstreamServer struct {
+	Name   string `json:"name"`
+	Status string `json:"status"` // ready, connecting, failed
+	Error  string `json:"error,omitempty"`
+	Tools  int    `json:"tools"` // callable from code under the policy
 }
 
 // NetworkPolicy is the network section of a policy, as check_environment

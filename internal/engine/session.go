@@ -493,11 +493,17 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	// answer within the grace period is killed, and the session with it.
 	const grace = 3 * time.Second
 	interrupted := make(chan string, 1)
+	// The run's tool calls end when the run is interrupted, not when the
+	// worker finally answers: an upstream call is cancelled at the
+	// timeout (its cause says so).
+	toolsCtx, stopTools := context.WithCancelCause(ctx)
+	defer stopTools(context.Canceled)
 	timer := time.AfterFunc(timeout, func() {
 		select {
 		case interrupted <- "timeout":
 		default:
 		}
+		stopTools(context.DeadlineExceeded)
 		sess.sb.(sandbox.Sessioner).Interrupt()
 	})
 	defer timer.Stop()
@@ -523,6 +529,7 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 			case interrupted <- "output":
 			default:
 			}
+			stopTools(context.Canceled)
 			sess.sb.(sandbox.Sessioner).Interrupt()
 			time.AfterFunc(grace, cancel)
 		}
@@ -551,7 +558,7 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	}
 	res, runErr := sess.conn.Run(callCtx, worker.Request{
 		Code: req.Code, Inputs: req.Inputs, Filename: filename, MaxReturnBytes: 64 << 10,
-		MaxFigureBytes: s.e.cfg.MaxFigureBytes,
+		MaxFigureBytes: s.e.cfg.MaxFigureBytes, Tools: req.Tools, ToolsCtx: toolsCtx,
 	})
 	var why string
 	select {

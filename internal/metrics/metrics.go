@@ -33,6 +33,8 @@ type Metrics struct {
 	cpu         prometheus.Counter
 	netConns    *prometheus.CounterVec
 	netBytes    *prometheus.CounterVec
+	upCalls     *prometheus.CounterVec
+	upBytes     *prometheus.CounterVec
 }
 
 // New registers the collectors on a registry of their own (plus the Go
@@ -78,8 +80,14 @@ func New(g Gauges) *Metrics {
 			Name: "pysandbox_net_bytes_total",
 			Help: "Bytes through the network proxy, by direction (in: from hosts to runs, out: from runs to hosts).",
 		}, []string{"direction"}),
+		upCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pysandbox_upstream_calls_total", Help: "Calls code made to upstream MCP tools, by upstream server and decision.",
+		}, []string{"server", "decision"}),
+		upBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pysandbox_upstream_bytes_total", Help: "Bytes of upstream tool calls: arguments out, results in.",
+		}, []string{"direction"}),
 	}
-	m.reg.MustRegister(m.calls, m.runs, m.duration, m.denials, m.rateLimited, m.limitHits, m.cpu, m.netConns, m.netBytes,
+	m.reg.MustRegister(m.calls, m.runs, m.duration, m.denials, m.rateLimited, m.limitHits, m.cpu, m.netConns, m.netBytes, m.upCalls, m.upBytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	gauge := func(name, help string, f func() int) {
 		if f != nil {
@@ -161,5 +169,20 @@ func (m *Metrics) NetConn(decision string, in, out int64) {
 	}
 	if out > 0 {
 		m.netBytes.WithLabelValues("out").Add(float64(out))
+	}
+}
+
+// Upstream records n calls code made to tools of an upstream server
+// ("" when the tool named no configured server), with their bytes.
+func (m *Metrics) Upstream(server, decision string, n int, out, in int64) {
+	if m == nil || n <= 0 {
+		return
+	}
+	m.upCalls.WithLabelValues(server, decision).Add(float64(n))
+	if out > 0 {
+		m.upBytes.WithLabelValues("out").Add(float64(out))
+	}
+	if in > 0 {
+		m.upBytes.WithLabelValues("in").Add(float64(in))
 	}
 }

@@ -91,6 +91,9 @@ type Policy struct {
 	// Network is what runs may reach through the server's proxy; nil
 	// when the file has no network section (no network).
 	Network *NetworkRules `json:"network,omitempty"`
+	// Upstream caps what a run does through upstream tools; nil: the
+	// defaults (see UpstreamLimitsOf).
+	Upstream *UpstreamRules `json:"upstream,omitempty"`
 	// Source is where the policy came from and SHA256 the digest of its
 	// bytes, for the audit log's start record.
 	Source string `json:"-"`
@@ -114,6 +117,9 @@ type Decision struct {
 // not list falls to the default.
 func (p *Policy) Decide(tool string) Decision {
 	if r, ok := p.Tools[tool]; ok {
+		return Decision{Action: r.Action, Reason: r.Reason, Limits: r.Limits}
+	}
+	if r, ok := p.upstreamRule(tool); ok {
 		return Decision{Action: r.Action, Reason: r.Reason, Limits: r.Limits}
 	}
 	reason := ""
@@ -290,10 +296,14 @@ func (v *validator) object(field string, x any, allowed ...string) map[string]an
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		if slices.Contains(allowed, k) {
+		if slices.Contains(allowed, k) || field == "tools" && knownTool(k, allowed) {
 			continue
 		}
 		if field == "tools" {
+			if server, _, ok := strings.Cut(k, "."); ok {
+				v.fail(joinField(field, k), "this server has no upstream named %q (upstream tools are named SERVER.TOOL or SERVER.*, for the servers of --upstream); its tools are %s", server, strings.Join(allowed, ", "))
+				continue
+			}
 			v.fail(joinField(field, k), "this server has no such tool; its tools are %s", strings.Join(allowed, ", "))
 		} else {
 			v.fail(joinField(field, k), "unknown field; the fields here are %s", strings.Join(allowed, ", "))
@@ -311,7 +321,7 @@ func (v *validator) str(field string, x any) (string, bool) {
 }
 
 func (v *validator) policy(doc any, p *Policy) {
-	m := v.object("", doc, "version", "default", "tools", "packages", "quotas", "network")
+	m := v.object("", doc, "version", "default", "tools", "packages", "quotas", "network", "upstream")
 	if m == nil {
 		return
 	}
@@ -345,7 +355,7 @@ func (v *validator) policy(doc any, p *Policy) {
 		}
 		sort.Strings(names)
 		for _, name := range names {
-			if slices.Contains(v.tools, name) {
+			if knownTool(name, v.tools) {
 				p.Tools[name] = v.tool("tools."+name, tm[name])
 			}
 		}
@@ -358,6 +368,9 @@ func (v *validator) policy(doc any, p *Policy) {
 	}
 	if n, ok := m["network"]; ok {
 		p.Network = v.network("network", n)
+	}
+	if u, ok := m["upstream"]; ok {
+		p.Upstream = v.upstream("upstream", u)
 	}
 }
 

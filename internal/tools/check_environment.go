@@ -28,6 +28,10 @@ func (s *server) checkEnvironment(ctx context.Context, req *mcp.CallToolRequest,
 	p := *s.posture(ctx) // a copy: the shared posture stays as measured
 	p.Governance = s.gov.summary()
 	p.Governance.Network = s.networkSummary()
+	p.Governance.Upstream = s.upstreamSummary()
+	if !s.upstreamsOn() {
+		delete(p.Governance.Tools, "list_tools_in_sandbox")
+	}
 	if p.Pool != nil {
 		p.Pool = s.eng.PoolInfo() // it learns modules to preload as it runs
 	}
@@ -56,7 +60,9 @@ func governanceText(sum *engine.Governance) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "policy: %s\n", sum.Policy)
 	for _, name := range Names {
-		fmt.Fprintf(&b, "  %-18s %s\n", name, sum.Tools[name])
+		if v, ok := sum.Tools[name]; ok {
+			fmt.Fprintf(&b, "  %-18s %s\n", name, v)
+		}
 	}
 	if len(sum.PackagesAllowed) > 0 {
 		fmt.Fprintf(&b, "packages allowed: %s\n", strings.Join(sum.PackagesAllowed, ", "))
@@ -65,6 +71,7 @@ func governanceText(sum *engine.Governance) string {
 		fmt.Fprintf(&b, "packages denied: %s\n", strings.Join(sum.PackagesDenied, ", "))
 	}
 	b.WriteString(networkText(sum.Network))
+	b.WriteString(upstreamText(sum.Upstream))
 	return b.String()
 }
 

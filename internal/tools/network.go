@@ -159,29 +159,50 @@ const approvalWait = 2 * time.Minute
 func (s *server) asker(ctx context.Context, req *mcp.CallToolRequest, tool, scope string) func(context.Context, string, int) error {
 	return func(gctx context.Context, host string, port int) error {
 		target := net.JoinHostPort(host, strconv.Itoa(port))
-		if !canElicit(req) {
-			return fmt.Errorf("%s needs the user's approval under the server's network policy, and this client cannot ask its user (no MCP elicitation); ask the user to allow %s in the server's network policy", target, host)
-		}
-		if p := req.Session.InitializeParams(); p != nil && p.ProtocolVersion >= "2026-07-28" {
-			return fmt.Errorf("%s needs the user's approval under the server's network policy, and MCP %s cannot ask the user in the middle of a call; ask the user to allow %s in the server's network policy", target, p.ProtocolVersion, host)
-		}
-		ectx, cancel := context.WithTimeout(ctx, approvalWait)
-		defer cancel()
-		stop := context.AfterFunc(gctx, cancel)
-		defer stop()
-		res, err := req.Session.Elicit(ectx, &mcp.ElicitParams{
-			Message: fmt.Sprintf("The Python code of this %s call wants to connect to %s (host %s, port %d) through pysandbox's network proxy. "+
+		return s.consent(ctx, req, gctx, consentAsk{
+			question: fmt.Sprintf("The Python code of this %s call wants to connect to %s (host %s, port %d) through pysandbox's network proxy. "+
 				"Allow it? The answer holds for this %s.", tool, target, host, port, scope),
-			RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{}},
+			subject: target, rules: "network policy", what: "the connection to " + target,
+			instead: fmt.Sprintf("ask the user to allow %s in the server's network policy", host),
 		})
-		switch {
-		case err != nil:
-			return fmt.Errorf("%s needs the user's approval, and asking failed: %v", target, err)
-		case res.Action != "accept":
-			return fmt.Errorf("the user did not allow the connection to %s (%s); do not retry it", target, res.Action)
-		}
-		return nil
 	}
+}
+
+// consentAsk is one question to the user in the middle of a call.
+type consentAsk struct {
+	question string // what the user is asked
+	subject  string // what needs approval, e.g. "example.org:443"
+	rules    string // the rules that require it, e.g. "network policy"
+	what     string // what is refused when the user says no
+	instead  string // what to do when the user cannot be asked
+}
+
+// consent asks the user, through the client of the MCP call in progress
+// (ctx, req), to allow something the code wants while it runs; gctx ends
+// with the code's own wait. Clients that cannot be asked mid-call get a
+// refusal saying what to do instead.
+func (s *server) consent(ctx context.Context, req *mcp.CallToolRequest, gctx context.Context, a consentAsk) error {
+	if req == nil || !canElicit(req) {
+		return fmt.Errorf("%s needs the user's approval under the server's %s, and this client cannot ask its user (no MCP elicitation); %s", a.subject, a.rules, a.instead)
+	}
+	if p := req.Session.InitializeParams(); p != nil && p.ProtocolVersion >= "2026-07-28" {
+		return fmt.Errorf("%s needs the user's approval under the server's %s, and MCP %s cannot ask the user in the middle of a call; %s", a.subject, a.rules, p.ProtocolVersion, a.instead)
+	}
+	ectx, cancel := context.WithTimeout(ctx, approvalWait)
+	defer cancel()
+	stop := context.AfterFunc(gctx, cancel)
+	defer stop()
+	res, err := req.Session.Elicit(ectx, &mcp.ElicitParams{
+		Message:         a.question,
+		RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{}},
+	})
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s needs the user's approval, and asking failed: %v", a.subject, err)
+	case res.Action != "accept":
+		return fmt.Errorf("the user did not allow %s (%s); do not retry it", a.what, res.Action)
+	}
+	return nil
 }
 
 // netRecord writes a connection's audit record and counts it.
@@ -203,7 +224,18 @@ func (g *governor) netRecord(r egress.Record) {
 	if r.Limit != "" {
 		rec.LimitsHit = []string{"net:" + r.Limit}
 	}
-	if err := g.audit.Append(rec); err != nil {
+	g.appendRecord(rec)
+}
+
+// appendRecord writes a record that is not a tool call's own (a
+// connection, an upstream call). A failed write breaks the log: every
+// later call is refused.
+func (g *governor) appendRecord(rec *audit.Record) error {
+	if g.audit == nil {
+		return nil
+	}
+	err := g.audit.Append(rec)
+	if err != nil {
 		g.mu.Lock()
 		if g.broken == nil {
 			g.broken = err
@@ -211,6 +243,7 @@ func (g *governor) netRecord(r egress.Record) {
 		g.mu.Unlock()
 		g.log.Error("audit log write failed; refusing every call from now on", "err", err)
 	}
+	return err
 }
 
 // networkSummary is the network part of check_environment; nil when runs

@@ -37,6 +37,9 @@ func (s *server) addRunPython(srv *mcp.Server) {
 	if s.networkOn() {
 		desc = strings.Replace(desc, noNetworkSentence, proxyNetworkSentence, 1)
 	}
+	if s.upstreamsOn() {
+		desc += "\n\n" + toolsFromCodeSentence
+	}
 	addTool(s, srv, &mcp.Tool{
 		Name:        "run_python",
 		Title:       "Run Python",
@@ -44,6 +47,11 @@ func (s *server) addRunPython(srv *mcp.Server) {
 		Annotations: &mcp.ToolAnnotations{OpenWorldHint: ptr(s.networkOn()), DestructiveHint: ptr(false)},
 	}, s.runPython)
 }
+
+// toolsFromCodeSentence tells the agent that code can call the upstream
+// servers' tools, and how to find them, without listing them (that is
+// list_tools_in_sandbox's job: the list can be long).
+const toolsFromCodeSentence = "The code can also call the tools of other MCP servers this server is configured with: `import tools`, then `tools.SERVER.TOOL(arg=...)` returns the tool's structured result (or its text), and `await tools.SERVER.TOOL.acall(...)` with asyncio.gather makes calls in parallel. Call list_tools_in_sandbox to see which tools exist and their signatures (or tools.list() and help(tools.SERVER.TOOL) from code). Keep intermediate data in the sandbox and return only what matters. Each call is checked by the server's policy and recorded; a refused or failed call raises tools.ToolError (or a subclass) naming the reason."
 
 // The description's words on the network, without and with the proxy.
 const (
@@ -69,9 +77,13 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 			return sessionError(ctx, err), nil, nil
 		}
 		usage := s.sessionCall(ctx, req, in.SessionID)
+		tr := s.newToolRun(ctx, req, in.SessionID)
+		run.Tools = tr.tools()
 		res, err = s.sessions.Run(ctx, in.SessionID, run)
+		tr.finish()
 		if res != nil {
 			res.Network = usage()
+			res.ToolCalls = tr.Usage()
 		} else {
 			usage()
 		}
@@ -81,9 +93,13 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 	} else {
 		var usage func() *engine.NetUsage
 		run.Network, usage = s.runNetwork(ctx, req, "run_python")
+		tr := s.newToolRun(ctx, req, "")
+		run.Tools = tr.tools()
 		res, err = s.eng.Run(ctx, run)
+		tr.finish()
 		if res != nil {
 			res.Network = usage()
+			res.ToolCalls = tr.Usage()
 		}
 	}
 	if res, ok := deniedError(ctx, err); ok {

@@ -19,6 +19,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/policy"
 	"github.com/pysandbox/pysandbox/internal/quota"
+	"github.com/pysandbox/pysandbox/internal/upstream"
 )
 
 // Version is reported to MCP clients.
@@ -57,13 +58,16 @@ type Options struct {
 	// Network is the proxy that gives runs the network the policy allows
 	// (internal/egress); nil: runs have no network.
 	Network *egress.Proxy
-	Logger  *slog.Logger
+	// Upstreams are the MCP servers whose tools code may call (its
+	// "tools" module); nil: none.
+	Upstreams *upstream.Manager
+	Logger    *slog.Logger
 }
 
 // Names are the tools a server offers (before the policy hides any). A
 // policy file may name only these.
 var Names = []string{"run_python", "check_environment", "validate_script", "create_session", "list_sessions",
-	"close_session", "install_package", "upload_file", "list_files", "download_file"}
+	"close_session", "install_package", "upload_file", "list_files", "download_file", "list_tools_in_sandbox"}
 
 // server holds what the handlers share.
 type server struct {
@@ -75,6 +79,7 @@ type server struct {
 	gov      *governor
 	quotas   *quota.Quotas
 	net      *egress.Proxy
+	up       *upstream.Manager
 
 	netMu    sync.Mutex
 	sessNets map[string]*sessionNet // by session id
@@ -88,7 +93,7 @@ func NewServer(opts Options) *mcp.Server {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &server{eng: opts.Engine, log: log, sessions: opts.Sessions, figures: newFigureStore(), quotas: opts.Quotas, net: opts.Network, sessNets: map[string]*sessionNet{},
+	s := &server{eng: opts.Engine, log: log, sessions: opts.Sessions, figures: newFigureStore(), quotas: opts.Quotas, net: opts.Network, up: opts.Upstreams, sessNets: map[string]*sessionNet{},
 		maxUpload: opts.MaxUploadBytes, maxInline: opts.MaxInlineBytes, maxDownload: opts.MaxDownloadBytes}
 	if s.sessions == nil {
 		s.sessions = opts.Engine.NewSessions(engine.SessionConfig{})
@@ -122,7 +127,7 @@ func NewServer(opts Options) *mcp.Server {
 		Instructions: "pysandbox runs Python 3 code in a fresh, isolated Linux sandbox for every call: " + s.networkWords() + ", no access to the host's files, " +
 			"limited memory, processes and time. Use run_python to compute, analyse data or test code; create_session for multi-step work that keeps " +
 			"variables and files between calls (upload_file, list_files, download_file move files in and out; plots come back as images); " +
-			"check_environment to see the sandbox's limits and Python version; validate_script to check code without running it.",
+			"check_environment to see the sandbox's limits and Python version; validate_script to check code without running it." + s.upstreamWords(),
 		Logger: log,
 	})
 	s.gov = newGovernor(opts.Governance, opts.Engine, log)
@@ -156,6 +161,7 @@ func (s *server) register(srv *mcp.Server) {
 	s.addSessionTools(srv)
 	s.addInstallPackage(srv)
 	s.addFileTools(srv)
+	s.addListTools(srv)
 	s.addFigureResources(srv)
 	pol := s.gov.policy()
 	for _, name := range Names {

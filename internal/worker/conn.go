@@ -11,6 +11,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	_ "embed"
@@ -21,6 +22,17 @@ import (
 //
 //go:embed worker.py
 var Source []byte
+
+// ToolsSource is sandbox_tools.py, the module that code in a run with
+// Request.Tools imports as "tools" (or "pysandbox_tools"). Place it next
+// to worker.py, named ToolsFile: the worker reads it from there when a
+// run first imports it.
+//
+//go:embed sandbox_tools.py
+var ToolsSource []byte
+
+// ToolsFile is the name ToolsSource must have in worker.py's directory.
+const ToolsFile = "sandbox_tools.py"
 
 // Command returns the argv that starts the worker: python is the interpreter,
 // scriptPath where Source was placed. A one-shot worker exits after its first
@@ -66,6 +78,14 @@ type Conn struct {
 	nextID uint64
 	err    error // sticky
 
+	// wmu serializes writes: during a run with Tools, the answers to its
+	// tool messages are written by goroutines of their own.
+	wmu sync.Mutex
+	// dmu guards cut, set while interruptible has moved the connection's
+	// deadline into the past, which nothing else may then move back.
+	dmu sync.Mutex
+	cut bool
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -110,8 +130,17 @@ func (c *Conn) Ready(ctx context.Context) (*Ready, error) {
 // stop a run that takes too long without losing the session, send SIGINT to
 // the worker and keep waiting: the run ends with a KeyboardInterrupt error.
 // Cancelling ctx instead makes the Conn unusable.
+//
+// With req.Tools set, the run's code may call tools (see OpToolCall): Run
+// serves its calls until the run's result is read, each in a goroutine of
+// its own, and returns once they have all returned. Their ctx is derived
+// from req.ToolsCtx (or ctx) and is cancelled when the result is read. A
+// reply the worker did not read whole (see lateReplyGrace) leaves the
+// stream out of step: Run still returns the run's result, and the Conn is
+// unusable from then on.
 func (c *Conn) Run(ctx context.Context, req Request) (*Result, error) {
 	req.Op = OpRun
+	req.ToolsOn = req.Tools != nil
 	var res Result
 	maxReturn := req.MaxReturnBytes
 	if maxReturn <= 0 {
@@ -275,32 +304,63 @@ func (c *Conn) callChecked(ctx context.Context, req *Request, wantOp string, rep
 	}
 	data = append(data, '\n')
 
+	// Tool messages are served only for a run that has Tools; any other
+	// exchange answers them with a refusal.
+	var ts *toolServer
+	refusal := "tool calls are answered only while a run is in flight"
+	if req.Op == OpRun {
+		if req.Tools != nil {
+			ts = c.newToolServer(ctx, req)
+		} else {
+			refusal = "this run cannot call tools"
+		}
+	}
 	var line []byte
+	var env envelope
 	err = c.interruptible(ctx, func() error {
-		if _, err := c.conn.Write(data); err != nil {
+		if ts != nil {
+			defer ts.finish()
+		}
+		c.wmu.Lock()
+		_, err := c.conn.Write(data)
+		c.wmu.Unlock()
+		if err != nil {
 			return fmt.Errorf("worker: send request: %w", err)
 		}
-		var err error
-		line, err = c.readLine()
-		if err != nil {
-			return fmt.Errorf("worker: read reply: %w", err)
+		for {
+			l, err := c.readLine()
+			if err != nil {
+				return fmt.Errorf("worker: read reply: %w", err)
+			}
+			env = envelope{}
+			if err := json.Unmarshal(l, &env); err != nil {
+				return violationError{fmt.Errorf("worker: bad reply: %w", err)}
+			}
+			if env.Op != OpToolCall && env.Op != OpToolCatalog {
+				line = l
+				return nil
+			}
+			if err := c.toolMessage(l, env, ts, refusal); err != nil {
+				return err
+			}
 		}
-		return nil
 	})
+	if ts != nil && ts.broken != nil {
+		// A reply cut short leaves the worker reading half a line: nothing
+		// more can be exchanged, but the run's own answer may be good.
+		c.fail(ts.broken)
+	}
+	var ve violationError
 	if errors.Is(err, errLineTooLong) {
 		return c.violation(err)
+	}
+	if errors.As(err, &ve) {
+		return c.violation(ve.error)
 	}
 	if err != nil {
 		return c.fail(err)
 	}
 
-	var env struct {
-		Op string `json:"op"`
-		ID string `json:"id"`
-	}
-	if err := json.Unmarshal(line, &env); err != nil {
-		return c.violation(fmt.Errorf("worker: bad reply: %w", err))
-	}
 	if env.ID != req.ID {
 		return c.violation(fmt.Errorf("worker: reply id %q does not match request id %q", clip(env.ID), req.ID))
 	}
@@ -363,7 +423,10 @@ func (c *Conn) awaitReady(ctx context.Context) error {
 func (c *Conn) interruptible(ctx context.Context, f func() error) error {
 	fired := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
+		c.dmu.Lock()
+		c.cut = true
 		c.conn.SetDeadline(time.Unix(1, 0))
+		c.dmu.Unlock()
 		close(fired)
 	})
 	err := f()
@@ -374,10 +437,23 @@ func (c *Conn) interruptible(ctx context.Context, f func() error) error {
 	if err == nil {
 		// The exchange finished just as ctx was cancelled: keep its result
 		// and make the connection usable again.
+		c.dmu.Lock()
+		c.cut = false
 		c.conn.SetDeadline(time.Time{})
+		c.dmu.Unlock()
 		return nil
 	}
 	return fmt.Errorf("worker: %w", ctx.Err())
+}
+
+// setWriteDeadline moves the write deadline unless interruptible has cut
+// the connection: a cancellation always wins.
+func (c *Conn) setWriteDeadline(t time.Time) {
+	c.dmu.Lock()
+	defer c.dmu.Unlock()
+	if !c.cut {
+		c.conn.SetWriteDeadline(t)
+	}
 }
 
 var errLineTooLong = errors.New("message too long")
@@ -411,4 +487,229 @@ func clip(s string) string {
 		return s[:64] + "..."
 	}
 	return s
+}
+
+// envelope is what every message from the worker starts with.
+type envelope struct {
+	Op string `json:"op"`
+	ID string `json:"id"`
+}
+
+// violationError marks an error found inside an exchange as a protocol
+// violation (see Conn.violation).
+type violationError struct{ error }
+
+// maxPendingAnswers bounds the answers that are not calls (catalogs,
+// refusals) waiting to be written: beyond it the Conn stops reading until
+// one is written, so a worker that sends without reading cannot make the
+// server hold more.
+const maxPendingAnswers = 32
+
+// lateReplyGrace bounds the write of a reply that was under way when the
+// run's result was read. A worker reads (and drops) it at once; one that
+// does not makes the Conn unusable. A variable for tests.
+var lateReplyGrace = 5 * time.Second
+
+// toolServer serves the tool messages of one run (Request.Tools).
+type toolServer struct {
+	c     *Conn
+	tools Tools
+	// ctx bounds the calls; cancel is called when the run's result is
+	// read, or the exchange fails.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	// calls holds a slot per call in flight: from the moment it is read
+	// until its reply is written or dropped, so that at most
+	// MaxToolCallsInFlight replies are ever held.
+	calls chan struct{}
+	// answers holds a slot per other answer being made or written.
+	answers chan struct{}
+
+	catalogOnce sync.Once
+	catalog     []byte // the catalog answer's JSON after its op and id
+
+	// ending is set once the run's result is read (or the exchange
+	// failed): no answer starts to be written from then on.
+	ending atomic.Bool
+	// Guarded by c.wmu.
+	closed bool  // nothing more may be written for this run
+	broken error // a reply was cut short: the stream is out of step
+}
+
+func (c *Conn) newToolServer(ctx context.Context, req *Request) *toolServer {
+	base := req.ToolsCtx
+	if base == nil {
+		base = ctx
+	}
+	tctx, cancel := context.WithCancel(base)
+	return &toolServer{
+		c: c, tools: req.Tools, ctx: tctx, cancel: cancel,
+		calls:   make(chan struct{}, MaxToolCallsInFlight),
+		answers: make(chan struct{}, maxPendingAnswers),
+	}
+}
+
+// toolMessage answers one OpToolCall or OpToolCatalog message. ts is nil
+// outside a run with Tools, where the message is refused (refusal says
+// why). The error ends the exchange.
+func (c *Conn) toolMessage(line []byte, env envelope, ts *toolServer, refusal string) error {
+	if env.ID == "" || len(env.ID) > MaxToolIDBytes {
+		return violationError{fmt.Errorf("worker: %s message with an id of %d bytes (the bounds are 1 and %d)", env.Op, len(env.ID), MaxToolIDBytes)}
+	}
+	if ts == nil {
+		// Written at once: only code that writes to the control channel
+		// itself sends these, and a worker that does not read them is
+		// stopped by ctx like any other.
+		data := failureLine(env.Op, env.ID, ToolFailCancelled, refusal)
+		c.wmu.Lock()
+		_, err := c.conn.Write(data)
+		c.wmu.Unlock()
+		if err != nil {
+			return fmt.Errorf("worker: send tool answer: %w", err)
+		}
+		return nil
+	}
+	if env.Op == OpToolCatalog {
+		ts.answer(func() []byte {
+			ts.catalogOnce.Do(ts.makeCatalog)
+			id, _ := json.Marshal(env.ID)
+			data := make([]byte, 0, len(ts.catalog)+len(id)+32)
+			data = append(data, `{"op":"tool_catalog","id":`...)
+			data = append(data, id...)
+			return append(data, ts.catalog...)
+		})
+		return nil
+	}
+	var call ToolCall
+	if err := json.Unmarshal(line, &call); err != nil {
+		ts.refuse(env.ID, ToolFailBadRequest, fmt.Sprintf("malformed tool call: %v", err))
+		return nil
+	}
+	if msg := checkCall(&call); msg != "" {
+		ts.refuse(env.ID, ToolFailBadRequest, msg)
+		return nil
+	}
+	select {
+	case ts.calls <- struct{}{}:
+	default:
+		ts.refuse(env.ID, ToolFailLimit, fmt.Sprintf("%s: this run already has %d tool calls in flight, the most at once; wait for some to finish", call.Name, MaxToolCallsInFlight))
+		return nil
+	}
+	ts.wg.Add(1)
+	go func() {
+		defer ts.wg.Done()
+		defer func() { <-ts.calls }()
+		reply := ts.tools.Call(ts.ctx, call.Name, call.Arguments)
+		reply.Op, reply.ID = OpToolResult, call.ID
+		data, err := json.Marshal(reply)
+		if err != nil {
+			data = failureLine(OpToolCall, call.ID, ToolFailUnavailable, fmt.Sprintf("%s: its result could not be encoded: %v", call.Name, err))
+		} else {
+			data = append(data, '\n')
+		}
+		ts.write(data)
+	}()
+	return nil
+}
+
+// checkCall says what is wrong with a call, or "".
+func checkCall(call *ToolCall) string {
+	switch {
+	case call.Name == "":
+		return "tool call without a name"
+	case len(call.Name) > MaxToolNameBytes:
+		return fmt.Sprintf("tool name of %d bytes (the bound is %d)", len(call.Name), MaxToolNameBytes)
+	case len(call.Arguments) > MaxToolArgsBytes:
+		return fmt.Sprintf("%s: arguments of %d bytes (the bound is %d)", clip(call.Name), len(call.Arguments), MaxToolArgsBytes)
+	}
+	if args := bytes.TrimLeft(call.Arguments, " \t\r\n"); len(args) == 0 || args[0] != '{' {
+		return fmt.Sprintf("%s: arguments must be a JSON object", clip(call.Name))
+	}
+	return ""
+}
+
+// failureLine is the answer to a tool message of op that refuses it.
+func failureLine(op, id, kind, message string) []byte {
+	f := &ToolFailure{Kind: kind, Message: message}
+	var v any = ToolReply{Op: OpToolResult, ID: id, Error: f}
+	if op == OpToolCatalog {
+		v = ToolCatalog{Op: OpToolCatalog, ID: id, Tools: []ToolSpec{}, Servers: []ServerStatus{}, Error: f}
+	}
+	data, _ := json.Marshal(v) // strings only: cannot fail
+	return append(data, '\n')
+}
+
+func (ts *toolServer) refuse(id, kind, message string) {
+	ts.answer(func() []byte { return failureLine(OpToolCall, id, kind, message) })
+}
+
+// answer writes what build returns from a goroutine of its own, so that
+// reading goes on meanwhile; it waits (and so stops reading) while
+// maxPendingAnswers answers are under way.
+func (ts *toolServer) answer(build func() []byte) {
+	ts.answers <- struct{}{}
+	ts.wg.Add(1)
+	go func() {
+		defer ts.wg.Done()
+		defer func() { <-ts.answers }()
+		ts.write(build())
+	}()
+}
+
+// makeCatalog asks Tools for the catalog, once per run: a worker may ask
+// as often as it likes without costing more than the writes.
+func (ts *toolServer) makeCatalog() {
+	specs, servers := ts.tools.Catalog(ts.ctx)
+	if specs == nil {
+		specs = []ToolSpec{}
+	}
+	if servers == nil {
+		servers = []ServerStatus{}
+	}
+	body, err := json.Marshal(struct {
+		Tools   []ToolSpec     `json:"tools"`
+		Servers []ServerStatus `json:"servers"`
+	}{specs, servers})
+	if err != nil {
+		f, _ := json.Marshal(&ToolFailure{Kind: ToolFailUnavailable, Message: fmt.Sprintf("the tool catalog could not be encoded: %v", err)})
+		body = append(append([]byte(`{"tools":[],"servers":[],"error":`), f...), '}')
+	}
+	// What follows the id: the body without its opening brace.
+	ts.catalog = append(append([]byte{','}, body[1:]...), '\n')
+}
+
+// write sends one answer, unless the run is over. A failed write ends the
+// run's answers; one cut short also makes the Conn unusable.
+func (ts *toolServer) write(data []byte) {
+	c := ts.c
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if ts.closed || ts.ending.Load() {
+		return
+	}
+	n, err := c.conn.Write(data)
+	if err != nil {
+		ts.closed = true
+		if n > 0 {
+			ts.broken = fmt.Errorf("worker: send tool reply: %w (cut after %d of %d bytes)", err, n, len(data))
+		}
+	}
+}
+
+// finish ends the run's tool calls once its exchange is over: their ctx
+// is cancelled, a reply being written gets lateReplyGrace to complete,
+// and no other is written. It returns once every goroutine of the run
+// has returned (Tools.Call must return promptly once its ctx is done).
+func (ts *toolServer) finish() {
+	// Before the cancellation: a call it ends must not write its reply.
+	ts.ending.Store(true)
+	ts.cancel()
+	c := ts.c
+	c.setWriteDeadline(time.Now().Add(lateReplyGrace))
+	c.wmu.Lock()
+	ts.closed = true
+	c.wmu.Unlock()
+	ts.wg.Wait()
+	c.setWriteDeadline(time.Time{})
 }

@@ -66,8 +66,21 @@ import (
 //
 // Like everything else the worker sends, these messages are hostile: the
 // Go side bounds them (MaxToolArgsBytes, MaxToolIDBytes, in-flight count)
-// and answers a malformed one with an OpToolResult error, or ends the
-// exchange with a protocol violation when it cannot even tell its id.
+// and answers a malformed one with an OpToolResult error (ToolFailBadRequest),
+// or ends the exchange with a protocol violation when it cannot use its id
+// to answer: an id that is missing, not a string, empty or longer than
+// MaxToolIDBytes.
+//
+// Tool messages that arrive while no run with Tools is in flight (during
+// another request, or a run without Tools) are answered at once with
+// ToolFailCancelled, so that the stream stays in step.
+//
+// The worker sends no tool message for a run once it has begun to send
+// the run's OpResult, and it only calls while user code of the run may
+// still run (including a one-shot run's non-daemon threads and atexit
+// handlers). A reply the Go side had begun to write when it read the
+// OpResult is completed (within a few seconds; otherwise the Conn is
+// unusable), any other is dropped.
 const (
 	OpToolCatalog = "tool_catalog" // worker → Go: list the tools; Go → worker: the list (ToolCatalog)
 	OpToolCall    = "tool_call"    // worker → Go: call one tool (ToolCall)
@@ -121,6 +134,9 @@ type ToolCatalog struct {
 	ID      string         `json:"id"`
 	Tools   []ToolSpec     `json:"tools"`
 	Servers []ServerStatus `json:"servers"`
+	// Error says why there is no catalog (ToolFailCancelled outside a
+	// run with Tools); Tools and Servers are then empty.
+	Error *ToolFailure `json:"error,omitempty"`
 }
 
 // ToolCall is a call a run makes (OpToolCall).
@@ -169,9 +185,12 @@ const (
 	ToolFailBadRequest  = "bad_request"       // a malformed message
 )
 
-// Tools serves a run's tool calls (Request.Tools).
+// Tools serves a run's tool calls (Request.Tools). Its methods are
+// called from goroutines of their own, concurrently.
 type Tools interface {
 	// Catalog lists the tools the run may call and the upstream servers.
+	// It is called at most once per run: the answer is kept for the
+	// run's later OpToolCatalog messages.
 	Catalog(ctx context.Context) ([]ToolSpec, []ServerStatus)
 	// Call makes one call. ctx ends when the run does (its timeout, its
 	// cancellation, or its result). It must return promptly once ctx is

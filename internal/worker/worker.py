@@ -30,6 +30,7 @@ for _stream in (sys.stdout, sys.stderr):
         pass
 del _stream
 
+import _signal
 import _thread
 import ast
 import binascii
@@ -114,7 +115,18 @@ _JSONEncoder = json.JSONEncoder
 
 
 def _send(sock, msg):
-    sock.sendall((_dumps(msg, separators=(",", ":")) + "\n").encode("ascii"))
+    _send_bytes(sock, (_dumps(msg, separators=(",", ":")) + "\n").encode("ascii"))
+
+
+def _send_bytes(sock, data):
+    """Write one message to sock. On the control channel, every message
+    goes through the channel: its lines must never interleave with those
+    of a tool call from another thread."""
+    ch = _chan
+    if ch is None or sock is not ch.sock:
+        sock.sendall(data)
+    else:
+        ch.send(data)
 
 
 def _flush_output():
@@ -231,9 +243,67 @@ def _on_sigint(signum, frame):
                 return
             except Exception:  # no threads: interrupt now
                 pass
-    if frame is None or frame.f_code.co_filename != _WORKER_FILE:
+    if frame is not None and frame.f_code in _TOOL_WAITS:
+        # The main thread waits for a tool's answer: nothing is lost if the
+        # wait ends here (see _Channel).
         raise KeyboardInterrupt
-    _interrupt_pending = True
+    if _channel_busy or (frame is not None and frame.f_code.co_filename == _WORKER_FILE):
+        # The worker's own code (the main thread's work on the channel
+        # included): raised before the next piece of user code runs.
+        _interrupt_pending = True
+        return
+    raise KeyboardInterrupt
+
+
+def _raise_pending():
+    """In the main thread during a run: raise the KeyboardInterrupt held
+    back while the worker's own code ran."""
+    global _interrupt_pending
+    if _interruptible and _interrupt_pending and _thread.get_ident() == _MAIN_THREAD:
+        _interrupt_pending = False
+        raise KeyboardInterrupt
+
+
+# A SIGINT handler of the user's own (or Python's default one, until the
+# run ends) may raise anywhere, also in the middle of a line written to or
+# read from the control channel. While the main thread works on the channel
+# it is replaced by _defer_sigint, and a SIGINT that came meanwhile is sent
+# again once it is back. Ours needs no such care: it raises only in the
+# waits of _TOOL_WAITS, and holds the interrupt back elsewhere.
+_sigint_deferred = False
+
+
+def _defer_sigint(signum, frame):
+    global _sigint_deferred
+    _sigint_deferred = True
+
+
+def _shield_sigint():
+    """In the main thread: put _defer_sigint in place of a handler that is
+    not ours. Returns what _unshield_sigint needs, or None."""
+    if _thread.get_ident() != _MAIN_THREAD:
+        return None
+    try:
+        # _signal's, without signal's conversion to enums: this is on the
+        # path of every message.
+        old = _signal.getsignal(signal.SIGINT)
+        if old is _on_sigint or old is None:  # None: not set from Python
+            return None
+        _signal.signal(signal.SIGINT, _defer_sigint)
+    except Exception:
+        return None
+    return (old,)
+
+
+def _unshield_sigint(saved):
+    global _sigint_deferred
+    if saved is None:
+        return
+    _signal.signal(signal.SIGINT, saved[0])
+    if _sigint_deferred:
+        _sigint_deferred = False
+        if _interruptible:  # else it was meant for a run that is over
+            signal.pthread_kill(_MAIN_THREAD, signal.SIGINT)
 
 
 def _install_sigint_handler():
@@ -350,12 +420,20 @@ def _user_traceback(tb, codes):
         # compiling it): like Python for a script, show no frames at all.
         return None
     start = t
+    last_user = None
     while t.tb_next is not None:
         if t.tb_next.tb_frame.f_code is _on_sigint.__code__:
             # Python's own handler, written in C, leaves no frame either.
             t.tb_next = None
             break
+        if t.tb_frame.f_code.co_filename not in (_TOOLS_PATH, _WORKER_FILE):
+            last_user = t
         t = t.tb_next
+    if last_user is not None and last_user.tb_next is not None \
+            and last_user.tb_next.tb_frame.f_code.co_filename == _TOOLS_PATH:
+        # An error from a tool call (or an interrupt during one) is shown
+        # where the user's code called, as a builtin function's would be.
+        last_user.tb_next = None
     return start
 
 
@@ -535,6 +613,7 @@ def _run(sock, req, rid, session=None):
 
     _refresh_cwd_imports()
     codes = []
+    _tools_begin(sock, req.get("tools") is True)
     ok, value = _guarded(_execute, source, filename, inputs, codes, session)
     _restore_sigint_handler()
     exc = None
@@ -592,6 +671,9 @@ def _run(sock, req, rid, session=None):
         # User code forked and the child fell through to here: end it the way
         # a script would end, without a word on the control channel.
         os._exit(exit_code)
+    # The run's code is done (a one-shot run's threads and atexit handlers
+    # too, above): its tool calls end here, before its result goes.
+    _tools_end(sock)
     if session is None:
         # One-shot: nothing more of the run can print, so let go of its
         # output before replying. Unless a process the run started still
@@ -599,7 +681,7 @@ def _run(sock, req, rid, session=None):
         # reply and can answer without waiting for this sandbox to be
         # torn down.
         _close_output()
-    sock.sendall(data)
+    _send_bytes(sock, data)
     return exit_code
 
 
@@ -1757,21 +1839,452 @@ class _LineReader:
     def readline(self):
         """The next line with its newline; at EOF what is left, then b""."""
         while True:
-            i = self._buf.find(b"\n", self._scanned)
-            if i >= 0:
-                line = bytes(self._buf[: i + 1])
-                del self._buf[: i + 1]
-                self._scanned = 0
+            line = self.pop_line()
+            if line is not None:
                 return line
+            if not self.fill():
+                return self.rest()
+
+    def pop_line(self):
+        """The next complete line in the buffer, or None."""
+        i = self._buf.find(b"\n", self._scanned)
+        if i < 0:
             self._scanned = len(self._buf)
-            n = self._sock.recv_into(self._chunk)
-            if not n:
-                line = bytes(self._buf)
-                del self._buf[:]
-                self._scanned = 0
-                return line
+            return None
+        line = bytes(self._buf[: i + 1])
+        del self._buf[: i + 1]
+        self._scanned = 0
+        return line
+
+    def fill(self, flags=0):
+        """Receive once into the buffer; returns the byte count, 0 at EOF."""
+        n = self._sock.recv_into(self._chunk, 0, flags)
+        if n:
             with memoryview(self._chunk) as view:
                 self._buf += view[:n]
+        return n
+
+    def rest(self):
+        """What the buffer holds after the last complete line."""
+        line = bytes(self._buf)
+        del self._buf[:]
+        self._scanned = 0
+        return line
+
+
+# ---------------------------------------------------------------- tool calls
+#
+# Code in a run given tools ("tools": true) calls them through
+# sandbox_tools.py, which the worker makes importable as "tools" (see
+# _ToolsFinder). A call is a tool_call (or tool_catalog) message on the
+# control channel and an answer with the same id, from any thread, while the
+# main thread may be in user code; between runs the main loop reads
+# requests. Until the first call of the process the main loop reads alone
+# (_LineReader); from then on every read goes through _Channel, a
+# leader/follower demultiplexer:
+#
+# - A thread that needs a line (an answer, or the main loop a request)
+#   reads the socket itself if no other thread does: it becomes the leader,
+#   hands each answer to the _Wait its id names and queues other lines for
+#   the main loop, until its own is done; then it wakes a thread still
+#   waiting to lead in its place. The others block on their _Wait's lock.
+# - Calls are possible only while a run is (begin_run to end_run, which
+#   comes just before the run's result is sent, after a one-shot run's
+#   threads and atexit handlers). end_run fails the waits left and forgets
+#   their ids, so their late answers are dropped, like any answer nobody
+#   waits for: never an error reply, which would put the Go side out of
+#   step. No tool message of a run is sent after end_run: the Go side
+#   would take it for one of the next run's.
+# - Lines are written whole, one at a time (send_lock); in the main thread
+#   SIGINT cannot cut one short (see _on_sigint and _shield_sigint). The
+#   main thread is interrupted only in _block and _poll, where it waits and
+#   has taken nothing; a SIGINT that comes while it works on the channel is
+#   raised when it next waits, or once its call is done. (Under a SIGINT
+#   handler of the user's, a call of the main thread is not interrupted:
+#   the handler runs once the call returns. At a session's timeout the Go
+#   side ends the calls in flight, so that is soon.)
+
+_chan = None  # the control socket's _Channel, from _serve on
+_channel_busy = 0  # > 0 while the main thread works on the channel
+_tools_enabled = False  # the current run may import the tools module
+_TOOLS_PATH = os.path.join(os.path.dirname(os.path.abspath(_WORKER_FILE)), "sandbox_tools.py")
+
+
+class _Wait(object):
+    """A thread's wait for an answer (the main loop's: for a request)."""
+
+    __slots__ = ("lock", "signaled", "done", "reply")
+
+    def __init__(self):
+        self.lock = _thread.allocate_lock()
+        self.lock.acquire()  # released to wake the waiter
+        self.signaled = False
+        self.done = False
+        self.reply = None
+
+
+def _block(lock):
+    # SIGINT may interrupt the main thread here (see _on_sigint): it only
+    # waits to be woken, and its caller cleans up.
+    lock.acquire()
+
+
+def _poll(poller):
+    # Likewise: nothing has been read when this is interrupted.
+    return poller.poll()
+
+
+_TOOL_WAITS = frozenset((_block.__code__, _poll.__code__))
+
+
+def _tool_failure(kind, message):
+    return {"op": "tool_result", "error": {"kind": kind, "message": message}}
+
+
+class _Channel(object):
+    """The control channel, shared by the main loop and tool calls."""
+
+    def __init__(self, sock, reader):
+        self.sock = sock
+        self.reader = reader
+        self.send_lock = _thread.allocate_lock()  # one line at a time
+        self.mu = _thread.allocate_lock()  # guards everything below
+        self.demux = False  # reads go through _await (since the first call)
+        self.in_run = False
+        self.tools_on = False
+        self.epoch = 0  # changes when a run begins and when it ends
+        self.seq = 0
+        self.waiters = {}  # id of a message sent: its _Wait
+        self.blocked = []  # _Waits blocked in _await
+        self.requests = []  # lines for the main loop
+        self.main_wait = None  # the main loop's _Wait for a request
+        self.leader = None  # the thread reading the socket
+        self.closed = None  # EOF (True) or the OSError that ended reading
+        self.dropped = 0  # answers nobody waited for
+        self.poller = None
+        self.wake_r = self.wake_w = -1
+
+    # -- runs
+
+    def begin_run(self, tools):
+        with self.mu:
+            self._finish_waiters("cancelled", "a new run began before the tool answered")
+            self.in_run, self.tools_on = True, tools
+            self.epoch += 1
+
+    def end_run(self):
+        saved = _shield_sigint()
+        try:
+            with self.send_lock:  # a message under way is sent whole first
+                with self.mu:
+                    self.in_run = self.tools_on = False
+                    self.epoch += 1
+                    self._finish_waiters("cancelled", "the run ended before the tool answered")
+                    if self.leader is not None and self.leader != _MAIN_THREAD:
+                        # Blocked in _poll: make it see its wait is over,
+                        # so that the main loop can read.
+                        try:
+                            os.write(self.wake_w, b"x")
+                        except OSError:
+                            pass  # full: a wake-up is pending anyway
+        finally:
+            _unshield_sigint(saved)
+
+    def _finish_waiters(self, kind, message):
+        for w in self.waiters.values():
+            if not w.done:
+                w.reply = _tool_failure(kind, message)
+                w.done = True
+                self._wake(w)
+        self.waiters.clear()
+
+    # -- sending
+
+    def send(self, data):
+        """Write one of the main loop's messages."""
+        saved = _shield_sigint()
+        try:
+            with self.send_lock:
+                self.sock.sendall(data)
+        finally:
+            _unshield_sigint(saved)
+
+    def call(self, msg, arguments=None):
+        """Send msg, a tool message without its id (arguments: the JSON
+        text of a call's arguments), and return its answer, a dict with an
+        "error" when there is no result. Raises what encoding msg raises,
+        and KeyboardInterrupt in the main thread."""
+        global _channel_busy
+        if _thread.get_ident() != _MAIN_THREAD:
+            return self._call(msg, arguments)
+        saved = _shield_sigint()
+        _channel_busy += 1
+        try:
+            reply = self._call(msg, arguments)
+        finally:
+            _channel_busy -= 1
+            _unshield_sigint(saved)
+        _raise_pending()
+        return reply
+
+    def _call(self, msg, arguments):
+        if os.getpid() != _PID:
+            return _tool_failure("unavailable", "tool calls cannot be made from a forked process")
+        with self.mu:
+            refusal = self._refusal()
+            if refusal is not None:
+                return refusal
+            self.seq += 1
+            rid = "t%d" % self.seq
+            epoch = self.epoch
+        msg = dict(msg)
+        msg["id"] = rid
+        text = _dumps(msg, separators=(",", ":"), allow_nan=False)
+        if arguments is not None:
+            text = text[:-1] + ',"arguments":' + arguments + "}"
+        data = (text + "\n").encode("ascii")
+        w = _Wait()
+        with self.mu:
+            if self.epoch != epoch:
+                return self._refusal() or _tool_failure("cancelled", "the run ended before the call was sent")
+            if not self.demux:
+                try:
+                    self._start_demux()
+                except OSError as e:
+                    return _tool_failure("unavailable", "cannot wait for tool answers: %s" % (e,))
+            self.waiters[rid] = w
+        try:
+            with self.send_lock:
+                with self.mu:
+                    # end_run holds send_lock while it fails the waits: a
+                    # call is sent before the result, or not at all.
+                    live = not w.done
+                if live:
+                    try:
+                        self.sock.sendall(data)
+                    except OSError as e:
+                        return _tool_failure("unavailable", "the control channel failed: %s" % (e,))
+            self._await(w)
+        finally:
+            with self.mu:
+                self.waiters.pop(rid, None)
+        return w.reply
+
+    def _refusal(self):
+        if self.closed is not None:
+            return _tool_failure("unavailable", "the control channel is closed")
+        if not self.in_run:
+            return _tool_failure(
+                "cancelled", "no run is in progress: tools can be called only during a run, "
+                "not by code that goes on after it (such as a background thread)")
+        if not self.tools_on:
+            return _tool_failure("unavailable", "this run cannot call tools")
+        return None
+
+    def _start_demux(self):
+        import select
+
+        r, w = os.pipe()  # wakes a leader blocked in _poll
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN)
+        poller.register(r, select.POLLIN)
+        self.wake_r, self.wake_w, self.poller = r, w, poller
+        self.demux = True
+
+    # -- reading
+
+    def next_line(self):
+        """The main loop's next request; at EOF what is left, then b""."""
+        if not self.demux:
+            return self.reader.readline()
+        saved = _shield_sigint()
+        try:
+            while True:
+                w = _Wait()
+                with self.mu:
+                    if self.requests:
+                        return self.requests.pop(0)
+                    if self.closed is True:
+                        return b""
+                    if self.closed is not None:
+                        raise self.closed
+                    self.main_wait = w
+                try:
+                    self._await(w)
+                finally:
+                    with self.mu:
+                        self.main_wait = None
+        finally:
+            _unshield_sigint(saved)
+
+    def _wake(self, w):
+        if not w.signaled:
+            w.signaled = True
+            w.lock.release()
+
+    def _hand_over(self):
+        # The leader is gone: the first thread still waiting reads next.
+        for w in self.blocked:
+            if not w.done:
+                self._wake(w)
+                return
+
+    def _await(self, w):
+        """Return once w is done, meanwhile reading for every waiting
+        thread if no other thread does."""
+        me = _thread.get_ident()
+        try:
+            while True:
+                with self.mu:
+                    if w.done:
+                        return
+                    lead = self.leader is None
+                    if lead:
+                        self.leader = me
+                    else:
+                        self.blocked.append(w)
+                if lead:
+                    try:
+                        self._lead(w)
+                    finally:
+                        with self.mu:
+                            self.leader = None
+                    continue
+                try:
+                    if me == _MAIN_THREAD:
+                        _raise_pending()
+                    _block(w.lock)
+                finally:
+                    with self.mu:
+                        w.signaled = False
+                        self.blocked.remove(w)
+        finally:
+            with self.mu:
+                if self.leader is None:
+                    self._hand_over()
+
+    def _lead(self, w):
+        main = _thread.get_ident() == _MAIN_THREAD
+        reader = self.reader
+        streaming = False
+        while True:
+            with self.mu:
+                if w.done:
+                    return
+            line = reader.pop_line()
+            if line is not None:
+                self._dispatch(line)
+                continue
+            if not streaming:
+                if main:
+                    _raise_pending()
+                for fd, _ in _poll(self.poller):
+                    if fd == self.wake_r:
+                        try:
+                            while os.read(self.wake_r, 64):
+                                pass
+                        except OSError:  # drained
+                            pass
+            try:
+                n = reader.fill(socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                n = None
+            except OSError as e:
+                self._close(e)
+                return
+            if n == 0:
+                self._close(True)
+                return
+            # A long line comes in many pieces: read on while they come.
+            streaming = n is not None and n == len(reader._chunk)
+
+    def _dispatch(self, line):
+        if line.startswith(b'{"op":"tool_'):
+            try:
+                msg = _loads(line)
+                rid = msg.get("id")
+            except Exception:  # also MemoryError: the waiter fails at the run's end
+                msg = rid = None
+            with self.mu:
+                w = self.waiters.get(rid) if isinstance(rid, str) else None
+                if w is None or w.done:
+                    self.dropped += 1  # late, or forged: never an error reply
+                    return
+                w.reply = msg
+                w.done = True
+                self._wake(w)
+            return
+        with self.mu:
+            self.requests.append(line)
+            if self.main_wait is not None:
+                self.main_wait.done = True
+                self._wake(self.main_wait)
+
+    def _close(self, why):
+        with self.mu:
+            rest = self.reader.rest()
+            if rest:
+                self.requests.append(rest)
+            self.closed = why
+            self._finish_waiters("unavailable", "the control channel was closed")
+            if self.main_wait is not None:
+                self.main_wait.done = True
+                self._wake(self.main_wait)
+
+
+class _ToolsFinder(object):
+    """Makes sandbox_tools.py, next to this file, importable as "tools" and
+    "pysandbox_tools" during a run given tools. It comes last in
+    sys.meta_path, so a tools.py of the user's or an installed package of
+    that name wins for "tools"."""
+
+    def __init__(self):
+        self.module = None
+
+    def find_spec(self, fullname, path=None, target=None):
+        if path is not None or not _tools_enabled or fullname not in ("tools", "pysandbox_tools"):
+            return None
+        from importlib.machinery import ModuleSpec
+
+        return ModuleSpec(fullname, self, origin=_TOOLS_PATH)
+
+    def create_module(self, spec):
+        # One module under both names, called "tools" either way.
+        if self.module is None:
+            return types.ModuleType("tools")
+        return self.module
+
+    def exec_module(self, module):
+        if module is self.module:
+            return
+        with open(_TOOLS_PATH, "rb") as f:
+            source = f.read()
+        module.__file__ = _TOOLS_PATH
+        module._channel = _chan
+        exec(compile(source, _TOOLS_PATH, "exec", dont_inherit=True), module.__dict__)
+        self.module = module
+
+
+_tools_finder = _ToolsFinder()
+
+
+def _tools_begin(sock, tools):
+    """A run begins: tools says whether it may call tools."""
+    global _tools_enabled
+    _tools_enabled = tools
+    if tools and _tools_finder not in sys.meta_path:
+        sys.meta_path.append(_tools_finder)
+    if _chan is not None and sock is _chan.sock:
+        _chan.begin_run(tools)
+
+
+def _tools_end(sock):
+    global _tools_enabled
+    _tools_enabled = False
+    if _chan is not None and sock is _chan.sock:
+        _chan.end_run()
 
 
 def _valid_marker(marker):
@@ -1807,9 +2320,10 @@ def _sync(sock, req, rid):
 def _serve(sock, oneshot):
     """Answer requests until the Go side hangs up (or, one-shot, until the
     first run is done). Returns the exit code."""
+    global _chan
     _take_reserve()
     _install_sigint_handler()
-    reader = _LineReader(sock)
+    _chan = _Channel(sock, _LineReader(sock))
     # A serving worker is a session: one __main__ for all its runs.
     session = None if oneshot else types.ModuleType("__main__")
     v = sys.version_info
@@ -1817,7 +2331,7 @@ def _serve(sock, oneshot):
                  "version": [v[0], v[1]], "pid": _PID})
     while True:
         try:
-            line = reader.readline()
+            line = _chan.next_line()
         except KeyboardInterrupt:
             # Only if user code installed a handler that raises: a SIGINT
             # meant for a run that had just ended. Nothing was lost.
@@ -1844,8 +2358,9 @@ def _serve(sock, oneshot):
                 rid, op = _request_fields(line)
                 if op == "run":
                     code = 1
+                    _tools_end(sock)  # if the run got as far as beginning
                     _flush_output()
-                    sock.sendall(_memory_fallback(rid))
+                    _send_bytes(sock, _memory_fallback(rid))
                 else:
                     _send_error(sock, rid, "out of memory")
             except BaseException:
@@ -1881,6 +2396,10 @@ def _handle(sock, line, session):
     if not isinstance(rid, str):
         rid = ""
     op = req.get("op")
+    if op in ("tool_result", "tool_catalog"):
+        # An answer to a tool message nobody waits for (late, or forged by
+        # user code): an error reply would put the Go side out of step.
+        return None
     if op == "run":
         return _run(sock, req, rid, session)
     elif op == "sync":

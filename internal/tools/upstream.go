@@ -1,0 +1,392 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/audit"
+	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/policy"
+	"github.com/pysandbox/pysandbox/internal/upstream"
+	"github.com/pysandbox/pysandbox/internal/worker"
+)
+
+// Tools from code: a run's Python calls tools of the upstream MCP servers
+// (internal/upstream) through its "tools" module. Each call comes up the
+// worker's control channel to a toolRun, which decides it under the
+// policy (the tool's name is SERVER.TOOL), counts it against the run's
+// caps and the rate limits, asks the user when the policy says approve,
+// records it in the audit log under the run_python call it was made in,
+// and only then forwards it.
+
+// maxToolResultBytes bounds one upstream result as it goes back into the
+// sandbox (JSON): the worker reads it whole.
+const maxToolResultBytes = 8 << 20
+
+// maxToolRefusalRecords bounds the refused calls of one run that get an
+// audit record each; the rest are counted in one summary record.
+const maxToolRefusalRecords = 64
+
+// upstreamsOn reports whether code can call upstream tools.
+func (s *server) upstreamsOn() bool { return s.up != nil }
+
+// upstreamWords end the server's instructions when code can call tools.
+func (s *server) upstreamWords() string {
+	if !s.upstreamsOn() {
+		return ""
+	}
+	return " Code in run_python can also call the tools of other MCP servers (import tools; list_tools_in_sandbox shows them), so a single run can gather, combine and filter their results and return only the answer."
+}
+
+// toolRun serves one run's tool calls (worker.Tools). A session's run
+// gets one too, per call.
+type toolRun struct {
+	s *server
+	// ctx and req are the MCP call the run belongs to: approvals are
+	// asked through its client.
+	ctx      context.Context
+	req      *mcp.CallToolRequest
+	identity string
+	callID   string
+	tool     string // the MCP tool the run came in through (run_python)
+	session  string
+	limits   policy.UpstreamLimits
+
+	askMu    sync.Mutex // one question to the user at a time
+	mu       sync.Mutex
+	approved map[string]bool
+	usage    engine.ToolUsage
+	recorded int            // refusals with a record of their own
+	unrec    map[string]int // refusals past the cap, by decision
+}
+
+func (s *server) newToolRun(ctx context.Context, req *mcp.CallToolRequest, session string) *toolRun {
+	if !s.upstreamsOn() {
+		return nil
+	}
+	return &toolRun{s: s, ctx: ctx, req: req, identity: identity(req), callID: callIDOf(ctx), tool: "run_python",
+		session: session, limits: s.gov.policy().UpstreamLimitsOf(), approved: map[string]bool{}}
+}
+
+// tools returns r as a worker.Tools, or nil (a nil *toolRun must not
+// become a non-nil interface).
+func (r *toolRun) tools() worker.Tools {
+	if r == nil {
+		return nil
+	}
+	return r
+}
+
+// Usage is what the run did through upstream tools so far.
+func (r *toolRun) Usage() *engine.ToolUsage {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	u := r.usage
+	u.LimitsHit = append([]string(nil), u.LimitsHit...)
+	return &u
+}
+
+// Catalog lists the tools the policy lets this caller see: a denied tool
+// is not there at all.
+func (r *toolRun) Catalog(ctx context.Context) ([]worker.ToolSpec, []worker.ServerStatus) {
+	return r.s.visibleTools()
+}
+
+// Call decides, records and forwards one call.
+func (r *toolRun) Call(ctx context.Context, name string, args json.RawMessage) worker.ToolReply {
+	start := time.Now()
+	rec := &audit.Record{Event: audit.EventUpstream, Identity: r.identity, Tool: name, CallID: r.callID}
+	server, tool, _ := strings.Cut(name, ".")
+	up := &audit.UpstreamCall{Server: server, Tool: tool, Session: r.session, ArgsBytes: len(args)}
+	rec.Upstream = up
+	if len(args) > maxAuditValue {
+		rec.Arguments = digestJSON(args)
+	} else {
+		rec.Arguments, _ = auditArgs(name, args)
+	}
+	reply, decision, limit := r.decideAndCall(ctx, name, args, rec)
+	rec.Decision = decision
+	if reply.Error != nil {
+		rec.Reason = reply.Error.Message
+		rec.Status = reply.Error.Kind
+	} else {
+		rec.Status = "ok"
+	}
+	if limit != "" {
+		rec.LimitsHit = []string{"tools:" + limit}
+	}
+	up.ResultBytes = int64(len(reply.Structured) + len(reply.Content))
+	if reply.Error != nil {
+		up.ResultBytes += int64(len(reply.Error.Content))
+	}
+	rec.DurationMS = time.Since(start).Milliseconds()
+	if _, ok := r.s.up.Lookup(name); !ok {
+		server = "" // a metric label only for configured servers
+	}
+	ran := decision == "allow" || decision == "approved"
+	var out int64
+	if ran {
+		out = int64(len(args))
+	}
+	r.s.gov.metrics.Upstream(server, decision, 1, out, up.ResultBytes)
+	if ran || r.noteRefusal(decision) {
+		if err := r.s.gov.appendRecord(rec); err != nil {
+			// The call happened but cannot be recorded: its result is
+			// withheld, like a tool call's.
+			return failure(worker.ToolFailUnavailable, name+": the call could not be recorded in the server's audit log, so its result is withheld")
+		}
+	}
+	return reply
+}
+
+// decideAndCall returns the reply, the audit decision, and the limit that
+// refused the call, if one did.
+func (r *toolRun) decideAndCall(ctx context.Context, name string, args json.RawMessage, rec *audit.Record) (worker.ToolReply, string, string) {
+	if err := r.s.gov.brokenErr(); err != nil {
+		return failure(worker.ToolFailUnavailable, "this server cannot record calls in its audit log, so it refuses them; tell the server's operator"), "deny", ""
+	}
+	if _, ok := r.s.up.Lookup(name); !ok {
+		return failure(worker.ToolFailUnknown, r.unknownMessage(name)), "unknown_tool", ""
+	}
+	pol := r.s.gov.policy()
+	d := pol.Decide(name)
+	if d.Action == policy.Deny {
+		reason := d.Reason
+		if reason == "" {
+			reason = "the policy denies it"
+		}
+		return failure(worker.ToolFailDenied, fmt.Sprintf("the server's policy does not allow %s: %s; do not retry", name, reason)), "deny", ""
+	}
+	// The run's caps: counted before anything else costs anything.
+	r.mu.Lock()
+	if r.usage.Calls >= r.limits.Calls {
+		r.hitLocked("calls")
+		r.mu.Unlock()
+		return failure(worker.ToolFailLimit, fmt.Sprintf("%s: this run has made its %d tool calls (the server's per-run cap)", name, r.limits.Calls)), "limit", "calls"
+	}
+	if r.usage.BytesIn+r.usage.BytesOut+int64(len(args)) > r.limits.Bytes {
+		r.hitLocked("bytes")
+		r.mu.Unlock()
+		return failure(worker.ToolFailLimit, fmt.Sprintf("%s: this run has moved its %d bytes of tool arguments and results (the server's per-run cap)", name, r.limits.Bytes)), "limit", "bytes"
+	}
+	r.usage.Calls++
+	r.usage.BytesOut += int64(len(args))
+	r.mu.Unlock()
+	if err := r.s.up.Validate(name, args); err != nil {
+		return failure(worker.ToolFailArguments, fmt.Sprintf("%s: %v", name, err)), "invalid_arguments", ""
+	}
+	reservation, exceeded := r.s.gov.limiter.Take(d.Limits, r.identity)
+	if exceeded != nil {
+		r.s.gov.metrics.RateLimited(name, exceeded.Limit.Counter)
+		rec.LimitsHit = append(rec.LimitsHit, rateHit(exceeded))
+		return failure(worker.ToolFailRateLimited, fmt.Sprintf("%s: refused by the server's %s", name, exceeded.Error())), "rate_limited", ""
+	}
+	decision := "allow"
+	if d.Action == policy.Approve {
+		if err := r.approve(ctx, name, args); err != nil {
+			// The user was asked (or could not be): the limits count it,
+			// as they do for the server's own tools.
+			return failure(worker.ToolFailDeclined, err.Error()), "declined", ""
+		}
+		decision = "approved"
+	}
+	res, err := r.s.up.Call(ctx, name, args)
+	if err != nil {
+		reservation.Cancel()
+		return r.callFailure(ctx, name, err), "error", ""
+	}
+	reply, err := toolReply(res)
+	if err != nil {
+		return failure(worker.ToolFailLimit, fmt.Sprintf("%s: %v", name, err)), "error", "result"
+	}
+	n := int64(len(reply.Structured) + len(reply.Content))
+	if reply.Error != nil {
+		n += int64(len(reply.Error.Content))
+	}
+	r.mu.Lock()
+	r.usage.BytesIn += n
+	over := r.usage.BytesIn+r.usage.BytesOut > r.limits.Bytes
+	if over {
+		r.hitLocked("bytes")
+	}
+	r.mu.Unlock()
+	if over {
+		return failure(worker.ToolFailLimit, fmt.Sprintf("%s: its result (%d bytes) takes this run past its %d bytes of tool arguments and results (the server's per-run cap); the result is withheld", name, n, r.limits.Bytes)), decision, "bytes"
+	}
+	return reply, decision, ""
+}
+
+func (r *toolRun) hitLocked(limit string) {
+	for _, l := range r.usage.LimitsHit {
+		if l == limit {
+			return
+		}
+	}
+	r.usage.LimitsHit = append(r.usage.LimitsHit, limit)
+}
+
+// noteRefusal counts a refused call and reports whether it gets a record
+// of its own.
+func (r *toolRun) noteRefusal(decision string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.usage.Refused++
+	if r.recorded < maxToolRefusalRecords {
+		r.recorded++
+		return true
+	}
+	if r.unrec == nil {
+		r.unrec = map[string]int{}
+	}
+	r.unrec[decision]++
+	return false
+}
+
+// finish writes the summary of the refusals past the cap, once the run
+// is over.
+func (r *toolRun) finish() {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	unrec := r.unrec
+	r.unrec, r.recorded = nil, 0
+	r.mu.Unlock()
+	if len(unrec) == 0 {
+		return
+	}
+	n := 0
+	var parts []string
+	keys := make([]string, 0, len(unrec))
+	for d := range unrec {
+		keys = append(keys, d)
+	}
+	sort.Strings(keys)
+	for _, d := range keys {
+		n += unrec[d]
+		parts = append(parts, fmt.Sprintf("%s %d", d, unrec[d]))
+	}
+	r.s.gov.appendRecord(&audit.Record{Event: audit.EventUpstream, Identity: r.identity, CallID: r.callID, Decision: "limit",
+		LimitsHit: []string{"tools:refusals"},
+		Reason:    fmt.Sprintf("%d more refused tool calls (%s) have no record of their own: a run gets at most %d refusal records", n, strings.Join(parts, ", "), maxToolRefusalRecords),
+		Upstream:  &audit.UpstreamCall{Session: r.session, Unrecorded: unrec}})
+}
+
+// approve asks the user, once per tool per run (per session call), before
+// the first call to a tool under an approve rule.
+func (r *toolRun) approve(ctx context.Context, name string, args json.RawMessage) error {
+	r.askMu.Lock()
+	defer r.askMu.Unlock()
+	r.mu.Lock()
+	ok := r.approved[name]
+	r.mu.Unlock()
+	if ok {
+		return nil
+	}
+	shown := string(args)
+	if len(shown) > 2000 {
+		shown = shown[:2000] + "..."
+	}
+	scope := "run"
+	if r.session != "" {
+		scope = "session call"
+	}
+	err := r.s.consent(r.ctx, r.req, ctx, consentAsk{
+		question: fmt.Sprintf("The Python code of this %s call wants to call the tool %s with arguments %s. Allow it? The answer holds for calls to %s in this %s.",
+			r.tool, name, shown, name, scope),
+		subject: name, rules: "policy", what: "the call to " + name,
+		instead: fmt.Sprintf("ask the user to allow %s in the server's policy", name),
+	})
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.approved[name] = true
+	r.mu.Unlock()
+	return nil
+}
+
+// callFailure explains an upstream call that failed before it had a
+// result.
+func (r *toolRun) callFailure(ctx context.Context, name string, err error) worker.ToolReply {
+	switch {
+	case ctx.Err() != nil && errors.Is(context.Cause(ctx), context.DeadlineExceeded):
+		return failure(worker.ToolFailTimeout, fmt.Sprintf("%s: the run's time ran out during the call, which was cancelled", name))
+	case ctx.Err() != nil:
+		return failure(worker.ToolFailCancelled, fmt.Sprintf("%s: the run was cancelled or ended during the call, which was cancelled", name))
+	case errors.Is(err, upstream.ErrUnknownTool):
+		return failure(worker.ToolFailUnknown, r.unknownMessage(name))
+	default:
+		return failure(worker.ToolFailUnavailable, fmt.Sprintf("%s: %v", name, err))
+	}
+}
+
+func (r *toolRun) unknownMessage(name string) string {
+	server, _, _ := strings.Cut(name, ".")
+	for _, st := range r.s.up.Status() {
+		if st.Name == server && st.State != "ready" {
+			return fmt.Sprintf("%s: the upstream server %q is %s (%s), so its tools are unavailable", name, server, st.State, st.Error)
+		}
+	}
+	return fmt.Sprintf("there is no tool %q; tools.list() shows the tools this server offers to code", name)
+}
+
+func failure(kind, msg string) worker.ToolReply {
+	return worker.ToolReply{Error: &worker.ToolFailure{Kind: kind, Message: msg}}
+}
+
+// toolReply turns an upstream result into what goes back into the
+// sandbox: bounded, since the upstream is outside this process too.
+func toolReply(res *mcp.CallToolResult) (worker.ToolReply, error) {
+	var reply worker.ToolReply
+	content, err := json.Marshal(res.Content)
+	if err != nil {
+		return reply, fmt.Errorf("its result cannot be encoded: %v", err)
+	}
+	if len(res.Content) == 0 {
+		content = nil
+	}
+	var structured json.RawMessage
+	if res.StructuredContent != nil {
+		if structured, err = json.Marshal(res.StructuredContent); err != nil {
+			return reply, fmt.Errorf("its structured result cannot be encoded: %v", err)
+		}
+	}
+	if n := len(content) + len(structured); n > maxToolResultBytes {
+		return reply, fmt.Errorf("its result is %d bytes, more than the %d a call may bring into the sandbox", n, maxToolResultBytes)
+	}
+	if res.IsError {
+		return worker.ToolReply{Error: &worker.ToolFailure{Kind: worker.ToolFailError, Message: errorText(res), Content: content}}, nil
+	}
+	reply.Structured, reply.Content = structured, content
+	return reply, nil
+}
+
+// errorText is what an upstream's error result says, for the exception.
+func errorText(res *mcp.CallToolResult) string {
+	var parts []string
+	for _, c := range res.Content {
+		if t, ok := c.(*mcp.TextContent); ok {
+			parts = append(parts, t.Text)
+		}
+	}
+	s := strings.Join(parts, "\n")
+	if s == "" {
+		s = "the tool reported an error"
+	}
+	if len(s) > 4000 {
+		s = s[:4000] + "..."
+	}
+	return s
+}

@@ -1,0 +1,398 @@
+package tools
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/audit"
+	"github.com/pysandbox/pysandbox/internal/metrics"
+	"github.com/pysandbox/pysandbox/internal/policy"
+	"github.com/pysandbox/pysandbox/internal/testutil/refservers"
+	"github.com/pysandbox/pysandbox/internal/upstream"
+)
+
+// upServer is a governed server whose code can call the reference MCP
+// servers everything and memory, run by the test from npm, plus one that
+// never starts.
+type upServer struct {
+	*govServer
+	ups  *upstream.Manager
+	wire *syncBuffer // what went to and came from "everything"
+}
+
+// syncBuffer is a bytes.Buffer for a transport log written from the SDK's
+// goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func upstreamConfig(t *testing.T) *upstream.Config {
+	t.Helper()
+	evCmd, evArgs := refservers.Everything(t)
+	memCmd, memArgs := refservers.Memory(t, filepath.Join(t.TempDir(), "memory.jsonl"))
+	doc, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{
+		"everything": map[string]any{"command": evCmd, "args": evArgs},
+		"memory":     map[string]any{"command": memCmd, "args": memArgs},
+		"broken":     map[string]any{"command": "/nonexistent/mcp-server"},
+	}})
+	cfg, err := upstream.Parse(doc, "upstreams.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func newUpServer(t *testing.T, policyJSON string) *upServer {
+	t.Helper()
+	cfg := upstreamConfig(t)
+	wire := &syncBuffer{}
+	ups := upstream.Start(cfg, upstream.Options{Wrap: func(server string, tr mcp.Transport) mcp.Transport {
+		if server == "everything" {
+			return &mcp.LoggingTransport{Transport: tr, Writer: wire}
+		}
+		return tr
+	}})
+	t.Cleanup(func() { ups.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ups.WaitReady(ctx)
+	names := append(append([]string(nil), Names...), "everything.*", "memory.*", "broken.*")
+	pol, err := policy.Parse([]byte(policyJSON), "test.json", names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &govServer{auditPath: filepath.Join(t.TempDir(), "audit.log")}
+	if g.audit, err = audit.Open(g.auditPath, audit.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.audit.Close() })
+	g.metrics = metrics.New(metrics.Gauges{})
+	g.connect = func(copts *mcp.ClientOptions, sopts *mcp.ClientSessionOptions) *mcp.ClientSession {
+		return connectFull(t, nil, func(o *Options) {
+			o.Governance = Governance{Policy: pol, Audit: g.audit, Metrics: g.metrics}
+			o.Upstreams = ups
+		}, copts, sopts)
+	}
+	return &upServer{govServer: g, ups: ups, wire: wire}
+}
+
+const upPolicy = `{"version": "1", "default": "allow", "tools": {
+	"everything.get-env": {"action": "deny", "reason": "it shows the upstream's environment"},
+	"everything.get-tiny-image": {"action": "approve"},
+	"memory.*": {"limits": [{"counter": "memory", "window": "hour", "max": 4}]}
+}, "upstream": {"limits": {"calls": 30}}}`
+
+// run runs code and returns its result, failing on a refusal.
+func runCode(t *testing.T, cs *mcp.ClientSession, args map[string]any) (*mcp.CallToolResult, map[string]any) {
+	t.Helper()
+	res, out := call(t, cs, "run_python", args)
+	if out == nil {
+		t.Fatalf("run_python: %s", text(res))
+	}
+	return res, out
+}
+
+// TestToolsFromCode is the walkthrough: one run calls several upstream
+// tools, combines their results in Python and returns a short answer,
+// every inner call governed and recorded.
+func TestToolsFromCode(t *testing.T) {
+	s := newUpServer(t, upPolicy)
+	el := &elicitor{action: "accept"}
+	cs := s.connect(&mcp.ClientOptions{ElicitationHandler: el.handler}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-06-18"})
+	ctx := context.Background()
+
+	// Discovery: the description says tools exist; the names come first.
+	tl, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, tool := range tl.Tools {
+		if tool.Name == "run_python" && !strings.Contains(tool.Description, "list_tools_in_sandbox") {
+			t.Errorf("run_python's description does not say how to find tools: %s", tool.Description)
+		}
+		found = found || tool.Name == "list_tools_in_sandbox"
+	}
+	if !found {
+		t.Fatal("no list_tools_in_sandbox")
+	}
+	res, out := call(t, cs, "list_tools_in_sandbox", nil)
+	names := text(res)
+	if !strings.Contains(names, "everything: ") || !strings.Contains(names, "get-sum") || !strings.Contains(names, "memory: ") ||
+		strings.Contains(names, "get-env") || strings.Contains(names, "Echoes back") {
+		t.Errorf("names: %s", names)
+	}
+	if !strings.Contains(names, "server broken: failed") {
+		t.Errorf("the broken upstream is not reported: %s", names)
+	}
+	res, out = call(t, cs, "list_tools_in_sandbox", map[string]any{"filter": "everything.get-sum", "detail": "full"})
+	if tools, _ := out["tools"].([]any); len(tools) != 1 || !strings.Contains(text(res), "tools.everything.get_sum(*, a: float, b: float)") ||
+		!strings.Contains(text(res), "Returns the sum of two numbers") {
+		t.Errorf("full: %s", text(res))
+	}
+
+	// One run, several tools, one short answer.
+	res, out = runCode(t, cs, map[string]any{"code": `
+import tools
+total = tools.everything.get_sum(a=2, b=40)
+weather = tools.everything.get_structured_content(location="Chicago")
+tools.memory.create_entities(entities=[{"name": "Ada", "entityType": "person", "observations": ["wrote the first program"]}])
+graph = tools.memory.read_graph()
+echo = tools.everything.echo(message="héllo")
+{"sum": total, "weather_keys": sorted(weather), "people": [e["name"] for e in graph["entities"]], "echo": echo}
+`})
+	rv, _ := out["return_value"].(map[string]any)
+	if out["status"] != "success" || rv == nil || !strings.Contains(fmt.Sprint(rv["sum"]), "42") ||
+		fmt.Sprint(rv["people"]) != "[Ada]" || !strings.Contains(fmt.Sprint(rv["echo"]), "héllo") || fmt.Sprint(rv["weather_keys"]) == "[]" {
+		t.Fatalf("walkthrough: %s", text(res))
+	}
+	if tc, _ := out["tool_calls"].(map[string]any); tc == nil || tc["calls"] != float64(5) {
+		t.Errorf("tool_calls: %v", out["tool_calls"])
+	}
+
+	// A denied tool is invisible from code and refused if called.
+	_, out = runCode(t, cs, map[string]any{"code": `
+import tools
+seen = "get_env" in dir(tools.everything) or "everything.get-env" in tools.list()
+try:
+    tools.call("everything.get-env")
+    called = "called"
+except tools.ToolDenied as e:
+    called = "denied: " + str(e)
+[seen, called]`})
+	if rv := fmt.Sprint(out["return_value"]); !strings.Contains(rv, "false denied:") || !strings.Contains(rv, "upstream's environment") {
+		t.Errorf("denied tool: %v", out["return_value"])
+	}
+
+	// An approve tool asks the user once per run.
+	_, out = runCode(t, cs, map[string]any{"code": `
+import tools
+a = tools.everything.get_tiny_image()
+b = tools.everything.get_tiny_image()
+[type(a).__name__, any(c.get("type") == "image" for c in a), a == b]`})
+	if fmt.Sprint(out["return_value"]) != "[list true true]" {
+		t.Errorf("approved tool: %v", out["return_value"])
+	}
+	if asked := el.asked(); len(asked) != 1 || !strings.Contains(asked[0], "everything.get-tiny-image") {
+		t.Errorf("asked %q", asked)
+	}
+
+	// Rate limits hold across runs: memory.* may be called 4 times an
+	// hour, and the walkthrough made 2 of them.
+	_, out = runCode(t, cs, map[string]any{"code": `
+import tools
+got = []
+for i in range(3):
+    try:
+        tools.memory.search_nodes(query="Ada")
+        got.append("ok")
+    except tools.ToolRateLimited as e:
+        got.append("limited")
+got`})
+	if fmt.Sprint(out["return_value"]) != "[ok ok limited]" {
+		t.Errorf("rate limit across runs: %v", out["return_value"])
+	}
+
+	// The per-run cap on calls (30), and parallel calls.
+	_, out = runCode(t, cs, map[string]any{"code": `
+import asyncio, tools
+got = await asyncio.gather(*[tools.everything.echo.acall(message=str(i)) for i in range(8)])
+n = len(got)
+try:
+    for i in range(40):
+        tools.everything.echo(message="x")
+        n += 1
+except tools.ToolLimitExceeded as e:
+    err = str(e)
+[n, "30 tool calls" in err, got[7]]`})
+	if rv := fmt.Sprint(out["return_value"]); rv != "[30 true Echo: 7]" {
+		t.Errorf("cap and parallel calls: %v", out["return_value"])
+	}
+
+	// Arguments that fail the schema never leave the sandbox.
+	_, out = runCode(t, cs, map[string]any{"code": `
+import tools
+try:
+    tools.everything.get_sum(a="two", b=1)
+except tools.ToolArgumentError as e:
+    msg = str(e)
+msg`})
+	if rv := fmt.Sprint(out["return_value"]); !strings.Contains(rv, "'a'") {
+		t.Errorf("argument error: %v", out["return_value"])
+	}
+
+	// The audit log ties every inner call to its run, and verifies.
+	recs := s.records(t)
+	runs := map[string]bool{}
+	for _, r := range recs {
+		if r.Event == audit.EventCall && r.Tool == "run_python" {
+			runs[r.CallID] = true
+		}
+	}
+	decisions := map[string]int{}
+	for _, r := range recs {
+		if r.Event != audit.EventUpstream {
+			continue
+		}
+		if !runs[r.CallID] || r.Upstream == nil {
+			t.Errorf("an upstream record not tied to a run: %+v", r)
+			continue
+		}
+		decisions[r.Tool+" "+r.Decision]++
+	}
+	for want, n := range map[string]int{"everything.get-sum allow": 1, "everything.get-env deny": 1, "everything.get-tiny-image approved": 2,
+		"memory.search_nodes rate_limited": 1, "everything.echo limit": 1} {
+		if decisions[want] != n {
+			t.Errorf("%d records of %q, want %d (all: %v)", decisions[want], want, n, decisions)
+		}
+	}
+	if m := s.metricsText(t); !strings.Contains(m, `pysandbox_upstream_calls_total{decision="allow",server="everything"}`) {
+		t.Errorf("metrics:\n%s", m)
+	}
+
+	// check_environment reports the upstreams and the caps.
+	res, _ = call(t, cs, "check_environment", nil)
+	if env := text(res); !strings.Contains(env, "server everything: ready") || !strings.Contains(env, "at most 30 calls") {
+		t.Errorf("check_environment: %s", env)
+	}
+}
+
+// TestToolsFromCodeTimeout: the run's timeout cancels an upstream call in
+// flight, and the upstream is told (notifications/cancelled).
+func TestToolsFromCodeTimeout(t *testing.T) {
+	s := newUpServer(t, `{"version": "1", "default": "allow"}`)
+	cs := s.connect(nil, nil)
+	for _, session := range []bool{false, true} {
+		args := map[string]any{"timeout_seconds": 3, "code": `
+import tools
+tools.everything.trigger_long_running_operation(duration=60, steps=60)`}
+		if session {
+			_, out := call(t, cs, "create_session", nil)
+			args["session_id"] = out["session_id"]
+		}
+		_, out := runCode(t, cs, args)
+		if out["status"] != "timeout" {
+			t.Errorf("session %v: status %v", session, out["status"])
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) && strings.Count(s.wire.String(), "notifications/cancelled") < 2 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := strings.Count(s.wire.String(), "notifications/cancelled"); n < 2 {
+		t.Errorf("%d cancellations sent upstream, want 2", n)
+	}
+	for _, r := range s.records(t) {
+		if r.Event == audit.EventUpstream && r.Status != "timeout" {
+			t.Errorf("record %+v", r)
+		}
+	}
+}
+
+// TestToolsFromCodeSession: a session keeps an upstream result across
+// runs, and each run's calls are its own.
+func TestToolsFromCodeSession(t *testing.T) {
+	s := newUpServer(t, `{"version": "1", "default": "allow"}`)
+	cs := s.connect(nil, nil)
+	_, out := call(t, cs, "create_session", nil)
+	id := out["session_id"]
+	_, out = runCode(t, cs, map[string]any{"session_id": id, "code": `
+import tools
+w = tools.everything.get_structured_content(location="New York")
+sorted(w)`})
+	if out["status"] != "success" {
+		t.Fatalf("%v", out)
+	}
+	_, out = runCode(t, cs, map[string]any{"session_id": id, "code": `[sorted(w) == sorted(w.keys()), tools.everything.echo(message="again")]`})
+	if rv := fmt.Sprint(out["return_value"]); rv != "[true Echo: again]" {
+		t.Errorf("second run: %v", out["return_value"])
+	}
+	if tc, _ := out["tool_calls"].(map[string]any); tc == nil || tc["calls"] != float64(1) {
+		t.Errorf("the second run's calls: %v", out["tool_calls"])
+	}
+}
+
+// TestToolsFromCodeFlood: 10 000 calls in a loop are bounded: the run's
+// cap refuses the rest, their audit records are summarized, and the
+// server keeps serving.
+func TestToolsFromCodeFlood(t *testing.T) {
+	s := newUpServer(t, `{"version": "1", "default": "allow", "upstream": {"limits": {"calls": 50}}}`)
+	cs := s.connect(nil, nil)
+	_, out := runCode(t, cs, map[string]any{"timeout_seconds": 60, "code": `
+import tools
+ok = refused = 0
+for i in range(10000):
+    try:
+        tools.everything.echo(message="x")
+        ok += 1
+    except tools.ToolLimitExceeded:
+        refused += 1
+[ok, refused]`})
+	if fmt.Sprint(out["return_value"]) != "[50 9950]" {
+		t.Fatalf("flood: %v", out)
+	}
+	n := 0
+	var last audit.Record
+	for _, r := range s.records(t) {
+		if r.Event == audit.EventUpstream {
+			n++
+			last = r
+		}
+	}
+	if n > 50+maxToolRefusalRecords+1 || last.Upstream == nil || last.Upstream.Unrecorded["limit"] != 9950-maxToolRefusalRecords {
+		t.Errorf("%d upstream records; the last %+v", n, last)
+	}
+	_, out = runCode(t, cs, map[string]any{"code": `import tools; tools.everything.echo(message="still here")`})
+	if out["return_value"] != "Echo: still here" {
+		t.Errorf("after the flood: %v", out)
+	}
+}
+
+// TestToolsFromCodeServerSide checks the server's own checks, which code
+// that writes to the control channel itself meets without the module's:
+// unknown tools, arguments against the schema, an upstream that is down.
+func TestToolsFromCodeServerSide(t *testing.T) {
+	s := newUpServer(t, `{"version": "1", "default": "allow"}`)
+	srv := &server{up: s.ups, gov: newGovernor(Governance{Policy: policy.AllowAll()}, nil, slog.New(slog.DiscardHandler))}
+	tr := &toolRun{s: srv, ctx: context.Background(), limits: policy.DefaultUpstreamLimits, approved: map[string]bool{}}
+	for _, c := range []struct{ name, args, kind string }{
+		{"everything.nope", `{}`, "unknown_tool"},
+		{"nothing", `{}`, "unknown_tool"},
+		{"broken.tool", `{}`, "unknown_tool"},
+		{"everything.get-sum", `{"a": "x", "b": 1}`, "invalid_arguments"},
+		{"everything.get-sum", `{"b": 1}`, "invalid_arguments"},
+		{"everything.get-sum", `[1, 2]`, "invalid_arguments"},
+	} {
+		reply := tr.Call(context.Background(), c.name, json.RawMessage(c.args))
+		if reply.Error == nil || reply.Error.Kind != c.kind {
+			t.Errorf("%s %s: %+v %+v", c.name, c.args, reply, reply.Error)
+		}
+	}
+	reply := tr.Call(context.Background(), "everything.get-sum", json.RawMessage(`{"a": 1, "b": 2}`))
+	if reply.Error != nil || !strings.Contains(string(reply.Content), "3") {
+		t.Errorf("a good call: %+v %+v", reply, reply.Error)
+	}
+}

@@ -1,0 +1,598 @@
+package upstream
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// ErrUnknownTool is returned for a name that is no tool of a ready
+// server.
+var ErrUnknownTool = errors.New("no such upstream tool")
+
+// States of a server.
+const (
+	StateConnecting = "connecting"
+	StateReady      = "ready"
+	StateFailed     = "failed"
+)
+
+// Bounds on what an upstream server lists: it is outside this process,
+// and its catalog goes into every run that asks.
+const (
+	// MaxTools bounds the tools taken from one server.
+	MaxTools = 500
+	// MaxToolName bounds a tool's name (the MCP spec says 128).
+	MaxToolName = 128
+	// MaxDescription bounds a tool's description; a longer one is cut.
+	MaxDescription = 8 << 10
+	// MaxSchema bounds a tool's input or output schema (JSON); a tool
+	// with a larger one is left out.
+	MaxSchema = 64 << 10
+)
+
+// Tool is one upstream tool.
+type Tool struct {
+	Full        string // SERVER.TOOL
+	Server      string
+	Name        string
+	Description string
+	InputSchema json.RawMessage
+	// OutputSchema is set when the tool declares a structured result.
+	OutputSchema json.RawMessage
+	// schema checks arguments; nil when the input schema could not be
+	// resolved (only "a JSON object" is checked then, and the upstream
+	// checks the rest).
+	schema *jsonschema.Resolved
+}
+
+// Status is how one server stands.
+type Status struct {
+	Name  string
+	State string // StateConnecting, StateReady, StateFailed
+	// Error says why the server is not ready (its last failure while it
+	// is connecting again).
+	Error string
+	// How is how it is reached (Describe): never secrets.
+	How   string
+	Tools int
+}
+
+// Options configure a Manager.
+type Options struct {
+	Log                       *slog.Logger
+	ClientName, ClientVersion string
+	// Wrap, when set, wraps each server's transport (tests log the wire).
+	Wrap func(server string, tr mcp.Transport) mcp.Transport
+	// ConnectTimeout bounds starting a server and listing its tools;
+	// default 60 s (npx may fetch a package first).
+	ConnectTimeout time.Duration
+	// RestartDelay is the first wait before a server that failed or
+	// stopped is started again; it doubles up to a minute. Default 1 s.
+	RestartDelay time.Duration
+}
+
+// Manager keeps the upstream servers connected.
+type Manager struct {
+	opts    Options
+	log     *slog.Logger
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	servers []*server // by name
+	byName  map[string]*server
+	once    sync.Once
+}
+
+// server is one upstream.
+type server struct {
+	m   *Manager
+	cfg ServerConfig
+
+	mu      sync.Mutex
+	state   string
+	err     string
+	cs      *mcp.ClientSession
+	tools   []Tool // by name
+	byName  map[string]*Tool
+	settled chan struct{} // closed once the first attempt is over
+	settle  sync.Once
+
+	refresh chan struct{} // tools/list_changed arrived
+	stderr  *tailWriter
+}
+
+// Start connects to every server of cfg in the background and keeps them
+// connected until Close. Stdio servers are children of this process.
+func Start(cfg *Config, o Options) *Manager {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.ClientName == "" {
+		o.ClientName = "pysandbox"
+	}
+	if o.ClientVersion == "" {
+		o.ClientVersion = "dev"
+	}
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = time.Minute
+	}
+	if o.RestartDelay <= 0 {
+		o.RestartDelay = time.Second
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &Manager{opts: o, log: o.Log, ctx: ctx, cancel: cancel, byName: map[string]*server{}}
+	for _, sc := range cfg.Servers {
+		s := &server{m: m, cfg: sc, state: StateConnecting, settled: make(chan struct{}), refresh: make(chan struct{}, 1),
+			stderr: &tailWriter{max: 2048}}
+		m.servers = append(m.servers, s)
+		m.byName[sc.Name] = s
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			s.run(ctx)
+		}()
+	}
+	sort.Slice(m.servers, func(i, j int) bool { return m.servers[i].cfg.Name < m.servers[j].cfg.Name })
+	return m
+}
+
+// WaitReady returns once every server is ready or has failed once, or
+// when ctx is done.
+func (m *Manager) WaitReady(ctx context.Context) {
+	for _, s := range m.servers {
+		select {
+		case <-s.settled:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// Close stops every server (a stdio server's process group is killed once
+// its session is closed) and returns when they are gone.
+func (m *Manager) Close() error {
+	m.once.Do(func() {
+		m.cancel()
+		m.wg.Wait()
+	})
+	return nil
+}
+
+// Status reports each server, by name.
+func (m *Manager) Status() []Status {
+	out := make([]Status, 0, len(m.servers))
+	for _, s := range m.servers {
+		s.mu.Lock()
+		out = append(out, Status{Name: s.cfg.Name, State: s.state, Error: s.err, How: s.cfg.Describe(), Tools: len(s.tools)})
+		s.mu.Unlock()
+	}
+	return out
+}
+
+// Tools lists the tools of the ready servers, by full name.
+func (m *Manager) Tools() []Tool {
+	var out []Tool
+	for _, s := range m.servers {
+		s.mu.Lock()
+		if s.state == StateReady {
+			out = append(out, s.tools...)
+		}
+		s.mu.Unlock()
+	}
+	return out
+}
+
+// Lookup finds a tool of a ready server by its full name.
+func (m *Manager) Lookup(full string) (Tool, bool) {
+	_, t, _ := m.lookup(full)
+	if t == nil {
+		return Tool{}, false
+	}
+	return *t, true
+}
+
+func (m *Manager) lookup(full string) (*server, *Tool, *mcp.ClientSession) {
+	name, tool, ok := strings.Cut(full, ".")
+	if !ok {
+		return nil, nil, nil
+	}
+	s := m.byName[name]
+	if s == nil {
+		return nil, nil, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != StateReady {
+		return s, nil, nil
+	}
+	return s, s.byName[tool], s.cs
+}
+
+// maxValidationMessage bounds a schema error's text: it may quote the
+// arguments.
+const maxValidationMessage = 1000
+
+// Validate checks a call's arguments against the tool's input schema.
+func (m *Manager) Validate(full string, args json.RawMessage) error {
+	_, t, _ := m.lookup(full)
+	if t == nil {
+		return fmt.Errorf("%w: %s", ErrUnknownTool, full)
+	}
+	var v any
+	if err := json.Unmarshal(args, &v); err != nil {
+		return fmt.Errorf("the arguments are not JSON: %v", err)
+	}
+	if _, ok := v.(map[string]any); !ok {
+		return errors.New("the arguments must be a JSON object of named arguments")
+	}
+	if t.schema == nil {
+		return nil
+	}
+	if err := t.schema.Validate(v); err != nil {
+		msg := err.Error()
+		if len(msg) > maxValidationMessage {
+			msg = msg[:maxValidationMessage] + "..."
+		}
+		return fmt.Errorf("the arguments do not match the tool's input schema: %s", msg)
+	}
+	return nil
+}
+
+// Call calls a tool. ctx's end cancels the call, and the upstream is told
+// so (notifications/cancelled).
+func (m *Manager) Call(ctx context.Context, full string, args json.RawMessage) (*mcp.CallToolResult, error) {
+	s, t, cs := m.lookup(full)
+	switch {
+	case s == nil:
+		return nil, fmt.Errorf("%w: %s", ErrUnknownTool, full)
+	case cs == nil:
+		st := s.status()
+		return nil, fmt.Errorf("the upstream server %q is %s (%s)", s.cfg.Name, st.State, st.Error)
+	case t == nil:
+		return nil, fmt.Errorf("%w: %s", ErrUnknownTool, full)
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: t.Name, Arguments: args})
+	switch {
+	case err == nil:
+		return res, nil
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	case errors.Is(err, mcp.ErrConnectionClosed):
+		return nil, fmt.Errorf("the upstream server %q stopped during the call%s", s.cfg.Name, s.stderr.suffix())
+	}
+	return nil, fmt.Errorf("the upstream server %q: %v", s.cfg.Name, err)
+}
+
+func (s *server) status() Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Status{Name: s.cfg.Name, State: s.state, Error: s.err}
+}
+
+// run keeps the server connected until ctx ends.
+func (s *server) run(ctx context.Context) {
+	defer s.settle.Do(func() { close(s.settled) })
+	log := s.m.log.With("upstream", s.cfg.Name)
+	if s.cfg.Err != "" {
+		s.fail(errors.New(s.cfg.Err))
+		log.Warn("upstream server not started", "err", s.cfg.Err)
+		return
+	}
+	delay := s.m.opts.RestartDelay
+	for attempt := 1; ; attempt++ {
+		err := s.session(ctx, log)
+		if ctx.Err() != nil {
+			return
+		}
+		wasReady := s.wasReady()
+		s.fail(err)
+		if attempt == 1 || wasReady {
+			log.Warn("upstream server unavailable; its tools are not callable until it is back", "how", s.cfg.Describe(), "err", err, "retry_in", delay)
+		} else {
+			log.Debug("upstream server still unavailable", "err", err, "attempt", attempt, "retry_in", delay)
+		}
+		s.settle.Do(func() { close(s.settled) })
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, time.Minute)
+		s.mu.Lock()
+		s.state = StateConnecting
+		s.mu.Unlock()
+	}
+}
+
+func (s *server) wasReady() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cs != nil
+}
+
+func (s *server) fail(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.state, s.err, s.cs, s.tools, s.byName = StateFailed, err.Error(), nil, nil, nil
+}
+
+// session connects once, serves until the connection ends, and says why
+// it ended.
+func (s *server) session(ctx context.Context, log *slog.Logger) error {
+	tr, cmd, err := s.transport()
+	if err != nil {
+		return err
+	}
+	if w := s.m.opts.Wrap; w != nil {
+		tr = w(s.cfg.Name, tr)
+	}
+	client := mcp.NewClient(&mcp.Implementation{Name: s.m.opts.ClientName, Version: s.m.opts.ClientVersion}, &mcp.ClientOptions{
+		// No roots, sampling or elicitation: an upstream gets nothing of
+		// the agent's through this server.
+		Capabilities: &mcp.ClientCapabilities{},
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
+			select {
+			case s.refresh <- struct{}{}:
+			default:
+			}
+		},
+	})
+	cctx, cancel := context.WithTimeout(ctx, s.m.opts.ConnectTimeout)
+	defer cancel()
+	cs, err := client.Connect(cctx, tr, nil)
+	if err != nil {
+		killGroup(cmd)
+		if cctx.Err() != nil && ctx.Err() == nil {
+			return fmt.Errorf("it did not answer initialize within %s%s", s.m.opts.ConnectTimeout, s.stderr.suffix())
+		}
+		return fmt.Errorf("start: %v%s", err, s.stderr.suffix())
+	}
+	ended := make(chan error, 1)
+	go func() { ended <- cs.Wait() }()
+	stop := func() {
+		cs.Close()
+		<-ended
+		killGroup(cmd)
+	}
+	tools, warns, err := s.list(cctx, cs)
+	if err != nil {
+		stop()
+		return fmt.Errorf("list its tools: %v%s", err, s.stderr.suffix())
+	}
+	for _, w := range warns {
+		log.Warn("upstream tool left out", "warning", w)
+	}
+	s.ready(cs, tools)
+	log.Info("upstream server ready", "how", s.cfg.Describe(), "tools", len(tools))
+	for {
+		select {
+		case <-ctx.Done():
+			stop()
+			return ctx.Err()
+		case err := <-ended:
+			killGroup(cmd)
+			if err == nil {
+				err = errors.New("the connection closed")
+			}
+			return fmt.Errorf("it stopped: %v%s", err, s.stderr.suffix())
+		case <-s.refresh:
+			lctx, cancel := context.WithTimeout(ctx, s.m.opts.ConnectTimeout)
+			tools, warns, err := s.list(lctx, cs)
+			cancel()
+			if err != nil {
+				log.Warn("upstream tools/list_changed: listing failed; the previous list stays", "err", err)
+				continue
+			}
+			for _, w := range warns {
+				log.Warn("upstream tool left out", "warning", w)
+			}
+			s.ready(cs, tools)
+			log.Info("upstream tools changed", "tools", len(tools))
+		}
+	}
+}
+
+func (s *server) ready(cs *mcp.ClientSession, tools []Tool) {
+	by := make(map[string]*Tool, len(tools))
+	for i := range tools {
+		by[tools[i].Name] = &tools[i]
+	}
+	s.mu.Lock()
+	s.state, s.err, s.cs, s.tools, s.byName = StateReady, "", cs, tools, by
+	s.mu.Unlock()
+	s.settle.Do(func() { close(s.settled) })
+}
+
+// transport makes the server's transport; cmd is its process, for stdio.
+func (s *server) transport() (mcp.Transport, *exec.Cmd, error) {
+	c := s.cfg
+	if c.Command != "" {
+		cmd := exec.Command(c.Command, c.Args...)
+		env := os.Environ()
+		keys := make([]string, 0, len(c.Env))
+		for k := range c.Env {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			env = append(env, k+"="+c.Env[k])
+		}
+		cmd.Env, cmd.Dir = env, c.Cwd
+		s.stderr.reset()
+		cmd.Stderr = s.stderr
+		setProcAttr(cmd)
+		return &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}, cmd, nil
+	}
+	hc := &http.Client{Transport: &headerTransport{headers: c.Headers, base: http.DefaultTransport}}
+	if c.Transport == "sse" {
+		return &mcp.SSEClientTransport{Endpoint: c.URL, HTTPClient: hc}, nil, nil
+	}
+	return &mcp.StreamableClientTransport{Endpoint: c.URL, HTTPClient: hc}, nil, nil
+}
+
+// list takes the server's tools, bounded (see MaxTools and friends).
+func (s *server) list(ctx context.Context, cs *mcp.ClientSession) ([]Tool, []string, error) {
+	var tools []Tool
+	var warns []string
+	seen := map[string]bool{}
+	for t, err := range cs.Tools(ctx, nil) {
+		if err != nil {
+			return nil, nil, err
+		}
+		if len(tools) >= MaxTools {
+			warns = append(warns, fmt.Sprintf("the server lists more than %d tools; the rest are left out", MaxTools))
+			break
+		}
+		if !validToolName(t.Name) {
+			warns = append(warns, fmt.Sprintf("tool name %.80q is not 1 to %d printable characters without spaces", t.Name, MaxToolName))
+			continue
+		}
+		if seen[t.Name] {
+			warns = append(warns, fmt.Sprintf("tool %q is listed twice; the first is kept", t.Name))
+			continue
+		}
+		tool, err := s.tool(t)
+		if err != nil {
+			warns = append(warns, fmt.Sprintf("tool %q: %v", t.Name, err))
+			continue
+		}
+		seen[t.Name] = true
+		tools = append(tools, tool)
+	}
+	sort.Slice(tools, func(i, j int) bool { return tools[i].Name < tools[j].Name })
+	return tools, warns, nil
+}
+
+func (s *server) tool(t *mcp.Tool) (Tool, error) {
+	tool := Tool{Full: s.cfg.Name + "." + t.Name, Server: s.cfg.Name, Name: t.Name, Description: t.Description}
+	if tool.Description == "" {
+		tool.Description = t.Title
+	}
+	if len(tool.Description) > MaxDescription {
+		tool.Description = cutUTF8(tool.Description, MaxDescription) + "..."
+	}
+	in, err := json.Marshal(t.InputSchema)
+	if err != nil || len(in) > MaxSchema {
+		return tool, fmt.Errorf("its input schema is not JSON, or larger than %d bytes", MaxSchema)
+	}
+	if t.InputSchema == nil {
+		in = []byte(`{"type":"object"}`)
+	}
+	tool.InputSchema = in
+	if t.OutputSchema != nil {
+		out, err := json.Marshal(t.OutputSchema)
+		if err != nil || len(out) > MaxSchema {
+			return tool, fmt.Errorf("its output schema is not JSON, or larger than %d bytes", MaxSchema)
+		}
+		tool.OutputSchema = out
+	}
+	var sch jsonschema.Schema
+	if json.Unmarshal(in, &sch) == nil {
+		if r, err := sch.Resolve(nil); err == nil {
+			tool.schema = r
+		} else {
+			s.m.log.Debug("upstream tool's input schema cannot be resolved; only its shape is checked", "tool", tool.Full, "err", err)
+		}
+	}
+	return tool, nil
+}
+
+func validToolName(name string) bool {
+	if name == "" || len(name) > MaxToolName {
+		return false
+	}
+	for _, r := range name {
+		if r <= ' ' || r == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+func cutUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }
+
+// headerTransport adds the configured headers to every request.
+type headerTransport struct {
+	headers map[string]string
+	base    http.RoundTripper
+}
+
+func (h *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if len(h.headers) > 0 {
+		r = r.Clone(r.Context())
+		for k, v := range h.headers {
+			r.Header.Set(k, v)
+		}
+	}
+	return h.base.RoundTrip(r)
+}
+
+// tailWriter keeps the end of a server's stderr, to say why it failed.
+type tailWriter struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *tailWriter) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := len(p)
+	if len(p) > t.max {
+		p = p[len(p)-t.max:]
+	}
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
+	}
+	return n, nil
+}
+
+func (t *tailWriter) reset() {
+	t.mu.Lock()
+	t.b = t.b[:0]
+	t.mu.Unlock()
+}
+
+// suffix is "; its stderr ended with: ..." (the last lines, on one line),
+// or "".
+func (t *tailWriter) suffix() string {
+	t.mu.Lock()
+	s := strings.TrimSpace(strings.ToValidUTF8(string(t.b), "?"))
+	t.mu.Unlock()
+	if s == "" {
+		return ""
+	}
+	lines := strings.Split(s, "\n")
+	if len(lines) > 5 {
+		lines = lines[len(lines)-5:]
+	}
+	s = strings.Join(lines, " | ")
+	if len(s) > 500 {
+		s = "..." + s[len(s)-500:]
+	}
+	return "; its stderr ended with: " + s
+}
