@@ -36,12 +36,12 @@ type ListToolsOutput struct {
 
 // ToolInfo is one tool as list_tools_in_sandbox shows it.
 type ToolInfo struct {
-	Name        string          `json:"name" jsonschema:"the full name, SERVER.TOOL"`
-	Python      string          `json:"python" jsonschema:"how code calls it"`
-	Summary     string          `json:"summary,omitempty"`
-	Description string          `json:"description,omitempty"`
+	Name        string         `json:"name" jsonschema:"the full name, SERVER.TOOL"`
+	Python      string         `json:"python" jsonschema:"how code calls it"`
+	Summary     string         `json:"summary,omitempty"`
+	Description string         `json:"description,omitempty"`
 	InputSchema map[string]any `json:"input_schema,omitempty"`
-	Approval    bool            `json:"approval,omitempty" jsonschema:"the user is asked before the first call in a run"`
+	Approval    bool           `json:"approval,omitempty" jsonschema:"the user is asked before the first call in a run"`
 }
 
 // maxFullTools bounds a full listing: each can be kilobytes.
