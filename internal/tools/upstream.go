@@ -157,6 +157,9 @@ func (r *toolRun) decideAndCall(ctx context.Context, name string, args json.RawM
 		return failure(worker.ToolFailUnavailable, "this server cannot record calls in its audit log, so it refuses them; tell the server's operator"), "deny", ""
 	}
 	if _, ok := r.s.up.Lookup(name); !ok {
+		if msg, down := r.serverDown(name); down {
+			return failure(worker.ToolFailUnavailable, msg), "error", ""
+		}
 		return failure(worker.ToolFailUnknown, r.unknownMessage(name)), "unknown_tool", ""
 	}
 	pol := r.s.gov.policy()
@@ -333,13 +336,22 @@ func (r *toolRun) callFailure(ctx context.Context, name string, err error) worke
 }
 
 func (r *toolRun) unknownMessage(name string) string {
-	server, _, _ := strings.Cut(name, ".")
-	for _, st := range r.s.up.Status() {
-		if st.Name == server && st.State != "ready" {
-			return fmt.Sprintf("%s: the upstream server %q is %s (%s), so its tools are unavailable", name, server, st.State, st.Error)
-		}
+	if msg, down := r.serverDown(name); down {
+		return msg
 	}
 	return fmt.Sprintf("there is no tool %q; tools.list() shows the tools this server offers to code", name)
+}
+
+// serverDown says whether name is a tool of a configured upstream that is
+// not ready, and what to tell the code.
+func (r *toolRun) serverDown(name string) (string, bool) {
+	server, _, _ := strings.Cut(name, ".")
+	for _, st := range r.s.up.Status() {
+		if st.Name == server && st.State != upstream.StateReady {
+			return fmt.Sprintf("%s: the upstream server %q is %s (%s), so its tools cannot be called now; tell the user if it stays so", name, server, st.State, st.Error), true
+		}
+	}
+	return "", false
 }
 
 func failure(kind, msg string) worker.ToolReply {

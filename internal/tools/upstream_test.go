@@ -6,9 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -49,15 +52,20 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func upstreamConfig(t *testing.T) *upstream.Config {
+// upstreamConfig lists everything, memory and broken, plus extra.
+func upstreamConfig(t *testing.T, extra map[string]any) *upstream.Config {
 	t.Helper()
 	evCmd, evArgs := refservers.Everything(t)
 	memCmd, memArgs := refservers.Memory(t, filepath.Join(t.TempDir(), "memory.jsonl"))
-	doc, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{
+	servers := map[string]any{
 		"everything": map[string]any{"command": evCmd, "args": evArgs},
 		"memory":     map[string]any{"command": memCmd, "args": memArgs},
 		"broken":     map[string]any{"command": "/nonexistent/mcp-server"},
-	}})
+	}
+	for k, v := range extra {
+		servers[k] = v
+	}
+	doc, _ := json.Marshal(map[string]any{"mcpServers": servers})
 	cfg, err := upstream.Parse(doc, "upstreams.json")
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +75,13 @@ func upstreamConfig(t *testing.T) *upstream.Config {
 
 func newUpServer(t *testing.T, policyJSON string) *upServer {
 	t.Helper()
-	cfg := upstreamConfig(t)
+	return newUpServerWith(t, policyJSON, nil)
+}
+
+// newUpServerWith adds extra upstream servers (mcpServers entries).
+func newUpServerWith(t *testing.T, policyJSON string, extra map[string]any) *upServer {
+	t.Helper()
+	cfg := upstreamConfig(t, extra)
 	wire := &syncBuffer{}
 	ups := upstream.Start(cfg, upstream.Options{Wrap: func(server string, tr mcp.Transport) mcp.Transport {
 		if server == "everything" {
@@ -79,7 +93,10 @@ func newUpServer(t *testing.T, policyJSON string) *upServer {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	ups.WaitReady(ctx)
-	names := append(append([]string(nil), Names...), "everything.*", "memory.*", "broken.*")
+	names := append([]string(nil), Names...)
+	for _, sc := range cfg.Servers {
+		names = append(names, policy.UpstreamPattern(sc.Name))
+	}
 	pol, err := policy.Parse([]byte(policyJSON), "test.json", names)
 	if err != nil {
 		t.Fatal(err)
@@ -381,7 +398,7 @@ func TestToolsFromCodeServerSide(t *testing.T) {
 	for _, c := range []struct{ name, args, kind string }{
 		{"everything.nope", `{}`, "unknown_tool"},
 		{"nothing", `{}`, "unknown_tool"},
-		{"broken.tool", `{}`, "unknown_tool"},
+		{"broken.tool", `{}`, "unavailable"},
 		{"everything.get-sum", `{"a": "x", "b": 1}`, "invalid_arguments"},
 		{"everything.get-sum", `{"b": 1}`, "invalid_arguments"},
 		{"everything.get-sum", `[1, 2]`, "invalid_arguments"},
@@ -394,5 +411,75 @@ func TestToolsFromCodeServerSide(t *testing.T) {
 	reply := tr.Call(context.Background(), "everything.get-sum", json.RawMessage(`{"a": 1, "b": 2}`))
 	if reply.Error != nil || !strings.Contains(string(reply.Content), "3") {
 		t.Errorf("a good call: %+v %+v", reply, reply.Error)
+	}
+}
+
+// TestToolsFromCodeUpstreamTrouble: an upstream that dies in the middle
+// of a call, one that never started, and one on streamable HTTP, as code
+// sees them; the server keeps serving.
+func TestToolsFromCodeUpstreamTrouble(t *testing.T) {
+	evCmd, evArgs := refservers.Everything(t)
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	s := newUpServerWith(t, `{"version": "1", "default": "allow"}`, map[string]any{
+		// exec keeps the pid the shell wrote.
+		"fragile": map[string]any{"command": "sh", "args": append([]string{"-c", `echo $$ > ` + pidFile + `; exec "$0" "$@"`, evCmd}, evArgs...)},
+		"remote":  map[string]any{"url": refservers.EverythingHTTP(t)},
+	})
+	cs := s.connect(nil, nil)
+	data, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
+	go func() {
+		time.Sleep(time.Second) // mid-call, most likely; a kill before the call fails it the same way
+		syscall.Kill(pid, syscall.SIGKILL)
+	}()
+	_, out := runCode(t, cs, map[string]any{"code": `
+import tools
+try:
+    tools.fragile.trigger_long_running_operation(duration=60, steps=60)
+    r = "returned"
+except tools.ToolUnavailable as e:
+    r = "unavailable: " + str(e)
+r`})
+	if rv := fmt.Sprint(out["return_value"]); !strings.Contains(rv, "unavailable: ") || !strings.Contains(rv, "fragile") {
+		t.Errorf("a call whose upstream died: %v", out)
+	}
+	_, out = runCode(t, cs, map[string]any{"code": `
+import tools
+try:
+    tools.broken.anything(x=1)
+except tools.ToolUnavailable as e:
+    r = str(e)
+[r, [s["status"] for s in tools.servers() if s["name"] == "broken"], tools.remote.get_sum(a=1, b=2)]`})
+	if rv := fmt.Sprint(out["return_value"]); !strings.Contains(rv, "failed") || !strings.Contains(rv, "/nonexistent/mcp-server") || !strings.Contains(rv, "3") {
+		t.Errorf("a server that never started, and one over HTTP: %v", out)
+	}
+	_, out = runCode(t, cs, map[string]any{"code": `import tools; tools.everything.echo(message="still serving")`})
+	if out["return_value"] != "Echo: still serving" {
+		t.Errorf("after the trouble: %v", out)
+	}
+}
+
+// TestToolsFromCodeNoMidCallApproval: on MCP 2026-07-28 a server cannot
+// ask the user in the middle of a call, so a tool under approve is
+// refused with a message that says what to do.
+func TestToolsFromCodeNoMidCallApproval(t *testing.T) {
+	s := newUpServer(t, `{"version": "1", "default": "allow", "tools": {"everything.echo": {"action": "approve"}}}`)
+	el := &elicitor{action: "accept"}
+	cs := s.connect(&mcp.ClientOptions{ElicitationHandler: el.handler}, &mcp.ClientSessionOptions{ProtocolVersion: "2026-07-28"})
+	_, out := runCode(t, cs, map[string]any{"code": `
+import tools
+try:
+    tools.everything.echo(message="x")
+except tools.ToolApprovalDeclined as e:
+    r = str(e)
+r`})
+	if rv := fmt.Sprint(out["return_value"]); !strings.Contains(rv, "cannot ask the user in the middle of a call") || !strings.Contains(rv, "allow everything.echo") {
+		t.Errorf("%v", out)
+	}
+	if len(el.asked()) != 0 {
+		t.Errorf("asked %v", el.asked())
 	}
 }

@@ -277,7 +277,7 @@ func dedup(s []string) []string {
 
 // Describe says how a server is reached, for logs and check_environment:
 // the command or the URL, never the environment or headers (secrets).
-func (sc *ServerConfig) Describe() string {
+func (sc ServerConfig) Describe() string {
 	if sc.URL != "" {
 		u, err := url.Parse(sc.URL)
 		if err == nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
@@ -112,6 +114,7 @@ type server struct {
 
 	refresh chan struct{} // tools/list_changed arrived
 	stderr  *tailWriter
+	pid     int // a stdio server's process while connected (tests)
 }
 
 // Start connects to every server of cfg in the background and keeps them
@@ -270,7 +273,8 @@ func (m *Manager) Call(ctx context.Context, full string, args json.RawMessage) (
 		return res, nil
 	case ctx.Err() != nil:
 		return nil, ctx.Err()
-	case errors.Is(err, mcp.ErrConnectionClosed):
+	case errors.Is(err, mcp.ErrConnectionClosed), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.EPIPE), errors.Is(err, syscall.ECONNRESET):
 		return nil, fmt.Errorf("the upstream server %q stopped during the call%s", s.cfg.Name, s.stderr.suffix())
 	}
 	return nil, fmt.Errorf("the upstream server %q: %v", s.cfg.Name, err)
@@ -359,6 +363,11 @@ func (s *server) session(ctx context.Context, log *slog.Logger) error {
 			return fmt.Errorf("it did not answer initialize within %s%s", s.m.opts.ConnectTimeout, s.stderr.suffix())
 		}
 		return fmt.Errorf("start: %v%s", err, s.stderr.suffix())
+	}
+	if cmd != nil && cmd.Process != nil {
+		s.mu.Lock()
+		s.pid = cmd.Process.Pid
+		s.mu.Unlock()
 	}
 	ended := make(chan error, 1)
 	go func() { ended <- cs.Wait() }()

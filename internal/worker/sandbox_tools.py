@@ -836,6 +836,10 @@ class _Server(object):
         cat = _catalog()
         tools = cat.by_server.get(self._name, {})
         if attr not in tools:
+            for st in cat.servers:
+                if st["name"] == self._name and st["status"] != "ready":
+                    raise ToolUnavailable("%s.%s" % (self._name, attr), "the upstream server %r is %s%s, so its tools cannot be called now"
+                                          % (self._name, st["status"], " (%s)" % st["error"] if st["error"] else ""))
             candidates = dict((a, "tools.%s.%s" % (_ident(self._name), a)) for a in tools)
             raise _not_found("tool", "%s.%s" % (self._name, attr), attr, candidates)
         return cat.tool(tools[attr])
