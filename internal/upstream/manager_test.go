@@ -251,7 +251,9 @@ func TestListChanged(t *testing.T) {
 // names that are not names, schemas too large, duplicates.
 func TestHostileCatalog(t *testing.T) {
 	srv := mcp.NewServer(&mcp.Implementation{Name: "hostile", Version: "1"}, nil)
-	h := func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) { return &mcp.CallToolResult{}, nil }
+	h := func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{}, nil
+	}
 	obj := map[string]any{"type": "object"}
 	for i := 0; i < MaxTools+20; i++ {
 		srv.AddTool(&mcp.Tool{Name: fmt.Sprintf("t%04d", i), InputSchema: obj}, h)
