@@ -30,6 +30,9 @@ if ! command -v go >/dev/null; then
 	exit 1
 fi
 go mod download
+# The MCP reference servers the upstream-tool tests call (pinned, from npm,
+# into ~/.cache; installs npm with apt-get when it is missing).
+scripts/refservers.sh >/dev/null
 go vet ./...
 go test -count=1 -timeout 20m "$@" ./...
 

@@ -28,12 +28,13 @@ import (
 // one run mean anything, since machines (and one machine from one moment
 // to the next) differ by several times.
 func bench(args []string, stdout, stderr io.Writer) error {
-	fs, o := newFlagSet("bench", "bench [-n N] [--concurrency C] [--phases] [--network] [flags]", stderr)
+	fs, o := newFlagSet("bench", "bench [-n N] [--concurrency C] [--phases] [--network] [--tools] [flags]", stderr)
 	n := fs.Int("n", 50, "iterations per measurement")
 	conc := fs.Int("concurrency", 16, "calls in flight for the throughput measurement")
 	baselinePy := fs.String("baseline", "/usr/bin/python3", "interpreter spawned directly for the baselines")
 	phasesOnly := fs.Bool("phases", false, "print only where one pooled run's time and CPU go, phase by phase")
 	netOnly := fs.Bool("network", false, "print only the network proxy's throughput and added latency against a direct download")
+	toolsOnly := fs.Bool("tools", false, "print only the round trip of an upstream MCP tool call made from Python, next to the same call made directly by a Go MCP client")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -56,6 +57,9 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	}
 	if *netOnly {
 		return benchNetwork(ctx, o, log, *baselinePy, *n, stdout)
+	}
+	if *toolsOnly {
+		return benchTools(ctx, *n, args, stdout)
 	}
 	var p *pool.Pool
 	o.onPool = func(pp *pool.Pool) { p = pp }
@@ -200,6 +204,9 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	if err := benchNetwork(ctx, o, log, *baselinePy, *n, stdout); err != nil {
 		return err
 	}
+	if err := benchTools(ctx, *n, args, stdout); err != nil {
+		return err
+	}
 	return benchPhases(ctx, o, log, *n, stdout)
 }
 
@@ -341,7 +348,7 @@ func filterBenchFlags(args []string) []string {
 		case "-n", "--n", "-concurrency", "--concurrency", "-baseline", "--baseline":
 			i++
 			continue
-		case "-phases", "--phases", "-network", "--network":
+		case "-phases", "--phases", "-network", "--network", "-tools", "--tools":
 			continue
 		}
 		if hasPrefixAny(a, "-n=", "--n=", "-concurrency=", "--concurrency=", "-baseline=", "--baseline=") {
