@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -481,5 +482,43 @@ r`})
 	}
 	if len(el.asked()) != 0 {
 		t.Errorf("asked %v", el.asked())
+	}
+}
+
+// TestToolsFromCodeMCPCancel: cancelling the run_python call (MCP
+// notifications/cancelled from the agent) cancels the upstream call in
+// flight, and the upstream is told.
+func TestToolsFromCodeMCPCancel(t *testing.T) {
+	s := newUpServer(t, `{"version": "1", "default": "allow"}`)
+	cs := s.connect(nil, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"timeout_seconds": 50, "code": `
+import tools
+tools.everything.trigger_long_running_operation(duration=45, steps=45)`}})
+		if err == nil {
+			err = fmt.Errorf("the call returned %s", text(res))
+		}
+		done <- err
+	}()
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(s.wire.String(), "trigger-long-running-operation\",\"arguments") && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("the cancelled call: %v", err)
+	}
+	for time.Now().Before(deadline) && !strings.Contains(s.wire.String(), "notifications/cancelled") {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(s.wire.String(), "notifications/cancelled") {
+		t.Errorf("no cancellation was sent upstream:\n%s", s.wire.String())
+	}
+	// The server serves on.
+	_, out := runCode(t, cs, map[string]any{"code": `import tools; tools.everything.echo(message="on")`})
+	if out["return_value"] != "Echo: on" {
+		t.Errorf("after the cancellation: %v", out)
 	}
 }
