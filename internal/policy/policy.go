@@ -300,6 +300,10 @@ func (v *validator) object(field string, x any, allowed ...string) map[string]an
 			continue
 		}
 		if field == "tools" {
+			if server, rest, ok := strings.Cut(k, "."); ok && slices.Contains(allowed, UpstreamPattern(server)) && strings.ContainsAny(rest, "*?[") {
+				v.fail(joinField(field, k), "a rule names one upstream tool (%s.TOOL) or all of its tools (%s.*); other patterns are not supported", server, server)
+				continue
+			}
 			if server, _, ok := strings.Cut(k, "."); ok {
 				v.fail(joinField(field, k), "this server has no upstream named %q (upstream tools are named SERVER.TOOL or SERVER.*, for the servers of --upstream); its tools are %s", server, strings.Join(allowed, ", "))
 				continue

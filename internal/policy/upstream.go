@@ -47,7 +47,13 @@ func knownTool(tool string, tools []string) bool {
 		return true
 	}
 	server, rest, ok := strings.Cut(tool, ".")
-	return ok && server != "" && rest != "" && slices.Contains(tools, UpstreamPattern(server))
+	if !ok || server == "" || rest == "" || !slices.Contains(tools, UpstreamPattern(server)) {
+		return false
+	}
+	// SERVER.* is the only pattern: a rule that looks like a glob
+	// ("github.create_*") would otherwise be taken for a tool of that
+	// name and match nothing.
+	return rest == "*" || !strings.ContainsAny(rest, "*?[")
 }
 
 // upstreamRule finds the rule for an upstream tool through its server's
@@ -71,7 +77,7 @@ func (v *validator) upstream(field string, x any) *UpstreamRules {
 	}
 	if l, ok := m["limits"]; ok {
 		lm := v.object(field+".limits", l, "calls", "bytes")
-		for key, max := range map[string]int64{"calls": 1_000_000, "bytes": maxUpstreamBytes} {
+		for key, max := range map[string]int64{"calls": 100_000, "bytes": maxUpstreamBytes} {
 			x, ok := lm[key]
 			if !ok {
 				continue

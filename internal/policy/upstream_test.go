@@ -43,6 +43,8 @@ func TestUpstreamTools(t *testing.T) {
 	for _, tc := range []struct{ doc, want string }{
 		{`{"version": "1", "tools": {"gitlab.search": {"action": "deny"}}}`, `tools.gitlab.search: this server has no upstream named "gitlab"`},
 		{`{"version": "1", "tools": {"github.": {"action": "deny"}}}`, `tools.github.: this server has no upstream named "github"`},
+		{`{"version": "1", "tools": {"github.create_*": {"action": "deny"}}}`, `tools.github.create_*: a rule names one upstream tool (github.TOOL) or all of its tools (github.*)`},
+		{`{"version": "1", "tools": {"github.*issue?": {"action": "deny"}}}`, `other patterns are not supported`},
 		{`{"version": "1", "upstream": {"limits": {"calls": 0}}}`, "upstream.limits.calls: want a whole number from 1"},
 		{`{"version": "1", "upstream": {"limits": {"bytes": "1MiB"}}}`, "upstream.limits.bytes: want a whole number"},
 		{`{"version": "1", "upstream": {"limit": {}}}`, "upstream.limit: unknown field"},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/policy"
+	"github.com/pysandbox/pysandbox/internal/upstream"
 	"github.com/pysandbox/pysandbox/internal/worker"
 )
 
@@ -360,6 +361,7 @@ func (s *server) upstreamSummary() *engine.UpstreamPolicy {
 		for _, l := range d.Limits {
 			v += "; " + l.String()
 		}
+		v += s.ruleMatchesNothing(name)
 		u.Rules[name] = v
 	}
 	return u
@@ -389,4 +391,30 @@ func upstreamText(u *engine.UpstreamPolicy) string {
 	fmt.Fprintf(&b, "  other upstream tools: %s (the policy's default)\n", u.Default)
 	fmt.Fprintf(&b, "  per run: at most %d calls and %d bytes of arguments and results\n", u.CallsPerRun, u.BytesPerRun)
 	return b.String()
+}
+
+// ruleMatchesNothing warns, for check_environment, about a policy rule
+// that names a tool its server (when ready) does not have: a rule for
+// "get_env" does nothing to "get-env".
+func (s *server) ruleMatchesNothing(rule string) string {
+	server, tool, _ := strings.Cut(rule, ".")
+	if tool == "*" {
+		return ""
+	}
+	if _, ok := s.up.Lookup(rule); ok {
+		return ""
+	}
+	ready := false
+	for _, st := range s.up.Status() {
+		ready = ready || st.Name == server && st.State == upstream.StateReady
+	}
+	if !ready {
+		return ""
+	}
+	for _, t := range s.up.Tools() {
+		if t.Server == server && pyIdent(t.Name) == pyIdent(tool) {
+			return fmt.Sprintf(" (WARNING: %s has no tool %q, so this rule applies to nothing; did you mean %s?)", server, tool, t.Full)
+		}
+	}
+	return fmt.Sprintf(" (WARNING: %s has no tool %q, so this rule applies to nothing)", server, tool)
 }

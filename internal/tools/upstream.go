@@ -206,17 +206,16 @@ func (r *toolRun) decideAndCall(ctx context.Context, name string, args json.RawM
 	}
 	res, err := r.s.up.Call(ctx, name, args)
 	if err != nil {
-		reservation.Cancel()
-		return r.callFailure(ctx, name, err), "error", ""
+		if errors.Is(err, upstream.ErrNotSent) {
+			// Nothing reached the upstream: the rate limit does not count it.
+			reservation.Cancel()
+			return r.callFailure(ctx, name, err), "error", ""
+		}
+		// The call went out and may have taken effect upstream, whether
+		// it then failed or was cancelled: it was allowed, and it counts.
+		return r.callFailure(ctx, name, err), decision, ""
 	}
-	reply, err := toolReply(res)
-	if err != nil {
-		return failure(worker.ToolFailLimit, fmt.Sprintf("%s: %v", name, err)), "error", "result"
-	}
-	n := int64(len(reply.Structured) + len(reply.Content))
-	if reply.Error != nil {
-		n += int64(len(reply.Error.Content))
-	}
+	reply, n, err := toolReply(res)
 	r.mu.Lock()
 	r.usage.BytesIn += n
 	over := r.usage.BytesIn+r.usage.BytesOut > r.limits.Bytes
@@ -224,6 +223,9 @@ func (r *toolRun) decideAndCall(ctx context.Context, name string, args json.RawM
 		r.hitLocked("bytes")
 	}
 	r.mu.Unlock()
+	if err != nil {
+		return failure(worker.ToolFailLimit, fmt.Sprintf("%s: %v; the result is withheld", name, err)), decision, "result"
+	}
 	if over {
 		return failure(worker.ToolFailLimit, fmt.Sprintf("%s: its result (%d bytes) takes this run past its %d bytes of tool arguments and results (the server's per-run cap); the result is withheld", name, n, r.limits.Bytes)), decision, "bytes"
 	}
@@ -297,16 +299,13 @@ func (r *toolRun) approve(ctx context.Context, name string, args json.RawMessage
 	if ok {
 		return nil
 	}
-	shown := string(args)
-	if len(shown) > 2000 {
-		shown = shown[:2000] + "..."
-	}
+	shown := argsForUser(args)
 	scope := "run"
 	if r.session != "" {
 		scope = "session call"
 	}
 	err := r.s.consent(r.ctx, r.req, ctx, consentAsk{
-		question: fmt.Sprintf("The Python code of this %s call wants to call the tool %s with arguments %s. Allow it? The answer holds for calls to %s in this %s.",
+		question: fmt.Sprintf("The Python code of this %s call wants to call the tool %s with these arguments:%s\nAllow it? The answer holds for every call to %s in this %s.",
 			r.tool, name, shown, name, scope),
 		subject: name, rules: "policy", what: "the call to " + name,
 		instead: fmt.Sprintf("ask the user to allow %s in the server's policy", name),
@@ -360,11 +359,13 @@ func failure(kind, msg string) worker.ToolReply {
 
 // toolReply turns an upstream result into what goes back into the
 // sandbox: bounded, since the upstream is outside this process too.
-func toolReply(res *mcp.CallToolResult) (worker.ToolReply, error) {
+// It also returns the result's size, which counts against the run's
+// bytes even when the result is withheld.
+func toolReply(res *mcp.CallToolResult) (worker.ToolReply, int64, error) {
 	var reply worker.ToolReply
 	content, err := json.Marshal(res.Content)
 	if err != nil {
-		return reply, fmt.Errorf("its result cannot be encoded: %v", err)
+		return reply, 0, fmt.Errorf("its result cannot be encoded: %v", err)
 	}
 	if len(res.Content) == 0 {
 		content = nil
@@ -372,17 +373,18 @@ func toolReply(res *mcp.CallToolResult) (worker.ToolReply, error) {
 	var structured json.RawMessage
 	if res.StructuredContent != nil {
 		if structured, err = json.Marshal(res.StructuredContent); err != nil {
-			return reply, fmt.Errorf("its structured result cannot be encoded: %v", err)
+			return reply, int64(len(content)), fmt.Errorf("its structured result cannot be encoded: %v", err)
 		}
 	}
-	if n := len(content) + len(structured); n > maxToolResultBytes {
-		return reply, fmt.Errorf("its result is %d bytes, more than the %d a call may bring into the sandbox", n, maxToolResultBytes)
+	n := int64(len(content) + len(structured))
+	if n > maxToolResultBytes {
+		return reply, n, fmt.Errorf("its result is %d bytes, more than the %d a call may bring into the sandbox", n, maxToolResultBytes)
 	}
 	if res.IsError {
-		return worker.ToolReply{Error: &worker.ToolFailure{Kind: worker.ToolFailError, Message: errorText(res), Content: content}}, nil
+		return worker.ToolReply{Error: &worker.ToolFailure{Kind: worker.ToolFailError, Message: errorText(res), Content: content}}, n, nil
 	}
 	reply.Structured, reply.Content = structured, content
-	return reply, nil
+	return reply, n, nil
 }
 
 // errorText is what an upstream's error result says, for the exception.
@@ -401,4 +403,55 @@ func errorText(res *mcp.CallToolResult) string {
 		s = s[:4000] + "..."
 	}
 	return s
+}
+
+// argsForUser shows a call's arguments to the user who approves it: every
+// argument by name, each value cut to a few hundred bytes, so that no
+// long value can push another (a path, a recipient) out of sight.
+func argsForUser(args json.RawMessage) string {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(args, &m) != nil {
+		return "(not a JSON object)"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	const perValue, total = 300, 4000
+	var b strings.Builder
+	for i, k := range keys {
+		v := string(m[k])
+		if len(v) > perValue {
+			v = fmt.Sprintf("%s... (%d bytes)", cutAt(v, perValue), len(m[k]))
+		}
+		line := fmt.Sprintf("\n  %s = %s", clipText(k, 100), v)
+		if b.Len()+len(line) > total {
+			fmt.Fprintf(&b, "\n  ... and %d more arguments: %s", len(keys)-i, strings.Join(keys[i:], ", "))
+			break
+		}
+		b.WriteString(line)
+	}
+	if len(keys) == 0 {
+		return "(none)"
+	}
+	return b.String()
+}
+
+// cutAt cuts s to at most n bytes at a character boundary.
+func cutAt(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n]
+}
+
+func clipText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return cutAt(s, n) + "..."
 }

@@ -119,6 +119,7 @@ func newUpServerWith(t *testing.T, policyJSON string, extra map[string]any) *upS
 
 const upPolicy = `{"version": "1", "default": "allow", "tools": {
 	"everything.get-env": {"action": "deny", "reason": "it shows the upstream's environment"},
+	"everything.get_annotated_message": {"action": "deny"},
 	"everything.get-tiny-image": {"action": "approve"},
 	"memory.*": {"limits": [{"counter": "memory", "window": "hour", "max": 4}]}
 }, "upstream": {"limits": {"calls": 30}}}`
@@ -293,7 +294,8 @@ msg`})
 
 	// check_environment reports the upstreams and the caps.
 	res, _ = call(t, cs, "check_environment", nil)
-	if env := text(res); !strings.Contains(env, "server everything: ready") || !strings.Contains(env, "at most 30 calls") {
+	if env := text(res); !strings.Contains(env, "server everything: ready") || !strings.Contains(env, "at most 30 calls") ||
+		!strings.Contains(env, "so this rule applies to nothing; did you mean everything.get-annotated-message?") {
 		t.Errorf("check_environment: %s", env)
 	}
 }
@@ -520,5 +522,75 @@ tools.everything.trigger_long_running_operation(duration=45, steps=45)`}})
 	_, out := runCode(t, cs, map[string]any{"code": `import tools; tools.everything.echo(message="on")`})
 	if out["return_value"] != "Echo: on" {
 		t.Errorf("after the cancellation: %v", out)
+	}
+}
+
+// TestToolsFromCodeManyParallel: more calls in parallel than may be in
+// flight at once all succeed: the module keeps to the bound, and the
+// server frees a call's slot before its answer can arrive.
+func TestToolsFromCodeManyParallel(t *testing.T) {
+	s := newUpServer(t, `{"version": "1", "default": "allow"}`)
+	cs := s.connect(nil, nil)
+	for i := 0; i < 3; i++ {
+		_, out := runCode(t, cs, map[string]any{"code": `
+import asyncio, tools
+got = await asyncio.gather(*[tools.everything.echo.acall(message=str(i)) for i in range(300)], return_exceptions=True)
+[sum(1 for g in got if isinstance(g, str)), [repr(g) for g in got if not isinstance(g, str)][:3]]`})
+		if rv := fmt.Sprint(out["return_value"]); rv != "[300 []]" {
+			t.Fatalf("300 parallel calls: %v", out)
+		}
+	}
+}
+
+// TestToolsFromCodeCancelledCallCounts: a call that reached the upstream
+// counts against the rate limit even when the run's end cancelled it
+// (the upstream may have acted on it), and its record says it was
+// allowed.
+func TestToolsFromCodeCancelledCallCounts(t *testing.T) {
+	s := newUpServer(t, `{"version": "1", "default": "allow", "tools": {"everything.trigger-long-running-operation": {"limits": [{"counter": "long", "window": "hour", "max": 1}]}}}`)
+	cs := s.connect(nil, nil)
+	_, out := runCode(t, cs, map[string]any{"timeout_seconds": 3, "code": `
+import tools
+tools.everything.trigger_long_running_operation(duration=30, steps=30)`})
+	if out["status"] != "timeout" {
+		t.Fatalf("%v", out)
+	}
+	_, out = runCode(t, cs, map[string]any{"code": `
+import tools
+try:
+    tools.everything.trigger_long_running_operation(duration=1, steps=1)
+    r = "ran"
+except tools.ToolRateLimited as e:
+    r = "limited"
+r`})
+	if out["return_value"] != "limited" {
+		t.Errorf("the second call: %v", out)
+	}
+	var got []string
+	for _, r := range s.records(t) {
+		if r.Event == audit.EventUpstream {
+			got = append(got, r.Decision+"/"+r.Status)
+		}
+	}
+	if fmt.Sprint(got) != "[allow/timeout rate_limited/rate_limited]" {
+		t.Errorf("records %v", got)
+	}
+}
+
+// TestArgsForUser: the user approving a call sees every argument by name,
+// however long another one is.
+func TestArgsForUser(t *testing.T) {
+	args, _ := json.Marshal(map[string]any{"content": strings.Repeat("harmless ", 1000), "path": "/etc/IMPORTANT_CONFIG"})
+	shown := argsForUser(args)
+	if !strings.Contains(shown, `path = "/etc/IMPORTANT_CONFIG"`) || !strings.Contains(shown, "(9002 bytes)") || len(shown) > 1000 {
+		t.Errorf("%s", shown)
+	}
+	many := map[string]any{}
+	for i := 0; i < 100; i++ {
+		many[fmt.Sprintf("k%02d", i)] = strings.Repeat("v", 200)
+	}
+	args, _ = json.Marshal(many)
+	if shown := argsForUser(args); !strings.Contains(shown, "more arguments: ") || !strings.Contains(shown, "k99") || len(shown) > 5000 {
+		t.Errorf("%s", shown)
 	}
 }

@@ -89,6 +89,8 @@ func Parse(data []byte, source string) (*Config, error) {
 	fail := func(format string, a ...any) error {
 		return fmt.Errorf("upstream servers: %s: %s", source, fmt.Sprintf(format, a...))
 	}
+	// Editors on some systems write a byte order mark.
+	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf"))
 	var doc map[string]json.RawMessage
 	if err := json.Unmarshal(data, &doc); err != nil {
 		return nil, fail("not a JSON object: %v", err)
@@ -208,7 +210,7 @@ func parseServer(name string, raw json.RawMessage) (sc ServerConfig, disabled bo
 		return sc, false, nil, fmt.Errorf(`has neither a "command" (a stdio server) nor a "url" (an HTTP server)`)
 	}
 	// ${VAR} and ${env:VAR} (Cursor's spelling) take the value of this
-	// server's environment, so secrets stay out of the file; an unset one
+	// server's environment (which stdio servers do not inherit whole), so secrets stay out of the file; an unset one
 	// fails this entry only.
 	var missing []string
 	expand := func(s string) string {

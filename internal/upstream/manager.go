@@ -24,6 +24,11 @@ import (
 // server.
 var ErrUnknownTool = errors.New("no such upstream tool")
 
+// ErrNotSent marks a Call error that happened before the call went out
+// (no such tool, the server is down): the upstream did nothing. Any
+// other error may come after the upstream acted on the call.
+var ErrNotSent = errors.New("the call was not sent")
+
 // States of a server.
 const (
 	StateConnecting = "connecting"
@@ -259,13 +264,11 @@ func (m *Manager) Validate(full string, args json.RawMessage) error {
 func (m *Manager) Call(ctx context.Context, full string, args json.RawMessage) (*mcp.CallToolResult, error) {
 	s, t, cs := m.lookup(full)
 	switch {
-	case s == nil:
-		return nil, fmt.Errorf("%w: %s", ErrUnknownTool, full)
+	case s == nil, cs != nil && t == nil:
+		return nil, fmt.Errorf("%w: %w: %s", ErrNotSent, ErrUnknownTool, full)
 	case cs == nil:
 		st := s.status()
-		return nil, fmt.Errorf("the upstream server %q is %s (%s)", s.cfg.Name, st.State, st.Error)
-	case t == nil:
-		return nil, fmt.Errorf("%w: %s", ErrUnknownTool, full)
+		return nil, fmt.Errorf("%w: the upstream server %q is %s (%s)", ErrNotSent, s.cfg.Name, st.State, st.Error)
 	}
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: t.Name, Arguments: args})
 	switch {
@@ -275,7 +278,7 @@ func (m *Manager) Call(ctx context.Context, full string, args json.RawMessage) (
 		return nil, ctx.Err()
 	case errors.Is(err, mcp.ErrConnectionClosed), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, syscall.EPIPE), errors.Is(err, syscall.ECONNRESET):
-		return nil, fmt.Errorf("the upstream server %q stopped during the call%s", s.cfg.Name, s.stderr.suffix())
+		return nil, fmt.Errorf("the upstream server %q stopped during the call", s.cfg.Name)
 	}
 	return nil, fmt.Errorf("the upstream server %q: %v", s.cfg.Name, err)
 }
@@ -302,11 +305,20 @@ func (s *server) run(ctx context.Context) {
 			return
 		}
 		wasReady := s.wasReady()
+		if wasReady {
+			// It worked until now: come back soon, whatever made it stop
+			// (code in a run can make a server stop, e.g. with a result
+			// beyond the SDK's 16 MiB frame, and must not be able to keep
+			// it down for longer and longer).
+			delay = s.m.opts.RestartDelay
+		}
 		s.fail(err)
+		// Its stderr goes to the log only: it is the operator's to read,
+		// not the agent's or the code's (it may print secrets).
 		if attempt == 1 || wasReady {
-			log.Warn("upstream server unavailable; its tools are not callable until it is back", "how", s.cfg.Describe(), "err", err, "retry_in", delay)
+			log.Warn("upstream server unavailable; its tools are not callable until it is back", "how", s.cfg.Describe(), "err", err, "stderr", s.stderr.tail(), "retry_in", delay)
 		} else {
-			log.Debug("upstream server still unavailable", "err", err, "attempt", attempt, "retry_in", delay)
+			log.Debug("upstream server still unavailable", "err", err, "stderr", s.stderr.tail(), "attempt", attempt, "retry_in", delay)
 		}
 		s.settle.Do(func() { close(s.settled) })
 		select {
@@ -360,9 +372,9 @@ func (s *server) session(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		killGroup(cmd)
 		if cctx.Err() != nil && ctx.Err() == nil {
-			return fmt.Errorf("it did not answer initialize within %s%s", s.m.opts.ConnectTimeout, s.stderr.suffix())
+			return fmt.Errorf("it did not answer initialize within %s (its stderr is in the server's log)", s.m.opts.ConnectTimeout)
 		}
-		return fmt.Errorf("start: %v%s", err, s.stderr.suffix())
+		return fmt.Errorf("start: %v (its stderr is in the server's log)", err)
 	}
 	if cmd != nil && cmd.Process != nil {
 		s.mu.Lock()
@@ -379,7 +391,7 @@ func (s *server) session(ctx context.Context, log *slog.Logger) error {
 	tools, warns, err := s.list(cctx, cs)
 	if err != nil {
 		stop()
-		return fmt.Errorf("list its tools: %v%s", err, s.stderr.suffix())
+		return fmt.Errorf("list its tools: %v", err)
 	}
 	for _, w := range warns {
 		log.Warn("upstream tool left out", "warning", w)
@@ -396,7 +408,7 @@ func (s *server) session(ctx context.Context, log *slog.Logger) error {
 			if err == nil {
 				err = errors.New("the connection closed")
 			}
-			return fmt.Errorf("it stopped: %v%s", err, s.stderr.suffix())
+			return fmt.Errorf("it stopped: %v (its stderr is in the server's log)", err)
 		case <-s.refresh:
 			lctx, cancel := context.WithTimeout(ctx, s.m.opts.ConnectTimeout)
 			tools, warns, err := s.list(lctx, cs)
@@ -430,7 +442,7 @@ func (s *server) transport() (mcp.Transport, *exec.Cmd, error) {
 	c := s.cfg
 	if c.Command != "" {
 		cmd := exec.Command(c.Command, c.Args...)
-		env := os.Environ()
+		env := baseEnv()
 		keys := make([]string, 0, len(c.Env))
 		for k := range c.Env {
 			keys = append(keys, k)
@@ -586,9 +598,8 @@ func (t *tailWriter) reset() {
 	t.mu.Unlock()
 }
 
-// suffix is "; its stderr ended with: ..." (the last lines, on one line),
-// or "".
-func (t *tailWriter) suffix() string {
+// tail is the last lines of what the server wrote to stderr, on one line.
+func (t *tailWriter) tail() string {
 	t.mu.Lock()
 	s := strings.TrimSpace(strings.ToValidUTF8(string(t.b), "?"))
 	t.mu.Unlock()
@@ -603,5 +614,23 @@ func (t *tailWriter) suffix() string {
 	if len(s) > 500 {
 		s = "..." + s[len(s)-500:]
 	}
-	return "; its stderr ended with: " + s
+	return s
+}
+
+// inheritedEnv are the variables of this server's environment a stdio
+// server gets, as MCP clients do (the TypeScript SDK's default
+// environment, plus locale, time zone and temporary directory): enough to
+// find and run a program, and nothing else. Whatever else it needs, the
+// file's "env" gives it, so that a secret meant for one server is not
+// handed to every other.
+var inheritedEnv = []string{"HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR"}
+
+func baseEnv() []string {
+	var env []string
+	for _, k := range inheritedEnv {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
 }

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"log/slog"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -80,13 +82,15 @@ func TestStdioAndHTTP(t *testing.T) {
 	evCmd, evArgs := refservers.Everything(t)
 	memCmd, memArgs := refservers.Memory(t, filepath.Join(t.TempDir(), "memory.jsonl"))
 	url := refservers.EverythingHTTP(t)
+	t.Setenv("UPSTREAM_TEST_SECRET", "not-for-upstreams")
+	var logBuf syncBuffer
 	m := start(t, map[string]any{
-		"everything": map[string]any{"command": evCmd, "args": evArgs},
+		"everything": map[string]any{"command": evCmd, "args": evArgs, "env": map[string]string{"GIVEN": "${UPSTREAM_TEST_SECRET}"}},
 		"memory":     map[string]any{"command": memCmd, "args": memArgs},
 		"remote":     map[string]any{"url": url},
 		"missing":    map[string]any{"command": "/nonexistent/mcp-server"},
 		"exits":      map[string]any{"command": "sh", "args": []string{"-c", "echo 'cannot open the database' >&2; exit 3"}},
-	}, Options{})
+	}, Options{Log: slog.New(slog.NewTextHandler(&logBuf, nil))})
 	for _, name := range []string{"everything", "memory", "remote"} {
 		if st := status(m, name); st.State != StateReady || st.Tools == 0 {
 			t.Errorf("%s: %+v", name, st)
@@ -95,10 +99,21 @@ func TestStdioAndHTTP(t *testing.T) {
 	if st := status(m, "missing"); st.State != StateFailed || !strings.Contains(st.Error, "/nonexistent/mcp-server") {
 		t.Errorf("missing: %+v", st)
 	}
-	if st := status(m, "exits"); st.State == StateReady || !strings.Contains(st.Error, "cannot open the database") {
-		t.Errorf("a server that exits at once should say what it printed: %+v", st)
+	// What a server prints is the operator's to read (the log), not the
+	// agent's or the code's.
+	if st := status(m, "exits"); st.State == StateReady || strings.Contains(st.Error, "cannot open the database") || !strings.Contains(st.Error, "server's log") {
+		t.Errorf("a server that exits at once: %+v", st)
+	}
+	if !strings.Contains(logBuf.String(), "cannot open the database") {
+		t.Errorf("the log does not say what the server printed:\n%s", logBuf.String())
 	}
 	ctx := context.Background()
+	// A stdio server gets what it needs of the environment and what the
+	// file gives it, not every variable of this server.
+	res, err := m.Call(ctx, "everything.get-env", json.RawMessage(`{}`))
+	if err != nil || strings.Count(text(res), "not-for-upstreams") != 1 || !strings.Contains(text(res), `"GIVEN"`) || !strings.Contains(text(res), `"PATH"`) {
+		t.Errorf("the upstream's environment: %v %v", text(res), err)
+	}
 	for _, name := range []string{"everything.get-sum", "remote.get-sum"} {
 		if _, ok := m.Lookup(name); !ok {
 			t.Fatalf("no %s among %d tools", name, len(m.Tools()))
@@ -108,7 +123,7 @@ func TestStdioAndHTTP(t *testing.T) {
 			t.Errorf("%s: %v %v", name, res, err)
 		}
 	}
-	res, err := m.Call(ctx, "memory.read_graph", json.RawMessage(`{}`))
+	res, err = m.Call(ctx, "memory.read_graph", json.RawMessage(`{}`))
 	if err != nil || res.StructuredContent == nil {
 		t.Errorf("memory.read_graph: %+v %v", res, err)
 	}
@@ -313,4 +328,21 @@ func TestHeaders(t *testing.T) {
 	if refused.Load() == 0 {
 		t.Error("the wrong token never reached the server")
 	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

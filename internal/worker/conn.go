@@ -327,6 +327,7 @@ func (c *Conn) callChecked(ctx context.Context, req *Request, wantOp string, rep
 		if err != nil {
 			return fmt.Errorf("worker: send request: %w", err)
 		}
+		var toolMsgs, toolBytes int
 		for {
 			l, err := c.readLine()
 			if err != nil {
@@ -339,6 +340,14 @@ func (c *Conn) callChecked(ctx context.Context, req *Request, wantOp string, rep
 			if env.Op != OpToolCall && env.Op != OpToolCatalog {
 				line = l
 				return nil
+			}
+			// Each message costs the server CPU, refused or not, and
+			// nothing charges a run for it: bound what one exchange may
+			// send.
+			toolMsgs++
+			toolBytes += len(l)
+			if toolMsgs > MaxToolMessagesPerRun || toolBytes > MaxToolBytesPerRun {
+				return violationError{fmt.Errorf("worker: the run sent more than %d tool messages or %d bytes of them, the most one run may send", MaxToolMessagesPerRun, MaxToolBytesPerRun)}
 			}
 			if err := c.toolMessage(l, env, ts, refusal); err != nil {
 				return err
@@ -599,7 +608,12 @@ func (c *Conn) toolMessage(line []byte, env envelope, ts *toolServer, refusal st
 	ts.wg.Add(1)
 	go func() {
 		defer ts.wg.Done()
-		defer func() { <-ts.calls }()
+		// The slot is given back just before the reply is written (or
+		// dropped): once the worker can read it, it may send its next
+		// call, which must find the slot free.
+		var once sync.Once
+		release := func() { once.Do(func() { <-ts.calls }) }
+		defer release()
 		reply := ts.tools.Call(ts.ctx, call.Name, call.Arguments)
 		reply.Op, reply.ID = OpToolResult, call.ID
 		data, err := json.Marshal(reply)
@@ -608,7 +622,7 @@ func (c *Conn) toolMessage(line []byte, env envelope, ts *toolServer, refusal st
 		} else {
 			data = append(data, '\n')
 		}
-		ts.write(data)
+		ts.writeReleasing(data, release)
 	}()
 	return nil
 }
@@ -681,10 +695,17 @@ func (ts *toolServer) makeCatalog() {
 
 // write sends one answer, unless the run is over. A failed write ends the
 // run's answers; one cut short also makes the Conn unusable.
-func (ts *toolServer) write(data []byte) {
+func (ts *toolServer) write(data []byte) { ts.writeReleasing(data, nil) }
+
+// writeReleasing is write, calling release (when not nil) once it holds
+// the connection, before the answer can reach the worker.
+func (ts *toolServer) writeReleasing(data []byte, release func()) {
 	c := ts.c
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if release != nil {
+		release()
+	}
 	if ts.closed || ts.ending.Load() {
 		return
 	}

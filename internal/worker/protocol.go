@@ -98,6 +98,13 @@ const (
 	MaxToolIDBytes = 64
 	// MaxToolNameBytes bounds a tool's full name (SERVER.TOOL).
 	MaxToolNameBytes = 256
+	// MaxToolMessagesPerRun and MaxToolBytesPerRun bound the tool
+	// messages of one run (one exchange): past them the run ends as a
+	// protocol violation. Refusing a message costs the server CPU that no
+	// run is charged for; a run of a policy's largest call cap (100 000)
+	// stays within them.
+	MaxToolMessagesPerRun = 200_000
+	MaxToolBytesPerRun    = 512 << 20
 )
 
 // ToolSpec describes one tool a run may call from code.

@@ -985,6 +985,24 @@ func TestToolsHostile(t *testing.T) {
 	violation("bad JSON", `b'{"op":"tool_call", nope\n'`, "bad reply")
 	violation("a tool_result sent to Go", `b'{"op":"tool_result","id":"t1"}\n'`, "does not match")
 
+	// Refused messages cost the server CPU: a run may send only so many.
+	t.Run("a flood of refused messages", func(t *testing.T) {
+		t.Parallel()
+		w := startToolsWorker(t, systemPython, false)
+		code := forge + `
+import threading
+threading.Thread(target=lambda: [answers(1 << 30)], daemon=True).start()  # drain the refusals
+line = b'{"op":"tool_call","id":"x","name":"a.b","arguments":{"m":"' + b"y" * (1 << 20) + b'"}}\n'
+for i in range(600):
+    send(line)
+import time
+time.sleep(60)`
+		_, err := w.conn.Run(testContext(t), Request{Code: code, Tools: newFakeTools()})
+		if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "tool messages or 536870912 bytes of them") {
+			t.Fatalf("error %v, want a protocol violation", err)
+		}
+	})
+
 	t.Run("100 calls at once", func(t *testing.T) {
 		t.Parallel()
 		f := newFakeTools()
