@@ -1,7 +1,6 @@
 package tools
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +19,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/audit"
 	"github.com/pysandbox/pysandbox/internal/metrics"
 	"github.com/pysandbox/pysandbox/internal/policy"
+	"github.com/pysandbox/pysandbox/internal/testutil"
 	"github.com/pysandbox/pysandbox/internal/testutil/refservers"
 	"github.com/pysandbox/pysandbox/internal/upstream"
 )
@@ -31,26 +30,7 @@ import (
 type upServer struct {
 	*govServer
 	ups  *upstream.Manager
-	wire *syncBuffer // what went to and came from "everything"
-}
-
-// syncBuffer is a bytes.Buffer for a transport log written from the SDK's
-// goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	wire *testutil.SyncBuffer // what went to and came from "everything"
 }
 
 // upstreamConfig lists everything, memory and broken, plus extra.
@@ -83,7 +63,7 @@ func newUpServer(t *testing.T, policyJSON string) *upServer {
 func newUpServerWith(t *testing.T, policyJSON string, extra map[string]any) *upServer {
 	t.Helper()
 	cfg := upstreamConfig(t, extra)
-	wire := &syncBuffer{}
+	wire := &testutil.SyncBuffer{}
 	ups := upstream.Start(cfg, upstream.Options{Wrap: func(server string, tr mcp.Transport) mcp.Transport {
 		if server == "everything" {
 			return &mcp.LoggingTransport{Transport: tr, Writer: wire}

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/pysandbox/pysandbox/internal/testutil"
 	"github.com/pysandbox/pysandbox/internal/testutil/refservers"
 )
 
@@ -83,7 +83,7 @@ func TestStdioAndHTTP(t *testing.T) {
 	memCmd, memArgs := refservers.Memory(t, filepath.Join(t.TempDir(), "memory.jsonl"))
 	url := refservers.EverythingHTTP(t)
 	t.Setenv("UPSTREAM_TEST_SECRET", "not-for-upstreams")
-	var logBuf syncBuffer
+	var logBuf testutil.SyncBuffer
 	m := start(t, map[string]any{
 		"everything": map[string]any{"command": evCmd, "args": evArgs, "env": map[string]string{"GIVEN": "${UPSTREAM_TEST_SECRET}"}},
 		"memory":     map[string]any{"command": memCmd, "args": memArgs},
@@ -328,21 +328,4 @@ func TestHeaders(t *testing.T) {
 	if refused.Load() == 0 {
 		t.Error("the wrong token never reached the server")
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
