@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -110,11 +111,9 @@ func (r *toolRun) Call(ctx context.Context, name string, args json.RawMessage) w
 	server, tool, _ := strings.Cut(name, ".")
 	up := &audit.UpstreamCall{Server: server, Tool: tool, Session: r.session, ArgsBytes: len(args)}
 	rec.Upstream = up
-	if len(args) > maxAuditValue {
-		rec.Arguments = digestJSON(args)
-	} else {
-		rec.Arguments, _ = auditArgs(name, args)
-	}
+	// Value by value: a long value is digested, the others stay readable
+	// (a path next to a long content).
+	rec.Arguments, _ = auditArgs(name, args)
 	reply, decision, limit := r.decideAndCall(ctx, name, args, rec)
 	rec.Decision = decision
 	if reply.Error != nil {
@@ -203,6 +202,12 @@ func (r *toolRun) decideAndCall(ctx context.Context, name string, args json.RawM
 			return failure(worker.ToolFailDeclined, err.Error()), "declined", ""
 		}
 		decision = "approved"
+		// The wait can be long: a policy reloaded meanwhile that denies
+		// the tool wins over the answer.
+		if d := r.s.gov.policy().Decide(name); d.Action == policy.Deny {
+			reservation.Cancel()
+			return failure(worker.ToolFailDenied, fmt.Sprintf("the server's policy no longer allows %s (it was reloaded while the user was asked); do not retry", name)), "deny", ""
+		}
 	}
 	res, err := r.s.up.Call(ctx, name, args)
 	if err != nil {
@@ -418,16 +423,22 @@ func argsForUser(args json.RawMessage) string {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	const perValue, total = 300, 4000
+	const perValue, total = 300, 16000
 	var b strings.Builder
 	for i, k := range keys {
 		v := string(m[k])
 		if len(v) > perValue {
 			v = fmt.Sprintf("%s... (%d bytes)", cutAt(v, perValue), len(m[k]))
 		}
-		line := fmt.Sprintf("\n  %s = %s", clipText(k, 100), v)
+		// Keys are quoted: a key is the code's to choose, and one with a
+		// line break could otherwise draw lines of its own.
+		line := fmt.Sprintf("\n  %s = %s", strconv.Quote(clipText(k, 100)), v)
 		if b.Len()+len(line) > total {
-			fmt.Fprintf(&b, "\n  ... and %d more arguments: %s", len(keys)-i, strings.Join(keys[i:], ", "))
+			rest := make([]string, 0, len(keys)-i)
+			for _, k := range keys[i:] {
+				rest = append(rest, strconv.Quote(clipText(k, 100)))
+			}
+			fmt.Fprintf(&b, "\n  ... and %d more arguments: %s", len(keys)-i, clipText(strings.Join(rest, ", "), 2000))
 			break
 		}
 		b.WriteString(line)

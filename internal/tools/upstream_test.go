@@ -29,8 +29,10 @@ import (
 // never starts.
 type upServer struct {
 	*govServer
-	ups  *upstream.Manager
-	wire *testutil.SyncBuffer // what went to and came from "everything"
+	ups     *upstream.Manager
+	wire    *testutil.SyncBuffer // what went to and came from "everything"
+	updates chan *policy.Policy  // replaces the policy, as SIGHUP does
+	names   []string             // the tool names a policy may use
 }
 
 // upstreamConfig lists everything, memory and broken, plus extra.
@@ -88,13 +90,14 @@ func newUpServerWith(t *testing.T, policyJSON string, extra map[string]any) *upS
 	}
 	t.Cleanup(func() { g.audit.Close() })
 	g.metrics = metrics.New(metrics.Gauges{})
+	updates := make(chan *policy.Policy, 1)
 	g.connect = func(copts *mcp.ClientOptions, sopts *mcp.ClientSessionOptions) *mcp.ClientSession {
 		return connectFull(t, nil, func(o *Options) {
-			o.Governance = Governance{Policy: pol, Audit: g.audit, Metrics: g.metrics}
+			o.Governance = Governance{Policy: pol, Audit: g.audit, Metrics: g.metrics, Updates: updates}
 			o.Upstreams = ups
 		}, copts, sopts)
 	}
-	return &upServer{govServer: g, ups: ups, wire: wire}
+	return &upServer{govServer: g, ups: ups, wire: wire, updates: updates, names: names}
 }
 
 const upPolicy = `{"version": "1", "default": "allow", "tools": {
@@ -562,15 +565,91 @@ r`})
 func TestArgsForUser(t *testing.T) {
 	args, _ := json.Marshal(map[string]any{"content": strings.Repeat("harmless ", 1000), "path": "/etc/IMPORTANT_CONFIG"})
 	shown := argsForUser(args)
-	if !strings.Contains(shown, `path = "/etc/IMPORTANT_CONFIG"`) || !strings.Contains(shown, "(9002 bytes)") || len(shown) > 1000 {
+	if !strings.Contains(shown, `"path" = "/etc/IMPORTANT_CONFIG"`) || !strings.Contains(shown, "(9002 bytes)") || len(shown) > 1000 {
 		t.Errorf("%s", shown)
 	}
 	many := map[string]any{}
 	for i := 0; i < 100; i++ {
 		many[fmt.Sprintf("k%02d", i)] = strings.Repeat("v", 200)
 	}
+	many["a\n  path = \"/tmp/harmless\""] = "x"
 	args, _ = json.Marshal(many)
-	if shown := argsForUser(args); !strings.Contains(shown, "more arguments: ") || !strings.Contains(shown, "k99") || len(shown) > 5000 {
+	shown = argsForUser(args)
+	if !strings.Contains(shown, "more arguments: ") || !strings.Contains(shown, `"k99"`) || len(shown) > 20000 {
 		t.Errorf("%s", shown)
+	}
+	// A key cannot draw a line of its own.
+	if strings.Contains(shown, "\n  path =") || !strings.Contains(shown, `"a\n  path = \"/tmp/harmless\""`) {
+		t.Errorf("a key drew a line: %s", shown)
+	}
+}
+
+// TestToolsFromCodePolicyReloadedDuringApproval: a policy that denies the
+// tool, reloaded while the user is being asked, wins over the answer.
+func TestToolsFromCodePolicyReloadedDuringApproval(t *testing.T) {
+	s := newUpServer(t, `{"version": "1", "default": "allow", "tools": {"everything.echo": {"action": "approve"}}}`)
+	deny, err := policy.Parse([]byte(`{"version": "1", "default": "allow", "tools": {"everything.echo": {"action": "deny"}}}`), "reloaded.json", s.names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked := 0
+	cs := s.connect(&mcp.ClientOptions{ElicitationHandler: func(ctx context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		asked++
+		s.updates <- deny
+		time.Sleep(300 * time.Millisecond) // the reload applies meanwhile
+		return &mcp.ElicitResult{Action: "accept"}, nil
+	}}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-06-18"})
+	_, out := runCode(t, cs, map[string]any{"code": `
+import tools
+try:
+    tools.everything.echo(message="x")
+    r = "called"
+except tools.ToolDenied as e:
+    r = str(e)
+r`})
+	if rv := fmt.Sprint(out["return_value"]); !strings.Contains(rv, "no longer allows everything.echo") || asked != 1 {
+		t.Errorf("asked %d: %v", asked, out)
+	}
+	if strings.Contains(s.wire.String(), `"method":"tools/call"`) {
+		t.Error("the call reached the upstream")
+	}
+}
+
+// TestToolsFromCodeUndeclaredArguments: an argument the tool's schema
+// does not name never reaches the upstream, even written to the control
+// channel by hand (the module refuses it first).
+func TestToolsFromCodeUndeclaredArguments(t *testing.T) {
+	s := newUpServer(t, `{"version": "1", "default": "allow"}`)
+	cs := s.connect(nil, nil)
+	_, out := runCode(t, cs, map[string]any{"code": `
+import json, tools
+tools.list()
+r = tools._channel.call({"op": "tool_call", "name": "everything.echo"}, json.dumps({"message": "x", "hidden": "y"}))
+r["error"]["kind"], r["error"]["message"]`})
+	if rv := fmt.Sprint(out["return_value"]); !strings.Contains(rv, "invalid_arguments") || !strings.Contains(rv, `takes no argument "hidden"`) {
+		t.Errorf("%v", out)
+	}
+}
+
+// TestToolsFromCodeThreads: more threads calling at once than may be in
+// flight all succeed: the module queues them.
+func TestToolsFromCodeThreads(t *testing.T) {
+	s := newUpServer(t, `{"version": "1", "default": "allow"}`)
+	cs := s.connect(nil, nil)
+	_, out := runCode(t, cs, map[string]any{"code": `
+import threading, tools
+ok, errors = [], []
+def work(i):
+    for j in range(5):
+        try:
+            ok.append(tools.everything.echo(message="%d-%d" % (i, j)))
+        except Exception as e:
+            errors.append(repr(e))
+threads = [threading.Thread(target=work, args=(i,)) for i in range(30)]
+for t in threads: t.start()
+for t in threads: t.join()
+[len(ok), errors[:3]]`})
+	if rv := fmt.Sprint(out["return_value"]); rv != "[150 []]" {
+		t.Errorf("%v", out)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -63,6 +64,13 @@ type Tool struct {
 	// resolved (only "a JSON object" is checked then, and the upstream
 	// checks the rest).
 	schema *jsonschema.Resolved
+	// declared are the arguments the schema names; closed is set unless
+	// it names none or allows others (additionalProperties true or a
+	// schema). An argument it does not name is refused, as the sandbox's
+	// module does: what the user approves and the audit log records is
+	// then all the tool gets.
+	declared map[string]bool
+	closed   bool
 }
 
 // Status is how one server stands.
@@ -243,8 +251,24 @@ func (m *Manager) Validate(full string, args json.RawMessage) error {
 	if err := json.Unmarshal(args, &v); err != nil {
 		return fmt.Errorf("the arguments are not JSON: %v", err)
 	}
-	if _, ok := v.(map[string]any); !ok {
+	obj, ok := v.(map[string]any)
+	if !ok {
 		return errors.New("the arguments must be a JSON object of named arguments")
+	}
+	if t.closed {
+		var extra []string
+		for k := range obj {
+			if !t.declared[k] {
+				extra = append(extra, strconv.Quote(cutUTF8(k, 100)))
+			}
+		}
+		if len(extra) > 0 {
+			sort.Strings(extra)
+			if len(extra) > 10 {
+				extra = append(extra[:10], fmt.Sprintf("and %d more", len(extra)-10))
+			}
+			return fmt.Errorf("the tool takes no argument %s", strings.Join(extra, ", "))
+		}
 	}
 	if t.schema == nil {
 		return nil
@@ -520,6 +544,18 @@ func (s *server) tool(t *mcp.Tool) (Tool, error) {
 		}
 		tool.OutputSchema = out
 	}
+	var shape struct {
+		Properties           map[string]json.RawMessage `json:"properties"`
+		AdditionalProperties json.RawMessage            `json:"additionalProperties"`
+	}
+	if json.Unmarshal(in, &shape) == nil && len(shape.Properties) > 0 {
+		tool.declared = map[string]bool{}
+		for k := range shape.Properties {
+			tool.declared[k] = true
+		}
+		extra := strings.TrimSpace(string(shape.AdditionalProperties))
+		tool.closed = extra == "" || extra == "false"
+	}
 	var sch jsonschema.Schema
 	if json.Unmarshal(in, &sch) == nil {
 		if r, err := sch.Resolve(nil); err == nil {
@@ -561,6 +597,13 @@ type headerTransport struct {
 	base    http.RoundTripper
 }
 
+// MaxHTTPReply bounds a reply of an HTTP upstream that is one JSON
+// document: the SDK reads such a reply whole before anything can look at
+// its size, and code in a run can ask a benign upstream for a result as
+// large as it likes. Event streams are bounded per event by the SDK
+// (16 MiB), as stdio is per message.
+const MaxHTTPReply = 16 << 20
+
 func (h *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if len(h.headers) > 0 {
 		r = r.Clone(r.Context())
@@ -568,7 +611,37 @@ func (h *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 			r.Header.Set(k, v)
 		}
 	}
-	return h.base.RoundTrip(r)
+	resp, err := h.base.RoundTrip(r)
+	if err == nil && !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		if resp.ContentLength > MaxHTTPReply {
+			resp.Body.Close()
+			return nil, fmt.Errorf("the upstream's reply is %d bytes, more than the %d this server reads", resp.ContentLength, MaxHTTPReply)
+		}
+		resp.Body = &boundedBody{ReadCloser: resp.Body, left: MaxHTTPReply}
+	}
+	return resp, err
+}
+
+// boundedBody fails a read past its bound instead of growing without end.
+type boundedBody struct {
+	io.ReadCloser
+	left int64
+}
+
+func (b *boundedBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		var one [1]byte
+		if n, err := b.ReadCloser.Read(one[:]); n == 0 && err == io.EOF {
+			return 0, io.EOF
+		}
+		return 0, fmt.Errorf("the upstream's reply is larger than the %d bytes this server reads", MaxHTTPReply)
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
+	return n, err
 }
 
 // tailWriter keeps the end of a server's stderr, to say why it failed.

@@ -329,3 +329,33 @@ func TestHeaders(t *testing.T) {
 		t.Error("the wrong token never reached the server")
 	}
 }
+
+// TestHTTPReplyBounded: an HTTP upstream that answers in one JSON
+// document is read up to MaxHTTPReply, whatever code asks it for; the
+// call fails and the next works.
+func TestHTTPReplyBounded(t *testing.T) {
+	srv := mcp.NewServer(&mcp.Implementation{Name: "big", Version: "1"}, nil)
+	mcp.AddTool(srv, &mcp.Tool{Name: "blob"}, func(ctx context.Context, req *mcp.CallToolRequest, in struct {
+		N int `json:"n"`
+	}) (*mcp.CallToolResult, struct{}, error) {
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("x", in.N)}}}, struct{}{}, nil
+	})
+	hs := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{JSONResponse: true}))
+	t.Cleanup(hs.Close)
+	m := start(t, map[string]any{"big": map[string]any{"url": hs.URL}}, Options{})
+	ctx := context.Background()
+	if _, err := m.Call(ctx, "big.blob", json.RawMessage(fmt.Sprintf(`{"n": %d}`, MaxHTTPReply+1000))); err == nil || !strings.Contains(err.Error(), "this server reads") {
+		t.Errorf("a reply over the bound: %v", err)
+	}
+	// The SDK drops the connection with the reply it could not read; the
+	// server is connected again.
+	waitFor(t, "a call to work again", func() bool {
+		res, err := m.Call(ctx, "big.blob", json.RawMessage(`{"n": 1000}`))
+		return err == nil && len(text(res)) == 1000
+	})
+	// Arguments the schema does not name are refused before anything is
+	// sent.
+	if err := m.Validate("big.blob", json.RawMessage(`{"n": 1, "extra": 2}`)); err == nil || !strings.Contains(err.Error(), `takes no argument "extra"`) {
+		t.Errorf("undeclared argument: %v", err)
+	}
+}

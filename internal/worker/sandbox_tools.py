@@ -26,6 +26,7 @@ checks and records each call, and may cap how many a run makes.
 import _thread
 import json
 import sys
+import time
 import types
 
 __all__ = [
@@ -40,7 +41,23 @@ __all__ = [
 _channel = globals().get("_channel")
 
 MAX_ARGUMENT_BYTES = 1 << 20  # protocol.go's MaxToolArgsBytes
-MAX_IN_FLIGHT = 16  # MaxToolCallsInFlight: acall runs this many at once
+MAX_IN_FLIGHT = 16  # MaxToolCallsInFlight: calls beyond it wait for a turn
+# One lock per call the server serves at once (no threading module: the
+# worker keeps it out of runs that do not import it).
+_slots = [_thread.allocate_lock() for _ in range(MAX_IN_FLIGHT)]
+
+
+def _take_slot():
+    """Waits for one of the MAX_IN_FLIGHT slots; sleeps between tries, so
+    that a KeyboardInterrupt (a session's timeout) reaches a main thread
+    waiting here."""
+    delay = 0.0005
+    while True:
+        for lock in _slots:
+            if lock.acquire(False):
+                return lock
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
 
 # As the server's list_tools_in_sandbox spells names (pyIdent).
 _KEYWORDS = frozenset((
@@ -305,7 +322,13 @@ def _invoke(full, kwargs):
     if len(text) > MAX_ARGUMENT_BYTES:
         raise ToolLimitExceeded(full, "arguments of %d bytes as JSON; a call may send at most %d"
                                 % (len(text), MAX_ARGUMENT_BYTES))
-    reply = _channel.call({"op": "tool_call", "name": full}, text)
+    # The server serves MAX_IN_FLIGHT calls of a run at once and refuses
+    # more: threads beyond that wait here for their turn.
+    slot = _take_slot()
+    try:
+        reply = _channel.call({"op": "tool_call", "name": full}, text)
+    finally:
+        slot.release()
     if spec is None and isinstance(reply, dict) and isinstance(reply.get("error"), dict) \
             and reply["error"].get("kind") == ToolNotFound.kind:
         raise cat.missing(full)  # with suggestions
