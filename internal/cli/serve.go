@@ -52,6 +52,7 @@ func serve(args []string, stderr io.Writer) error {
 	tlsKey := fs.String("tls-key", "", "with --http: the PEM private key of --tls-cert")
 	insecure := fs.Bool("insecure-no-auth", false, "allow --http on a non-loopback address without --auth-token-file: ANYONE who can reach the port can run code")
 	qflags := addQuotaFlags(fs)
+	sflags := addStoreFlags(fs)
 	var allowedHosts listFlag
 	fs.Var(&allowedHosts, "allowed-host", "with --http: a further Host name clients may use (e.g. sandbox.example.com behind a proxy); repeat or separate with commas. Loopback names and the listen address are always allowed")
 	if err := parseFlags(fs, args); err != nil {
@@ -186,6 +187,11 @@ func serve(args []string, stderr io.Writer) error {
 			Running:  eng.Running,
 		}),
 	}
+	closeStore, err := sflags.open(context.Background(), &gov, log)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
 	if *auditLog != "" {
 		w, err := audit.Open(*auditLog, audit.Options{MaxSize: int64(auditMaxSize), SyncEach: *auditSyncEach})
 		if err != nil {

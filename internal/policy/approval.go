@@ -2,6 +2,7 @@ package policy
 
 import (
 	"bytes"
+	"context"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/rand"
@@ -28,15 +29,27 @@ type Sealer struct {
 	now  func() time.Time
 
 	mu   sync.Mutex
-	used map[string]time.Time // nonce -> expiry
+	used map[string]time.Time // nonce -> expiry, without a NonceStore
+	// nonces, when set, records used nonces where every replica sees
+	// them (a shared store).
+	nonces NonceStore
+}
+
+// NonceStore records approval nonces used, so that an approval is used
+// once however many replicas could be handed its state.
+type NonceStore interface {
+	// UseOnce records nonce as used until until, and reports whether it
+	// was unused. An error means it could not be checked.
+	UseOnce(ctx context.Context, nonce string, until time.Time) (bool, error)
 }
 
 // Errors from Open. They all mean "ask again".
 var (
-	ErrStateInvalid  = errors.New("the approval state is not one this server issued")
-	ErrStateExpired  = errors.New("the approval has expired")
-	ErrStateMismatch = errors.New("the approval was given for a different request")
-	ErrStateUsed     = errors.New("the approval was already used")
+	ErrStateInvalid   = errors.New("the approval state is not one this server issued")
+	ErrStateExpired   = errors.New("the approval has expired")
+	ErrStateMismatch  = errors.New("the approval was given for a different request")
+	ErrStateUsed      = errors.New("the approval was already used")
+	ErrStateUnchecked = errors.New("the approval could not be checked against the shared store")
 )
 
 // NewSealer returns a Sealer with a fresh random key; approvals expire
@@ -46,6 +59,13 @@ func NewSealer(ttl time.Duration, now func() time.Time) (*Sealer, error) {
 	if _, err := rand.Read(key); err != nil {
 		return nil, fmt.Errorf("policy: approval key: %w", err)
 	}
+	return NewSharedSealer(key, ttl, now, nil)
+}
+
+// NewSharedSealer returns a Sealer with the given AES key (16, 24 or 32
+// bytes) and, when nonces is set, used nonces kept there: replicas that
+// share both honour each other's approvals, each once.
+func NewSharedSealer(key []byte, ttl time.Duration, now func() time.Time, nonces NonceStore) (*Sealer, error) {
 	block, err := aes.NewCipher(key)
 	if err != nil {
 		return nil, fmt.Errorf("policy: approval key: %w", err)
@@ -57,7 +77,7 @@ func NewSealer(ttl time.Duration, now func() time.Time) (*Sealer, error) {
 	if now == nil {
 		now = time.Now
 	}
-	return &Sealer{aead: aead, ttl: ttl, now: now, used: map[string]time.Time{}}, nil
+	return &Sealer{aead: aead, ttl: ttl, now: now, used: map[string]time.Time{}, nonces: nonces}, nil
 }
 
 type grant struct {
@@ -107,6 +127,18 @@ func (s *Sealer) Open(state, tool, identity string, args []byte) error {
 	}
 	if g.Tool != tool || g.Identity != identity || g.Args != ArgsDigest(args) {
 		return ErrStateMismatch
+	}
+	if s.nonces != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		fresh, err := s.nonces.UseOnce(ctx, g.Nonce, time.Unix(0, g.Expires))
+		switch {
+		case err != nil:
+			return fmt.Errorf("%w: %v", ErrStateUnchecked, err)
+		case !fresh:
+			return ErrStateUsed
+		}
+		return nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

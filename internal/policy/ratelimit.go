@@ -1,10 +1,41 @@
 package policy
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"time"
 )
+
+// RateLimiter counts calls against rate limits in fixed windows aligned
+// to the clock. Limiter counts in this process; a shared store
+// (internal/sharedstate) counts across the replicas of a deployment, with
+// the same semantics.
+type RateLimiter interface {
+	// Reserve counts one call by identity against every limit, or none
+	// of them when any is exhausted (Exceeded names the first). An error
+	// means nothing could be counted (a shared store is unreachable): the
+	// call must be refused.
+	Reserve(ctx context.Context, limits []Limit, identity string) (Reservation, *Exceeded, error)
+}
+
+// Reservation is a counted call; Cancel gives the count back while its
+// windows are current.
+type Reservation interface{ Cancel() }
+
+// Reserve is Take, as a RateLimiter.
+func (l *Limiter) Reserve(_ context.Context, limits []Limit, identity string) (Reservation, *Exceeded, error) {
+	r, e := l.Take(limits, identity)
+	if e != nil {
+		return nil, e, nil
+	}
+	return r, nil, nil
+}
+
+// NewExceeded reports limit lim as exhausted until resetAt, as of now.
+func NewExceeded(lim Limit, resetAt, now time.Time) *Exceeded {
+	return &Exceeded{Limit: lim, ResetAt: resetAt, now: now}
+}
 
 // Limiter counts calls against rate limits in fixed windows aligned to the
 // clock (a "minute" limit resets at the start of every minute), which is
@@ -51,8 +82,8 @@ func (e *Exceeded) Error() string {
 	return fmt.Sprintf("rate limit %s reached; it resets at %s (in %s)", e.Limit, e.ResetAt.UTC().Format(time.RFC3339), wait)
 }
 
-// Reservation is a counted call; Cancel gives the count back.
-type Reservation struct {
+// LocalReservation is a call Limiter counted.
+type LocalReservation struct {
 	l     *Limiter
 	taken []taken
 }
@@ -64,9 +95,9 @@ type taken struct {
 
 // Take counts one call by identity against every limit, or none of them
 // when any is exhausted, in which case it reports the first such limit.
-func (l *Limiter) Take(limits []Limit, identity string) (*Reservation, *Exceeded) {
+func (l *Limiter) Take(limits []Limit, identity string) (*LocalReservation, *Exceeded) {
 	if len(limits) == 0 {
-		return &Reservation{}, nil
+		return &LocalReservation{}, nil
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -88,7 +119,7 @@ func (l *Limiter) Take(limits []Limit, identity string) (*Reservation, *Exceeded
 			return nil, &Exceeded{Limit: lim, ResetAt: start.Add(lim.Period), now: now}
 		}
 	}
-	r := &Reservation{l: l}
+	r := &LocalReservation{l: l}
 	seen := map[counterKey]bool{}
 	for i, k := range keys {
 		if seen[k] {
@@ -110,7 +141,7 @@ func (l *Limiter) Take(limits []Limit, identity string) (*Reservation, *Exceeded
 // Cancel gives back what Take counted, if its windows are still current:
 // a call that never ran (it is waiting for approval, or was declined)
 // should not use up the budget.
-func (r *Reservation) Cancel() {
+func (r *LocalReservation) Cancel() {
 	if r == nil || r.l == nil {
 		return
 	}

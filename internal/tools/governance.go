@@ -37,6 +37,15 @@ type Governance struct {
 	// Updates, when set, delivers policies that replace the one in force
 	// (serve reloads its file on SIGHUP). Rate-limit counts carry over.
 	Updates <-chan *policy.Policy
+	// Limiter counts rate limits; nil: in this process. A shared store's
+	// (internal/sharedstate) counts across replicas.
+	Limiter policy.RateLimiter
+	// ApprovalKey seals approval state (AES, 16 to 32 bytes); nil: a
+	// random key of this process. Nonces, when set, records used
+	// approvals where every replica sees them. With both shared, an
+	// approval answered through one replica is honoured, once, by any.
+	ApprovalKey []byte
+	Nonces      policy.NonceStore
 }
 
 // approvalKey names the one input request of an approval.
@@ -45,7 +54,7 @@ const approvalKey = "approval"
 // governor enforces Governance for one server.
 type governor struct {
 	pol     atomic.Pointer[policy.Policy] // replaced by Governance.Updates
-	limiter *policy.Limiter
+	limiter policy.RateLimiter
 	sealer  *policy.Sealer
 	audit   *audit.Writer
 	metrics *metrics.Metrics
@@ -69,13 +78,23 @@ func newGovernor(g Governance, eng *engine.Engine, log *slog.Logger) *governor {
 	if ttl <= 0 {
 		ttl = 10 * time.Minute
 	}
-	sealer, err := policy.NewSealer(ttl, nil)
+	var sealer *policy.Sealer
+	var err error
+	if g.ApprovalKey != nil {
+		sealer, err = policy.NewSharedSealer(g.ApprovalKey, ttl, nil, g.Nonces)
+	} else {
+		sealer, err = policy.NewSealer(ttl, nil)
+	}
 	if err != nil {
 		// Only a broken system random source gets here; approvals then
 		// cannot be granted, which fails closed.
 		log.Error("approvals disabled", "err", err)
 	}
-	gv := &governor{limiter: policy.NewLimiter(nil), sealer: sealer, audit: g.Audit, metrics: g.Metrics, log: log, eng: eng,
+	var limiter policy.RateLimiter = policy.NewLimiter(nil)
+	if g.Limiter != nil {
+		limiter = g.Limiter
+	}
+	gv := &governor{limiter: limiter, sealer: sealer, audit: g.Audit, metrics: g.Metrics, log: log, eng: eng,
 		netWords: func() string { return "no network" }}
 	gv.pol.Store(pol)
 	return gv
@@ -144,7 +163,12 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			res := errorResult(fmt.Sprintf("The server's policy does not allow %s: %s. Nothing was run. Do not retry; use another tool, or ask the user to change the server's policy.", tool, reason))
 			return g.finish(rec, res, nil, start, false)
 		}
-		reservation, exceeded := g.limiter.Take(d.Limits, rec.Identity)
+		reservation, exceeded, err := g.limiter.Reserve(ctx, d.Limits, rec.Identity)
+		if err != nil {
+			rec.Decision, rec.Reason = "error", err.Error()
+			res := errorResult(fmt.Sprintf("Refused: %v. Nothing was run; retry in a moment, and tell the server's operator if it persists.", err))
+			return g.finish(rec, res, nil, start, false)
+		}
 		if exceeded != nil {
 			rec.Decision, rec.Reason = "rate_limited", exceeded.Error()
 			rec.LimitsHit = []string{rateHit(exceeded)}
@@ -220,7 +244,10 @@ func (g *governor) readResource(ctx context.Context, method string, req *mcp.Rea
 	case policy.Approve:
 		return refuse("deny", "approval", "reading session files needs the user's approval under this server's policy; use the download_file tool, which asks")
 	}
-	reservation, exceeded := g.limiter.Take(d.Limits, rec.Identity)
+	reservation, exceeded, err := g.limiter.Reserve(ctx, d.Limits, rec.Identity)
+	if err != nil {
+		return refuse("error", "", fmt.Sprintf("refused: %v; retry in a moment", err))
+	}
 	if exceeded != nil {
 		rec.LimitsHit = []string{rateHit(exceeded)}
 		g.metrics.RateLimited(tool, exceeded.Limit.Counter)

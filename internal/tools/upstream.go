@@ -188,7 +188,10 @@ func (r *toolRun) decideAndCall(ctx context.Context, name string, args json.RawM
 	if err := r.s.up.Validate(name, args); err != nil {
 		return failure(worker.ToolFailArguments, fmt.Sprintf("%s: %v", name, err)), "invalid_arguments", ""
 	}
-	reservation, exceeded := r.s.gov.limiter.Take(d.Limits, r.identity)
+	reservation, exceeded, err := r.s.gov.limiter.Reserve(ctx, d.Limits, r.identity)
+	if err != nil {
+		return failure(worker.ToolFailUnavailable, fmt.Sprintf("%s: %v; retry in a moment", name, err)), "error", ""
+	}
 	if exceeded != nil {
 		r.s.gov.metrics.RateLimited(name, exceeded.Limit.Counter)
 		rec.LimitsHit = append(rec.LimitsHit, rateHit(exceeded))

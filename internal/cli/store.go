@@ -1,0 +1,87 @@
+package cli
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/pysandbox/pysandbox/internal/sharedstate"
+	"github.com/pysandbox/pysandbox/internal/tools"
+)
+
+// storeFlags are serve's flags for state shared by the replicas of one
+// deployment.
+type storeFlags struct {
+	url, namespace, keyFile *string
+}
+
+func addStoreFlags(fs *flag.FlagSet) storeFlags {
+	return storeFlags{
+		url: fs.String("store", "", "shared state for several replicas behind one address: a Redis URL (redis://[user:password@]host:6379/0, rediss:// for TLS); rate limits and used approvals are then counted there, exactly as on one server. The environment variable PYSANDBOX_STORE_URL gives it too (keeps a password out of ps). Default: this process only"),
+		namespace: fs.String("store-namespace", "pysandbox", "with --store: the name of this deployment's keys, so several can share a Redis"),
+		keyFile:   fs.String("approval-key-file", "", "the key that seals approval state (32 random bytes, raw, hex or base64; the file must not be readable by others), shared by every replica so that an approval answered through one is honoured by any; default: a random key of this process"),
+	}
+}
+
+// openStore connects the shared store and fills gov's shared parts; the
+// returned func closes it.
+func (f storeFlags) open(ctx context.Context, gov *tools.Governance, log *slog.Logger) (func(), error) {
+	url := *f.url
+	if url == "" {
+		url = os.Getenv("PYSANDBOX_STORE_URL")
+	}
+	if *f.keyFile != "" {
+		key, err := readApprovalKey(*f.keyFile)
+		if err != nil {
+			return nil, err
+		}
+		gov.ApprovalKey = key
+	}
+	if url == "" {
+		return func() {}, nil
+	}
+	st, err := sharedstate.Open(ctx, url, sharedstate.Options{Namespace: *f.namespace})
+	if err != nil {
+		return nil, fmt.Errorf("--store: %w", err)
+	}
+	gov.Limiter, gov.Nonces = st.Limiter(), st.Nonces()
+	if gov.ApprovalKey == nil {
+		log.Warn("--store without --approval-key-file: each replica seals approvals with its own key, so an approval answered through one replica is asked again on another")
+	}
+	log.Info("shared state in Redis", "namespace", *f.namespace)
+	return func() { st.Close() }, nil
+}
+
+// readApprovalKey reads a 32-byte key given raw, in hex or in base64.
+func readApprovalKey(path string) ([]byte, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("--approval-key-file: %w", err)
+	}
+	if st.Mode().Perm()&0o077 != 0 && st.Mode().IsRegular() {
+		return nil, fmt.Errorf("--approval-key-file: %s can be read by others (mode %v); chmod 600 it", path, st.Mode().Perm())
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--approval-key-file: %w", err)
+	}
+	if len(data) == 32 {
+		return data, nil
+	}
+	text := strings.TrimSpace(string(data))
+	if k, err := hex.DecodeString(text); err == nil && len(k) == 32 {
+		return k, nil
+	}
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+		if k, err := enc.DecodeString(text); err == nil && len(k) == 32 {
+			return k, nil
+		}
+	}
+	return nil, errors.New("--approval-key-file: want 32 bytes, raw, as 64 hex digits or in base64 (e.g. openssl rand -hex 32)")
+}
