@@ -23,7 +23,7 @@ type storeFlags struct {
 
 func addStoreFlags(fs *flag.FlagSet) storeFlags {
 	return storeFlags{
-		url: fs.String("store", "", "shared state for several replicas behind one address: a Redis URL (redis://[user:password@]host:6379/0, rediss:// for TLS); rate limits and used approvals are then counted there, exactly as on one server. The environment variable PYSANDBOX_STORE_URL gives it too (keeps a password out of ps). Default: this process only"),
+		url:       fs.String("store", "", "shared state for several replicas behind one address: a Redis URL (redis://[user:password@]host:6379/0, rediss:// for TLS); rate limits and used approvals are then counted there, exactly as on one server. The environment variable PYSANDBOX_STORE_URL gives it too (keeps a password out of ps). Default: this process only"),
 		namespace: fs.String("store-namespace", "pysandbox", "with --store: the name of this deployment's keys, so several can share a Redis"),
 		keyFile:   fs.String("approval-key-file", "", "the key that seals approval state (32 random bytes, raw, hex or base64; the file must not be readable by others), shared by every replica so that an approval answered through one is honoured by any; default: a random key of this process"),
 	}
