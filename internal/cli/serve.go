@@ -53,6 +53,7 @@ func serve(args []string, stderr io.Writer) error {
 	insecure := fs.Bool("insecure-no-auth", false, "allow --http on a non-loopback address without --auth-token-file: ANYONE who can reach the port can run code")
 	qflags := addQuotaFlags(fs)
 	sflags := addStoreFlags(fs)
+	rflags := addReplicaFlags(fs)
 	var allowedHosts listFlag
 	fs.Var(&allowedHosts, "allowed-host", "with --http: a further Host name clients may use (e.g. sandbox.example.com behind a proxy); repeat or separate with commas. Loopback names and the listen address are always allowed")
 	if err := parseFlags(fs, args); err != nil {
@@ -165,7 +166,19 @@ func serve(args []string, stderr io.Writer) error {
 		return usageError{err}
 	}
 	quotas := quota.New(quotaFunc(qlim, &current))
+	sh, err := sflags.open(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer sh.close()
+	rep, err := rflags.join(ctx, sh, *httpAddr, log)
+	if err != nil {
+		return err
+	}
+	defer rep.leave()
 	sessions := eng.NewSessions(engine.SessionConfig{
+		IDSuffix:     rep.sessionSuffix(),
+		Draining:     rep.draining.Load,
 		MaxSessions:  *maxSessions,
 		DefaultTTL:   time.Duration(sessionTTL),
 		MaxTTL:       time.Duration(maxSessionTTL),
@@ -187,11 +200,7 @@ func serve(args []string, stderr io.Writer) error {
 			Running:  eng.Running,
 		}),
 	}
-	closeStore, err := sflags.open(context.Background(), &gov, log)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
+	sh.apply(&gov)
 	if *auditLog != "" {
 		w, err := audit.Open(*auditLog, audit.Options{MaxSize: int64(auditMaxSize), SyncEach: *auditSyncEach})
 		if err != nil {
@@ -207,10 +216,16 @@ func serve(args []string, stderr io.Writer) error {
 		}()
 		// The start record ties the calls that follow to the policy in
 		// force, by its digest.
-		if err := w.Append(&audit.Record{Event: "start", Detail: map[string]string{
+		detail := map[string]string{
 			"version": version, "transport": transport, "backend": posture.Backend, "posture": posture.Posture,
 			"policy": pol.Source, "policy_sha256": pol.SHA256,
-		}}); err != nil {
+		}
+		if rep.cl != nil {
+			// Each replica keeps a chain of its own; its start records
+			// say whose it is.
+			detail["replica"], detail["incarnation"] = rep.cl.Self().Name, rep.cl.Self().Incarnation
+		}
+		if err := w.Append(&audit.Record{Event: "start", Detail: detail}); err != nil {
 			return err
 		}
 		gov.Audit = w
@@ -232,7 +247,8 @@ func serve(args []string, stderr io.Writer) error {
 		ups = upstream.Start(upCfg, upstream.Options{Log: log, ClientName: "pysandbox", ClientVersion: version})
 		defer ups.Close()
 	}
-	srv := tools.NewServer(tools.Options{Engine: eng, Posture: posture, Sessions: sessions, MaxUploadBytes: int64(maxUpload), MaxReplyBytes: int64(maxReply), Quotas: quotas, Governance: gov, Network: o.proxy, Upstreams: ups, Logger: log})
+	srv, internal := tools.NewServers(tools.Options{Engine: eng, Posture: posture, Sessions: sessions, MaxUploadBytes: int64(maxUpload), MaxReplyBytes: int64(maxReply), Quotas: quotas, Governance: gov, Network: o.proxy, Upstreams: ups,
+		Cluster: rep.cl, Forwarder: rep.fwd, Logger: log})
 	if *httpAddr == "" {
 		log.Info("serving MCP on stdio", "backend", posture.Backend, "posture", posture.Posture, "python", posture.Python.Version)
 		// Run returns nil on a clean EOF from the client.
@@ -257,6 +273,8 @@ func serve(args []string, stderr io.Writer) error {
 		// Room for the largest upload in base64, plus JSON.
 		MaxRequestBytes: int64(maxUpload)*4/3 + 1<<20,
 		Logger:          log,
+		Cluster:         rep.cl,
+		Ready:           func() bool { return !rep.draining.Load() },
 	})
 	if err != nil {
 		ln.Close()
@@ -276,6 +294,7 @@ func serve(args []string, stderr io.Writer) error {
 		auth = "NONE on a non-loopback address (--insecure-no-auth)"
 	}
 	log.Info("serving MCP over HTTP", "url", scheme+"://"+ln.Addr().String()+"/mcp", "auth", auth, "backend", posture.Backend, "posture", posture.Posture)
+	rep.serveInternal(handler, internal, log)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
@@ -283,6 +302,9 @@ func serve(args []string, stderr io.Writer) error {
 		return err
 	case <-ctx.Done():
 	}
+	// SIGTERM: /readyz fails (the Service stops sending requests here), no
+	// new session is taken, and runs in flight finish first.
+	rep.drain(eng, log)
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := hs.Shutdown(shutdown); err != nil && !errors.Is(err, context.DeadlineExceeded) {

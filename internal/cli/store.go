@@ -29,33 +29,54 @@ func addStoreFlags(fs *flag.FlagSet) storeFlags {
 	}
 }
 
-// openStore connects the shared store and fills gov's shared parts; the
-// returned func closes it.
-func (f storeFlags) open(ctx context.Context, gov *tools.Governance, log *slog.Logger) (func(), error) {
+// shared is what the store flags give: the store (nil without --store)
+// and the approval key (nil without --approval-key-file).
+type shared struct {
+	store *sharedstate.Store
+	key   []byte
+}
+
+// open connects the shared store and reads the approval key.
+func (f storeFlags) open(ctx context.Context, log *slog.Logger) (*shared, error) {
 	url := *f.url
 	if url == "" {
 		url = os.Getenv("PYSANDBOX_STORE_URL")
 	}
+	sh := &shared{}
 	if *f.keyFile != "" {
 		key, err := readApprovalKey(*f.keyFile)
 		if err != nil {
 			return nil, err
 		}
-		gov.ApprovalKey = key
+		sh.key = key
 	}
 	if url == "" {
-		return func() {}, nil
+		return sh, nil
 	}
 	st, err := sharedstate.Open(ctx, url, sharedstate.Options{Namespace: *f.namespace})
 	if err != nil {
 		return nil, fmt.Errorf("--store: %w", err)
 	}
-	gov.Limiter, gov.Nonces = st.Limiter(), st.Nonces()
-	if gov.ApprovalKey == nil {
+	sh.store = st
+	if sh.key == nil {
 		log.Warn("--store without --approval-key-file: each replica seals approvals with its own key, so an approval answered through one replica is asked again on another")
 	}
 	log.Info("shared state in Redis", "namespace", *f.namespace)
-	return func() { st.Close() }, nil
+	return sh, nil
+}
+
+// apply gives gov the shared parts.
+func (sh *shared) apply(gov *tools.Governance) {
+	gov.ApprovalKey = sh.key
+	if sh.store != nil {
+		gov.Limiter, gov.Nonces = sh.store.Limiter(), sh.store.Nonces()
+	}
+}
+
+func (sh *shared) close() {
+	if sh.store != nil {
+		sh.store.Close()
+	}
 }
 
 // readApprovalKey reads a 32-byte key given raw, in hex or in base64.

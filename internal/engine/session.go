@@ -34,7 +34,16 @@ type SessionConfig struct {
 	// OwnerLimit, when set, is the most sessions one owner may have open
 	// (0: no bound but MaxSessions), asked at each create_session.
 	OwnerLimit func(owner string) int
+	// IDSuffix ends every session id: one replica of several names
+	// itself there (internal/cluster), so any replica knows the owner.
+	IDSuffix string
+	// Draining, when set and true, refuses new sessions: the server is
+	// stopping, and a session made now would be lost with it.
+	Draining func() bool
 }
+
+// ErrDraining refuses a session on a server that is stopping.
+var ErrDraining = errors.New("this server is shutting down and takes no new sessions; retry, and another server will take it")
 
 // ErrSessionQuota means the caller has all the sessions its quota allows.
 var ErrSessionQuota = errors.New("session quota reached")
@@ -207,7 +216,10 @@ func (s *Sessions) Create(ctx context.Context, ttl time.Duration, opts ...Create
 	if err != nil {
 		return nil, err
 	}
-	sess := &Session{ID: newID(), Created: time.Now(), TTL: ttl, Owner: o.Owner, out: newRouter(), errs: newRouter(), renv: renv}
+	if s.cfg.Draining != nil && s.cfg.Draining() {
+		return nil, ErrDraining
+	}
+	sess := &Session{ID: newID() + s.cfg.IDSuffix, Created: time.Now(), TTL: ttl, Owner: o.Owner, out: newRouter(), errs: newRouter(), renv: renv}
 	sess.lastUsed = sess.Created
 	if renv.env != nil {
 		sess.reqs = renv.env.Requirements

@@ -11,6 +11,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/cluster"
 )
 
 // Config configures the handler.
@@ -31,6 +33,12 @@ type Config struct {
 	// 16 MiB is about 22 MiB in base64, plus JSON).
 	MaxRequestBytes int64
 	Logger          *slog.Logger
+	// Cluster, when set, sends requests of MCP sessions other replicas
+	// own to their owner (internal/cluster).
+	Cluster *cluster.Cluster
+	// Ready is what GET /readyz reports (nil: always ready): false while
+	// the server drains.
+	Ready func() bool
 }
 
 // Handler returns the server's HTTP handler.
@@ -58,8 +66,19 @@ func Handler(cfg Config) (http.Handler, error) {
 			metrics = challenge(requireToken(metrics))
 		}
 	}
+	if cfg.Cluster != nil {
+		// Before authentication: the owner authenticates the caller.
+		mcpHandler = cfg.Cluster.Proxy(mcpHandler)
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", mcpHandler)
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if cfg.Ready != nil && !cfg.Ready() {
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ready\n"))
+	})
 	if metrics != nil {
 		mux.Handle("GET /metrics", metrics)
 	}

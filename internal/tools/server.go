@@ -14,6 +14,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/pysandbox/pysandbox/internal/cluster"
 	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/interp"
@@ -61,6 +62,11 @@ type Options struct {
 	// Upstreams are the MCP servers whose tools code may call (its
 	// "tools" module); nil: none.
 	Upstreams *upstream.Manager
+	// Cluster and Forwarder, when set, make this server one replica of
+	// several: its MCP session ids name it, and calls on sessions other
+	// replicas own are re-issued there (internal/cluster).
+	Cluster   *cluster.Cluster
+	Forwarder *cluster.Forwarder
 	Logger    *slog.Logger
 }
 
@@ -80,6 +86,8 @@ type server struct {
 	quotas   *quota.Quotas
 	net      *egress.Proxy
 	up       *upstream.Manager
+	cl       *cluster.Cluster
+	fwd      *cluster.Forwarder
 
 	netMu    sync.Mutex
 	sessNets map[string]*sessionNet // by session id
@@ -89,6 +97,14 @@ type server struct {
 
 // NewServer returns an MCP server with every pysandbox tool registered.
 func NewServer(opts Options) *mcp.Server {
+	srv, _ := NewServers(opts)
+	return srv
+}
+
+// NewServers returns the server and, with opts.Cluster, the server of the
+// internal endpoint other replicas forward session calls to (nil
+// without).
+func NewServers(opts Options) (*mcp.Server, *mcp.Server) {
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
@@ -123,7 +139,13 @@ func NewServer(opts Options) *mcp.Server {
 		})
 		return p
 	}
+	var getSessionID func() string
+	if opts.Cluster != nil {
+		s.cl, s.fwd = opts.Cluster, opts.Forwarder
+		getSessionID = opts.Cluster.NewMCPSessionID
+	}
 	srv := mcp.NewServer(&mcp.Implementation{Name: "pysandbox", Title: "pysandbox: sandboxed Python", Version: Version}, &mcp.ServerOptions{
+		GetSessionID: getSessionID,
 		Instructions: "pysandbox runs Python 3 code in a fresh, isolated Linux sandbox for every call: " + s.networkWords() + ", no access to the host's files, " +
 			"limited memory, processes and time. Use run_python to compute, analyse data or test code; create_session for multi-step work that keeps " +
 			"variables and files between calls (upload_file, list_files, download_file move files in and out; plots come back as images); " +
@@ -147,7 +169,12 @@ func NewServer(opts Options) *mcp.Server {
 			}
 		}()
 	}
-	return srv
+	var internal *mcp.Server
+	if s.cl != nil {
+		internal = mcp.NewServer(&mcp.Implementation{Name: "pysandbox-internal", Version: Version}, &mcp.ServerOptions{Logger: log})
+		s.registerInternal(internal)
+	}
+	return srv, internal
 }
 
 // register adds the tools and resources the policy offers, and removes
@@ -177,7 +204,7 @@ func (s *server) register(srv *mcp.Server) {
 
 // addTool registers a tool behind the policy's per-call checks.
 func addTool[In, Out any](s *server, srv *mcp.Server, t *mcp.Tool, h mcp.ToolHandlerFor[In, Out]) {
-	mcp.AddTool(srv, t, withRefusal(gated(s, t.Name, h)))
+	mcp.AddTool(srv, t, withRefusal(gated(s, t.Name, routed(s, t.Name, h))))
 }
 
 // errorResult is a failure the agent should read and act on; its

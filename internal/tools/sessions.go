@@ -63,7 +63,7 @@ func (s *server) addSessionTools(srv *mcp.Server) {
 		Title:       "List Python sessions",
 		Description: "List the open sessions: id, when created and last used, when each expires, memory in use and the number of runs.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
-	}, s.listSessions)
+	}, s.listAllSessions)
 	addTool(s, srv, &mcp.Tool{
 		Name:        "close_session",
 		Title:       "Close a Python session",
@@ -207,6 +207,8 @@ func sessionError(ctx context.Context, err error) *mcp.CallToolResult {
 		return busyResult(err)
 	case errors.Is(err, engine.ErrSessionQuota):
 		return refusal(engine.StatusQuota, fmt.Sprintf("Refused by your quota: %v. Nothing was created.", err))
+	case errors.Is(err, engine.ErrDraining):
+		return refusal(engine.StatusBusy, fmt.Sprintf("Cannot create a session: %v.", err))
 	case errors.Is(err, engine.ErrTooManySessions):
 		return refusal(engine.StatusBusy, fmt.Sprintf("Cannot create another session: %v.", err))
 	}

@@ -4,11 +4,9 @@
 package redisserver
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"os/exec"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -46,23 +44,11 @@ func Start(t testing.TB) *Server {
 	cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", t.TempDir(), "--loglevel", "warning")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), cmd: cmd}
 	t.Cleanup(s.Stop)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if testing.Verbose() && strings.TrimSpace(sc.Text()) != "" {
-				fmt.Println("redis:", sc.Text())
-			}
-		}
-	}()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		c, err := net.Dial("tcp", s.Addr)

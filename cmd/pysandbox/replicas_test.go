@@ -1,0 +1,229 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/testutil"
+	"github.com/pysandbox/pysandbox/internal/testutil/redisserver"
+)
+
+// replicaSet starts n replicas of `serve --http --store --internal-http`
+// on one Redis, with tokens for alice and bob.
+type replicaSet struct {
+	urls []string
+	cmds []*exec.Cmd
+	logs []*testutil.SyncBuffer
+}
+
+func startReplicas(t *testing.T, n int, extra ...string) *replicaSet {
+	t.Helper()
+	r := redisserver.Start(t)
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens")
+	os.WriteFile(tokens, []byte("alice alice-0123456789abcdef\nbob bob-0123456789abcdef00\n"), 0o600)
+	replicaToken := filepath.Join(dir, "replica-token")
+	os.WriteFile(replicaToken, []byte("0123456789abcdef0123456789abcdef-replicas\n"), 0o600)
+	key := filepath.Join(dir, "approval.key")
+	os.WriteFile(key, []byte("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n"), 0o600)
+	rs := &replicaSet{}
+	for i := 0; i < n; i++ {
+		addr := freePort(t)
+		args := append([]string{"--store", r.URL(), "--internal-http", "127.0.0.1:0", "--advertise", "127.0.0.1",
+			"--replica", fmt.Sprintf("replica-%d", i), "--replica-token-file", replicaToken, "--auth-token-file", tokens,
+			"--approval-key-file", key, "--pool-size", "1"}, extra...)
+		cmd, log := startServe(t, addr, "http://"+addr, nil, args...)
+		rs.urls = append(rs.urls, "http://"+addr)
+		rs.cmds = append(rs.cmds, cmd)
+		rs.logs = append(rs.logs, log)
+	}
+	return rs
+}
+
+func toolText(res *mcp.CallToolResult) string {
+	var parts []string
+	for _, c := range res.Content {
+		if t, ok := c.(*mcp.TextContent); ok {
+			parts = append(parts, t.Text)
+		}
+	}
+	return strings.Join(parts, "\n")
+}
+
+func callTool(t *testing.T, cs *mcp.ClientSession, name string, args map[string]any) (*mcp.CallToolResult, map[string]any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	out, _ := res.StructuredContent.(map[string]any)
+	return res, out
+}
+
+// pinned sends every request to target, whatever URL the client uses:
+// a client whose MCP session began at one replica and whose later
+// requests land on another (a load balancer without affinity).
+type pinned struct {
+	target *url.URL
+	base   http.RoundTripper
+}
+
+func (p pinned) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.URL.Host = p.target.Host
+	return p.base.RoundTrip(r)
+}
+
+// TestReplicas: two replicas on one Redis serve as one: a session made
+// through one is used through the other, stays private to its owner's
+// caller, and is listed through either; an MCP session that began at one
+// replica goes on through the other; a replica killed makes its sessions
+// answer "lost" within seconds; a replica told to stop lets its run in
+// flight finish and takes no new session.
+func TestReplicas(t *testing.T) {
+	rs := startReplicas(t, 2)
+	ctx := context.Background()
+	alice0 := connectHTTP(ctx, t, rs.urls[0], "alice-0123456789abcdef")
+	alice1 := connectHTTP(ctx, t, rs.urls[1], "alice-0123456789abcdef")
+	bob1 := connectHTTP(ctx, t, rs.urls[1], "bob-0123456789abcdef00")
+
+	_, out := callTool(t, alice0, "create_session", nil)
+	id, _ := out["session_id"].(string)
+	if !strings.Contains(id, ".replica-0.") {
+		t.Fatalf("session id %q does not name its replica", id)
+	}
+	callTool(t, alice0, "run_python", map[string]any{"session_id": id, "code": "x = 41"})
+	res, out := callTool(t, alice1, "run_python", map[string]any{"session_id": id, "code": "x + 1"})
+	if out["return_value"] != float64(42) {
+		t.Fatalf("the session through the other replica: %s", toolText(res))
+	}
+	res, _ = callTool(t, alice1, "upload_file", map[string]any{"session_id": id, "path": "a.txt", "content": "hello"})
+	if res.IsError {
+		t.Fatalf("upload through the other replica: %s", toolText(res))
+	}
+	res, out = callTool(t, alice0, "run_python", map[string]any{"session_id": id, "code": "open('a.txt').read()"})
+	if out["return_value"] != "hello" {
+		t.Errorf("the file: %s", toolText(res))
+	}
+	// Privacy is decided by the owner, for the caller the call came from.
+	res, _ = callTool(t, bob1, "run_python", map[string]any{"session_id": id, "code": "x"})
+	if !res.IsError || !strings.Contains(toolText(res), "Unknown session") {
+		t.Errorf("bob used alice's session: %s", toolText(res))
+	}
+	_, out = callTool(t, alice1, "list_sessions", nil)
+	if ss, _ := out["sessions"].([]any); len(ss) != 1 {
+		t.Errorf("alice's sessions through the other replica: %v", out)
+	}
+	_, out = callTool(t, bob1, "list_sessions", nil)
+	if ss, _ := out["sessions"].([]any); len(ss) != 0 {
+		t.Errorf("bob's sessions: %v", out)
+	}
+
+	// An MCP session begun at replica 0, its later requests sent to 1.
+	target, _ := url.Parse(rs.urls[1])
+	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	sw := &switchable{to: target}
+	hc := &http.Client{Transport: testutil.Bearer("alice-0123456789abcdef", sw)}
+	moving, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: rs.urls[0] + "/mcp", HTTPClient: hc}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer moving.Close()
+	if !strings.HasPrefix(moving.ID(), "replica-0.") {
+		t.Fatalf("MCP session id %q does not name its replica", moving.ID())
+	}
+	sw.Switch()
+	res, out = callTool(t, moving, "run_python", map[string]any{"session_id": id, "code": "x * 2"})
+	if out["return_value"] != float64(82) {
+		t.Errorf("through a moved MCP session: %s", toolText(res))
+	}
+
+	// Replica 0 dies: its sessions are lost, said so within seconds.
+	rs.cmds[0].Process.Signal(syscall.SIGKILL)
+	start := time.Now()
+	for {
+		res, _ = callTool(t, alice1, "run_python", map[string]any{"session_id": id, "code": "x"})
+		if strings.Contains(toolText(res), "lost when its server stopped") {
+			break
+		}
+		if time.Since(start) > time.Minute {
+			t.Fatalf("no clear answer a minute after the owner died: %s", toolText(res))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("the session was reported lost %v after its replica died", time.Since(start).Round(time.Millisecond))
+	if _, err := moving.CallTool(ctx, &mcp.CallToolParams{Name: "list_sessions", Arguments: map[string]any{}}); err == nil {
+		t.Error("the MCP session of the dead replica still answers")
+	}
+}
+
+// switchable sends requests where they are addressed until Switch, then
+// all to another replica.
+type switchable struct {
+	to       *url.URL
+	switched atomic.Bool
+}
+
+func (s *switchable) Switch() { s.switched.Store(true) }
+
+func (s *switchable) RoundTrip(r *http.Request) (*http.Response, error) {
+	if s.switched.Load() {
+		return pinned{target: s.to, base: http.DefaultTransport}.RoundTrip(r)
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// TestReplicaDrain: SIGTERM makes a replica unready, refuses new
+// sessions, and lets the run in flight finish.
+func TestReplicaDrain(t *testing.T) {
+	rs := startReplicas(t, 1)
+	ctx := context.Background()
+	cs := connectHTTP(ctx, t, rs.urls[0], "alice-0123456789abcdef")
+	done := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		res, _ := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "import time\ntime.sleep(3)\n'finished'"}})
+		done <- res
+	}()
+	time.Sleep(time.Second)
+	rs.cmds[0].Process.Signal(syscall.SIGTERM)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(rs.urls[0] + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz still ready while draining: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	res, _ := cs.CallTool(ctx, &mcp.CallToolParams{Name: "create_session", Arguments: map[string]any{}})
+	if res == nil || !res.IsError || !strings.Contains(toolText(res), "shutting down") {
+		t.Errorf("a session while draining: %+v", res)
+	}
+	select {
+	case res := <-done:
+		if res == nil || res.IsError || !strings.Contains(toolText(res), "finished") {
+			t.Errorf("the run in flight: %+v", res)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the run in flight did not finish")
+	}
+}

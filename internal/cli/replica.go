@@ -1,0 +1,173 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/cluster"
+	"github.com/pysandbox/pysandbox/internal/engine"
+)
+
+// replicaFlags are serve's flags for running as one replica of several
+// (internal/cluster).
+type replicaFlags struct {
+	name, advertise, internalAddr, tokenFile *string
+	drain                                    *duration
+}
+
+func addReplicaFlags(fs *flag.FlagSet) replicaFlags {
+	drain := duration(25 * time.Second)
+	fs.Var(&drain, "drain-timeout", "on SIGTERM, how long runs in flight may take to finish while no new session is taken (keep it below the pod's terminationGracePeriodSeconds)")
+	return replicaFlags{
+		name:         fs.String("replica", "", "with --internal-http: this replica's name, a DNS label (default: $POD_NAME, else the host name); the ids of its sessions carry it"),
+		advertise:    fs.String("advertise", "", "with --internal-http: the address the other replicas reach this one at (default: $POD_IP)"),
+		internalAddr: fs.String("internal-http", "", "run as one replica of several behind one address (needs --http and --store): serve the other replicas on this address (e.g. :8081; keep it inside the cluster). Requests for MCP sessions and pysandbox sessions another replica owns are served by their owner"),
+		tokenFile:    fs.String("replica-token-file", "", "with --internal-http: the token replicas authenticate to each other with (the same file for all; at least 32 characters, not readable by others)"),
+		drain:        &drain,
+	}
+}
+
+// replica is this server's place among several; the zero value (no
+// cluster) is a server on its own.
+type replica struct {
+	cl       *cluster.Cluster
+	fwd      *cluster.Forwarder
+	token    string
+	ln       net.Listener
+	draining atomic.Bool
+	drainFor time.Duration
+	srv      *http.Server
+}
+
+// join registers this replica when --internal-http is given.
+func (f replicaFlags) join(ctx context.Context, sh *shared, httpAddr string, log *slog.Logger) (*replica, error) {
+	r := &replica{drainFor: time.Duration(*f.drain)}
+	if *f.internalAddr == "" {
+		if *f.tokenFile != "" || *f.advertise != "" || *f.name != "" {
+			return nil, usageError{errors.New("--replica, --advertise and --replica-token-file go with --internal-http")}
+		}
+		return r, nil
+	}
+	if httpAddr == "" || sh.store == nil {
+		return nil, usageError{errors.New("--internal-http needs --http and --store (the replicas' shared store)")}
+	}
+	if *f.tokenFile == "" {
+		return nil, usageError{errors.New("--internal-http needs --replica-token-file: the replicas' internal endpoint serves calls governance already decided, so only replicas may reach it")}
+	}
+	token, err := readSecretFile(*f.tokenFile, "--replica-token-file")
+	if err != nil {
+		return nil, err
+	}
+	if len(token) < 32 {
+		return nil, fmt.Errorf("--replica-token-file: the token has %d characters; use at least 32 (openssl rand -hex 32)", len(token))
+	}
+	name := *f.name
+	if name == "" {
+		name = os.Getenv("POD_NAME")
+	}
+	if name == "" {
+		name, _ = os.Hostname()
+	}
+	host := *f.advertise
+	if host == "" {
+		host = os.Getenv("POD_IP")
+	}
+	if host == "" {
+		return nil, usageError{errors.New("--internal-http needs --advertise (or $POD_IP): where the other replicas reach this one")}
+	}
+	ln, err := net.Listen("tcp", *f.internalAddr)
+	if err != nil {
+		return nil, fmt.Errorf("--internal-http: %w", err)
+	}
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	base := "http://" + net.JoinHostPort(host, port)
+	cl, err := cluster.Join(ctx, sh.store.Directory(), strings.ToLower(name), base, base, log)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	r.cl, r.fwd, r.token, r.ln = cl, cl.NewForwarder(token), token, ln
+	log.Info("replica joined", "replica", cl.Self().Name, "incarnation", cl.Self().Incarnation, "internal", base)
+	return r, nil
+}
+
+func (r *replica) sessionSuffix() string {
+	if r.cl == nil {
+		return ""
+	}
+	return r.cl.SessionSuffix()
+}
+
+// serveInternal serves the other replicas: /mcp, as the public endpoint
+// (a request for an MCP session this replica owns, forwarded as it came),
+// and the internal endpoint, for calls on this replica's sessions.
+func (r *replica) serveInternal(public http.Handler, internal *mcp.Server, log *slog.Logger) {
+	if r.cl == nil {
+		return
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", public)
+	mux.Handle(cluster.InternalPath, cluster.InternalAuth(r.token, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return internal },
+		&mcp.StreamableHTTPOptions{Stateless: true, Logger: log})))
+	r.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := r.srv.Serve(r.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("internal endpoint stopped", "err", err)
+		}
+	}()
+}
+
+// drain refuses new sessions, waits for the runs in flight (at most
+// --drain-timeout), and returns.
+func (r *replica) drain(eng *engine.Engine, log *slog.Logger) {
+	r.draining.Store(true)
+	deadline := time.Now().Add(r.drainFor)
+	start := time.Now()
+	for eng.Running()+eng.Waiting() > 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	log.Info("drained", "waited", time.Since(start).Round(time.Millisecond), "runs_left", eng.Running()+eng.Waiting())
+}
+
+// leave stops serving the others and removes this replica from the
+// directory: its sessions are lost to them from now on.
+func (r *replica) leave() {
+	if r.cl == nil {
+		return
+	}
+	if r.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		r.srv.Shutdown(ctx)
+		cancel()
+	}
+	r.fwd.Close()
+	r.cl.Leave()
+}
+
+// readSecretFile reads a one-line secret from a file others cannot read.
+func readSecretFile(path, flagName string) (string, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flagName, err)
+	}
+	if st.Mode().IsRegular() && st.Mode().Perm()&0o077 != 0 {
+		return "", fmt.Errorf("%s: %s can be read by others (mode %v); chmod 600 it", flagName, path, st.Mode().Perm())
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flagName, err)
+	}
+	return strings.TrimSpace(string(data)), nil
+}

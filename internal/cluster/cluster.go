@@ -1,0 +1,209 @@
+// Package cluster lets several pysandbox replicas behind one address
+// (a Kubernetes Service) serve as one: any replica accepts any request,
+// and what belongs to one replica — an MCP session of the 2025-06-18
+// (sessionful) protocol, a pysandbox session — is served by its owner.
+//
+// Ownership is written into the ids themselves: a replica's MCP session
+// ids and pysandbox session ids end with its tag, NAME.INCARNATION, where
+// NAME is the replica's stable name (the pod's) and INCARNATION is random
+// per process. The replicas that run are listed in a directory in the
+// shared store, each with the incarnation it runs and where it is
+// reached, refreshed every second and gone three seconds after the last
+// refresh. So a request for an id of a live replica goes there, and one
+// for an id whose incarnation no longer runs (its replica stopped, or was
+// restarted with empty memory) is answered at once: this session was lost
+// when its server stopped.
+//
+// MCP sessions are routed at the HTTP level (Proxy): the whole request
+// goes to the owner, authorization included, so the owner authenticates
+// the caller itself. A tool call naming a pysandbox session of another
+// replica is re-issued there (Forwarder) over the replicas' internal
+// endpoint, with the caller's identity, after this replica's governance
+// (policy, rate limits, approval, audit) decided it; the owner checks that
+// the session belongs to that identity, so session privacy is decided by
+// the owner.
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Member is a replica as the directory lists it.
+type Member struct {
+	Name        string `json:"name"`
+	Incarnation string `json:"incarnation"`
+	// MCP is the base URL of its public endpoint (http://10.0.0.5:8080),
+	// Internal that of its internal one (http://10.0.0.5:8081).
+	MCP      string `json:"mcp"`
+	Internal string `json:"internal"`
+}
+
+// Tag is the suffix of the ids the member owns.
+func (m Member) Tag() string { return m.Name + "." + m.Incarnation }
+
+// Directory is where replicas are listed (internal/sharedstate).
+type Directory interface {
+	// Register lists m until ttl from now; Deregister removes it now.
+	Register(ctx context.Context, m Member, ttl time.Duration) error
+	Deregister(ctx context.Context, m Member) error
+	// Lookup finds a replica by name.
+	Lookup(ctx context.Context, name string) (Member, bool, error)
+	// Members lists the replicas listed now.
+	Members(ctx context.Context) ([]Member, error)
+}
+
+// Timing of the directory: a replica refreshes its entry every
+// HeartbeatEvery, and an entry not refreshed for EntryTTL is gone.
+const (
+	HeartbeatEvery = time.Second
+	EntryTTL       = 3 * time.Second
+)
+
+// name is what a replica may be called: a DNS label, as pod names are.
+var name = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// Cluster is this replica's membership.
+type Cluster struct {
+	self Member
+	dir  Directory
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	stopped bool
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+// Errors of Owner lookups.
+var (
+	// ErrLost: the id belongs to an incarnation that no longer runs.
+	ErrLost = errors.New("this session was lost when its server stopped; create a new one")
+	// ErrUnreachable: the owner is listed but could not be reached.
+	ErrUnreachable = errors.New("the server holding this session did not answer; retry in a few seconds")
+)
+
+// Join registers this replica and keeps it registered until Leave.
+// name is its stable name; mcpURL and internalURL are where the others
+// reach it.
+func Join(ctx context.Context, dir Directory, replica, mcpURL, internalURL string, log *slog.Logger) (*Cluster, error) {
+	if !name.MatchString(replica) {
+		return nil, fmt.Errorf("cluster: replica name %q: want a DNS label (lowercase letters, digits and -, as a pod's name)", replica)
+	}
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, err
+	}
+	c := &Cluster{
+		self: Member{Name: replica, Incarnation: hex.EncodeToString(b[:]), MCP: strings.TrimRight(mcpURL, "/"), Internal: strings.TrimRight(internalURL, "/")},
+		dir:  dir, log: log, stop: make(chan struct{}), done: make(chan struct{}),
+	}
+	if err := dir.Register(ctx, c.self, EntryTTL); err != nil {
+		return nil, fmt.Errorf("cluster: register in the shared store: %w", err)
+	}
+	go c.heartbeat()
+	return c, nil
+}
+
+// Self is this replica.
+func (c *Cluster) Self() Member { return c.self }
+
+func (c *Cluster) heartbeat() {
+	defer close(c.done)
+	t := time.NewTicker(HeartbeatEvery)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), HeartbeatEvery)
+		err := c.dir.Register(ctx, c.self, EntryTTL)
+		cancel()
+		switch {
+		case err != nil && !failing:
+			c.log.Warn("cluster: cannot refresh this replica's entry in the shared store; others will take its sessions for lost", "err", err)
+		case err == nil && failing:
+			c.log.Info("cluster: this replica's entry is refreshed again")
+		}
+		failing = err != nil
+	}
+}
+
+// Leave removes this replica from the directory: its sessions are lost to
+// the others from now on.
+func (c *Cluster) Leave() {
+	c.mu.Lock()
+	if c.stopped {
+		c.mu.Unlock()
+		return
+	}
+	c.stopped = true
+	c.mu.Unlock()
+	close(c.stop)
+	<-c.done
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c.dir.Deregister(ctx, c.self)
+}
+
+// NewMCPSessionID is an MCP session id this replica owns.
+func (c *Cluster) NewMCPSessionID() string {
+	return c.self.Tag() + "." + rand.Text()
+}
+
+// SessionSuffix ends the pysandbox session ids this replica makes.
+func (c *Cluster) SessionSuffix() string { return "." + c.self.Tag() }
+
+// tagOf splits the owner's name and incarnation off an id made by
+// NewMCPSessionID or ending in SessionSuffix; ok is false for an id that
+// names no owner (one a single server made).
+func tagOf(id string, mcp bool) (name, inc string, ok bool) {
+	parts := strings.Split(id, ".")
+	if mcp {
+		if len(parts) != 3 {
+			return "", "", false
+		}
+		return parts[0], parts[1], true
+	}
+	if len(parts) != 3 {
+		return "", "", false
+	}
+	return parts[1], parts[2], true
+}
+
+// Owner says who owns an id: local when this replica does (or the id
+// names no owner), else the live member, or ErrLost.
+func (c *Cluster) Owner(ctx context.Context, id string, mcpSession bool) (m Member, local bool, err error) {
+	name, inc, ok := tagOf(id, mcpSession)
+	if !ok || name == c.self.Name && inc == c.self.Incarnation {
+		return c.self, true, nil
+	}
+	if name == c.self.Name {
+		// An earlier incarnation of this very replica.
+		return Member{}, false, ErrLost
+	}
+	m, found, err := c.dir.Lookup(ctx, name)
+	switch {
+	case err != nil:
+		return Member{}, false, fmt.Errorf("the shared store did not answer where this session is (%v); retry in a few seconds", err)
+	case !found || m.Incarnation != inc:
+		return Member{}, false, ErrLost
+	}
+	return m, false, nil
+}
+
+// Members lists the live replicas, this one included.
+func (c *Cluster) Members(ctx context.Context) ([]Member, error) {
+	return c.dir.Members(ctx)
+}

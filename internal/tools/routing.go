@@ -1,0 +1,153 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/cluster"
+	"github.com/pysandbox/pysandbox/internal/engine"
+)
+
+// Routing between replicas (internal/cluster). A call that names a
+// pysandbox session another replica owns is decided here as any call is —
+// policy, rate limits, approval, audit record — and then re-issued at the
+// owner's internal endpoint with the caller's identity; the owner runs it
+// after checking that the session is that identity's. The owner's own
+// governance does not run again: the internal endpoint serves only the
+// replicas, which hold its token.
+
+// sessionRef is implemented by inputs that name a session.
+type sessionRef interface{ sessionRef() string }
+
+func (in RunPythonInput) sessionRef() string      { return in.SessionID }
+func (in SessionIDInput) sessionRef() string      { return in.SessionID }
+func (in UploadFileInput) sessionRef() string     { return in.SessionID }
+func (in ListFilesInput) sessionRef() string      { return in.SessionID }
+func (in DownloadFileInput) sessionRef() string   { return in.SessionID }
+func (in InstallPackageInput) sessionRef() string { return in.SessionID }
+
+// routed sends a call whose session another replica owns to that
+// replica; other calls go to h.
+func routed[In, Out any](s *server, tool string, h mcp.ToolHandlerFor[In, Out]) mcp.ToolHandlerFor[In, Out] {
+	if s.cl == nil {
+		return h
+	}
+	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		var zero Out
+		ref, ok := any(in).(sessionRef)
+		if !ok || ref.sessionRef() == "" {
+			return h(ctx, req, in)
+		}
+		m, local, err := s.cl.Owner(ctx, ref.sessionRef(), false)
+		switch {
+		case local:
+			return h(ctx, req, in)
+		case errors.Is(err, cluster.ErrLost):
+			return errorResult(fmt.Sprintf("session %q: %v.", ref.sessionRef(), err)), zero, nil
+		case err != nil:
+			return refusal(engine.StatusBusy, fmt.Sprintf("session %q: %v.", ref.sessionRef(), err)), zero, nil
+		}
+		args, _ := json.Marshal(in)
+		res, err := s.fwd.Call(ctx, m, &mcp.CallToolParams{Name: tool, Arguments: json.RawMessage(args)}, identity(req), callIDOf(ctx))
+		if err != nil {
+			if ctx.Err() != nil {
+				return refusal(engine.StatusCancelled, "The call was cancelled."), zero, nil
+			}
+			// The owner may have stopped between the lookup and the call.
+			if _, _, again := s.cl.Owner(ctx, ref.sessionRef(), false); errors.Is(again, cluster.ErrLost) {
+				return errorResult(fmt.Sprintf("session %q: %v.", ref.sessionRef(), again)), zero, nil
+			}
+			return refusal(engine.StatusBusy, fmt.Sprintf("session %q: %v.", ref.sessionRef(), err)), zero, nil
+		}
+		return forwardedResult[Out](res)
+	}
+}
+
+// forwardedResult is the owner's result as this replica's handler
+// returns it: the SDK rebuilds the structured result from Out.
+func forwardedResult[Out any](res *mcp.CallToolResult) (*mcp.CallToolResult, Out, error) {
+	var out Out
+	if res.StructuredContent != nil {
+		data, err := json.Marshal(res.StructuredContent)
+		if err == nil {
+			err = json.Unmarshal(data, &out)
+		}
+		if err != nil {
+			return errorResult(fmt.Sprintf("the replica holding the session answered with a result this one cannot read: %v", err)), out, nil
+		}
+	}
+	res.StructuredContent = nil
+	return res, out, nil
+}
+
+// internalCall serves a call another replica forwarded: its identity and
+// call id come with it.
+func internalCall[In, Out any](h mcp.ToolHandlerFor[In, Out]) mcp.ToolHandlerFor[In, Out] {
+	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		meta := req.Params.GetMeta()
+		id, _ := meta[cluster.MetaIdentity].(string)
+		callID, _ := meta[cluster.MetaCallID].(string)
+		if id == "" {
+			var zero Out
+			return errorResult("a forwarded call without the caller's identity"), zero, nil
+		}
+		if req.Extra == nil {
+			req.Extra = &mcp.RequestExtra{}
+		}
+		req.Extra.TokenInfo = &auth.TokenInfo{UserID: id, Expiration: time.Now().Add(time.Hour)}
+		return h(context.WithValue(ctx, callInfoKey{}, &callInfo{callID: callID}), req, in)
+	}
+}
+
+// registerInternal adds the tools other replicas forward to: those of
+// sessions, without governance (the forwarding replica's decided).
+func (s *server) registerInternal(srv *mcp.Server) {
+	add := func(name string) *mcp.Tool { return &mcp.Tool{Name: name, Description: "internal: forwarded by another replica"} }
+	mcp.AddTool(srv, add("run_python"), withRefusal(internalCall(s.runPython)))
+	mcp.AddTool(srv, add("close_session"), withRefusal(internalCall(s.closeSession)))
+	mcp.AddTool(srv, add("list_sessions"), withRefusal(internalCall(s.listSessions)))
+	mcp.AddTool(srv, add("install_package"), withRefusal(internalCall(s.installPackage)))
+	mcp.AddTool(srv, add("upload_file"), withRefusal(internalCall(s.uploadFile)))
+	mcp.AddTool(srv, add("list_files"), withRefusal(internalCall(s.listFiles)))
+	mcp.AddTool(srv, add("download_file"), withRefusal(internalCall(s.downloadFile)))
+}
+
+// listAllSessions is list_sessions across the replicas: this one's and
+// each live other's, for the caller.
+func (s *server) listAllSessions(ctx context.Context, req *mcp.CallToolRequest, in ListSessionsInput) (*mcp.CallToolResult, *ListSessionsOutput, error) {
+	res, out, err := s.listSessions(ctx, req, in)
+	if s.cl == nil || err != nil || out == nil {
+		return res, out, err
+	}
+	members, merr := s.cl.Members(ctx)
+	var missing []string
+	for _, m := range members {
+		if m.Tag() == s.cl.Self().Tag() {
+			continue
+		}
+		r, ferr := s.fwd.Call(ctx, m, &mcp.CallToolParams{Name: "list_sessions", Arguments: map[string]any{}}, identity(req), callIDOf(ctx))
+		if ferr != nil || r.IsError {
+			missing = append(missing, m.Name)
+			continue
+		}
+		_, more, _ := forwardedResult[*ListSessionsOutput](r)
+		if more != nil {
+			out.Sessions = append(out.Sessions, more.Sessions...)
+		}
+	}
+	text := fmt.Sprintf("%d open session(s)\n", len(out.Sessions))
+	for _, i := range out.Sessions {
+		text += fmt.Sprintf("%s: %d runs, %d MiB, last used %s, expires %s\n", i.ID, i.Runs, i.MemoryBytes>>20,
+			i.LastUsed.Format(time.RFC3339), i.ExpiresAt.Format(time.RFC3339))
+	}
+	if merr != nil || len(missing) > 0 {
+		text += fmt.Sprintf("(some servers could not be asked: %v %v; their sessions are not listed)\n", missing, merr)
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, out, nil
+}
