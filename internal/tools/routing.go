@@ -108,7 +108,9 @@ func internalCall[In, Out any](h mcp.ToolHandlerFor[In, Out]) mcp.ToolHandlerFor
 // registerInternal adds the tools other replicas forward to: those of
 // sessions, without governance (the forwarding replica's decided).
 func (s *server) registerInternal(srv *mcp.Server) {
-	add := func(name string) *mcp.Tool { return &mcp.Tool{Name: name, Description: "internal: forwarded by another replica"} }
+	add := func(name string) *mcp.Tool {
+		return &mcp.Tool{Name: name, Description: "internal: forwarded by another replica"}
+	}
 	mcp.AddTool(srv, add("run_python"), withRefusal(internalCall(s.runPython)))
 	mcp.AddTool(srv, add("close_session"), withRefusal(internalCall(s.closeSession)))
 	mcp.AddTool(srv, add("list_sessions"), withRefusal(internalCall(s.listSessions)))
