@@ -23,12 +23,18 @@ import (
 // replicaSet starts n replicas of `serve --http --store --internal-http`
 // on one Redis, with tokens for alice and bob.
 type replicaSet struct {
-	urls []string
-	cmds []*exec.Cmd
-	logs []*testutil.SyncBuffer
+	urls  []string
+	cmds  []*exec.Cmd
+	logs  []*testutil.SyncBuffer
+	store string
 }
 
 func startReplicas(t *testing.T, n int, extra ...string) *replicaSet {
+	return startReplicasEach(t, n, func(int) []string { return extra })
+}
+
+// startReplicasEach gives each replica i the flags each(i) too.
+func startReplicasEach(t *testing.T, n int, each func(i int) []string) *replicaSet {
 	t.Helper()
 	r := redisserver.Start(t)
 	dir := t.TempDir()
@@ -38,12 +44,12 @@ func startReplicas(t *testing.T, n int, extra ...string) *replicaSet {
 	os.WriteFile(replicaToken, []byte("0123456789abcdef0123456789abcdef-replicas\n"), 0o600)
 	key := filepath.Join(dir, "approval.key")
 	os.WriteFile(key, []byte("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n"), 0o600)
-	rs := &replicaSet{}
+	rs := &replicaSet{store: r.URL()}
 	for i := 0; i < n; i++ {
 		addr := freePort(t)
 		args := append([]string{"--store", r.URL(), "--internal-http", "127.0.0.1:0", "--advertise", "127.0.0.1",
 			"--replica", fmt.Sprintf("replica-%d", i), "--replica-token-file", replicaToken, "--auth-token-file", tokens,
-			"--approval-key-file", key, "--pool-size", "1"}, extra...)
+			"--approval-key-file", key, "--pool-size", "1"}, each(i)...)
 		cmd, log := startServe(t, addr, "http://"+addr, nil, args...)
 		rs.urls = append(rs.urls, "http://"+addr)
 		rs.cmds = append(rs.cmds, cmd)
@@ -225,5 +231,42 @@ func TestReplicaDrain(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("the run in flight did not finish")
+	}
+}
+
+// TestReplicaAuditChains: each replica keeps its own chain and anchors its
+// head in the store; `audit verify --store` passes over all the chains,
+// and fails for a chain cut short or one left out.
+func TestReplicaAuditChains(t *testing.T) {
+	dir := t.TempDir()
+	logs := []string{filepath.Join(dir, "a.log"), filepath.Join(dir, "b.log")}
+	rs := startReplicasEach(t, 2, func(i int) []string { return []string{"--audit-log", logs[i]} })
+	ctx := context.Background()
+	for i, u := range rs.urls {
+		cs := connectHTTP(ctx, t, u, "alice-0123456789abcdef")
+		for j := 0; j <= i; j++ {
+			callTool(t, cs, "run_python", map[string]any{"code": "print(1)"})
+		}
+		cs.Close()
+	}
+	// A clean stop anchors the last head.
+	for _, cmd := range rs.cmds {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+	}
+	out, errOut, code := runBin(t, "", "audit", "verify", "--store", rs.store, logs[0], logs[1])
+	if code != 0 || !strings.Contains(out, "ok: 2 chains match their anchors") || !strings.Contains(out, "replica-0: anchored seq") {
+		t.Fatalf("audit verify --store: %d\n%s%s", code, out, errOut)
+	}
+	_, errOut, code = runBin(t, "", "audit", "verify", "--store", rs.store, logs[0])
+	if code == 0 || !strings.Contains(errOut, "no chain was given for replica-1") {
+		t.Errorf("a chain left out: %d %s", code, errOut)
+	}
+	data, _ := os.ReadFile(logs[1])
+	lines := strings.SplitAfter(string(data), "\n")
+	os.WriteFile(logs[1], []byte(strings.Join(lines[:len(lines)-2], "")), 0o600)
+	_, errOut, code = runBin(t, "", "audit", "verify", "--store", rs.store, logs[0], logs[1])
+	if code == 0 || !strings.Contains(errOut, "cut from its end") {
+		t.Errorf("a chain cut short: %d %s", code, errOut)
 	}
 }

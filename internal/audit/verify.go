@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 )
 
 // Report summarises a chain that verified.
@@ -14,6 +15,9 @@ type Report struct {
 	Files, Records    int64
 	FirstSeq, LastSeq int64  // 0 when there are no records
 	Head              string // hash of the last record
+	// Replicas are the replicas the chain's start records name (one
+	// replica of several keeps a chain of its own).
+	Replicas []string
 }
 
 // VerifyError is the first place where a chain fails to verify.
@@ -110,6 +114,9 @@ func (v *verifier) record(line []byte) *VerifyError {
 	}
 	if rep.Records == 0 {
 		rep.FirstSeq = r.Seq
+	}
+	if name := r.Detail["replica"]; r.Event == "start" && name != "" && !slices.Contains(rep.Replicas, name) {
+		rep.Replicas = append(rep.Replicas, name)
 	}
 	rep.Records++
 	rep.LastSeq, rep.Head = r.Seq, hash

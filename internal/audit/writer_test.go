@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"syscall"
@@ -112,7 +113,7 @@ func TestAppendVerify(t *testing.T) {
 	seq, head := w.Head()
 	rep := verifyOK(t, path)
 	want := Report{Files: 1, Records: 5, FirstSeq: 1, LastSeq: 5, Head: head}
-	if *rep != want || seq != 5 {
+	if !reflect.DeepEqual(*rep, want) || seq != 5 {
 		t.Errorf("report %+v, head seq %d; want %+v", *rep, seq, want)
 	}
 	st, err := os.Stat(path)

@@ -16,8 +16,10 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/pysandbox/pysandbox/internal/audit"
 	"github.com/pysandbox/pysandbox/internal/cluster"
 	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/sharedstate"
 )
 
 // replicaFlags are serve's flags for running as one replica of several
@@ -170,4 +172,43 @@ func readSecretFile(path, flagName string) (string, error) {
 		return "", fmt.Errorf("%s: %w", flagName, err)
 	}
 	return strings.TrimSpace(string(data)), nil
+}
+
+// anchorAudit writes the audit chain's head to the shared store every
+// anchorEvery, and once more when the returned func is called.
+func anchorAudit(st *sharedstate.Store, replica string, w *audit.Writer, log *slog.Logger) func() {
+	const anchorEvery = 10 * time.Second
+	stop, done := make(chan struct{}), make(chan struct{})
+	var last int64 = -1
+	anchor := func() {
+		seq, head := w.Head()
+		if seq == last || seq == 0 {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := st.SetAnchor(ctx, replica, audit.Anchor{Seq: seq, Head: head}); err != nil {
+			log.Warn("audit anchor not written to the shared store", "err", err)
+			return
+		}
+		last = seq
+	}
+	go func() {
+		defer close(done)
+		t := time.NewTicker(anchorEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				anchor()
+				return
+			case <-t.C:
+				anchor()
+			}
+		}
+	}()
+	return func() {
+		close(stop)
+		<-done
+	}
 }

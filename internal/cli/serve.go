@@ -228,6 +228,11 @@ func serve(args []string, stderr io.Writer) error {
 		if err := w.Append(&audit.Record{Event: "start", Detail: detail}); err != nil {
 			return err
 		}
+		if rep.cl != nil {
+			// Its head goes to the shared store now and then and when it
+			// stops (before the log closes: defers run last first).
+			defer anchorAudit(sh.store, rep.cl.Self().Name, w, log)()
+		}
 		gov.Audit = w
 	}
 	logPolicy(log, pol)
