@@ -139,12 +139,14 @@ func TestReplicas(t *testing.T) {
 		t.Errorf("bob's sessions: %v", out)
 	}
 
-	// An MCP session begun at replica 0, its later requests sent to 1.
+	// The clients above speak the sessionless 2026-07-28 protocol; this
+	// one the sessionful 2025-06-18: an MCP session begun at replica 0, its
+	// later requests sent to 1.
 	target, _ := url.Parse(rs.urls[1])
 	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
 	sw := &switchable{to: target}
 	hc := &http.Client{Transport: testutil.Bearer("alice-0123456789abcdef", sw)}
-	moving, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: rs.urls[0] + "/mcp", HTTPClient: hc}, nil)
+	moving, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: rs.urls[0] + "/mcp", HTTPClient: hc}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-06-18"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,5 +270,59 @@ func TestReplicaAuditChains(t *testing.T) {
 	_, errOut, code = runBin(t, "", "audit", "verify", "--store", rs.store, logs[0], logs[1])
 	if code == 0 || !strings.Contains(errOut, "cut from its end") {
 		t.Errorf("a chain cut short: %d %s", code, errOut)
+	}
+}
+
+// TestReplicaApprovalAcrossReplicas: on the sessionless protocol, the
+// user's answer to an approval asked through one replica may come back
+// through another: it is honoured there, and only once.
+func TestReplicaApprovalAcrossReplicas(t *testing.T) {
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(pol, []byte("version: \"1\"\ndefault: allow\ntools:\n  run_python: {action: approve}\n"), 0o600)
+	rs := startReplicas(t, 2, "--policy", pol)
+	ctx := context.Background()
+	var cs []*mcp.ClientSession
+	for _, u := range rs.urls {
+		client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, &mcp.ClientOptions{
+			// The test answers by hand, through the other replica.
+			MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true},
+			ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+				return &mcp.ElicitResult{Action: "accept"}, nil
+			},
+		})
+		s, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: u + "/mcp", HTTPClient: &http.Client{Transport: testutil.Bearer("alice-0123456789abcdef", nil)}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if v := s.InitializeResult().ProtocolVersion; v != "2026-07-28" {
+			t.Fatalf("negotiated %s", v)
+		}
+		cs = append(cs, s)
+	}
+	args := map[string]any{"code": "6 * 7"}
+	res, err := cs[0].CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: args})
+	if err != nil || !res.NeedsInput() || len(res.InputRequests) != 1 || res.RequestState == "" {
+		t.Fatalf("the first pass should ask: %v %+v", err, res)
+	}
+	answers := mcp.InputResponseMap{}
+	for k := range res.InputRequests {
+		answers[k] = &mcp.ElicitResult{Action: "accept"}
+	}
+	retry := &mcp.CallToolParams{Name: "run_python", Arguments: args, InputResponses: answers, RequestState: res.RequestState}
+	done, err := cs[1].CallTool(ctx, retry)
+	if err != nil || done.NeedsInput() || done.IsError {
+		t.Fatalf("the answer through the other replica: %v %+v", err, done)
+	}
+	if out, _ := done.StructuredContent.(map[string]any); out["return_value"] != float64(42) {
+		t.Errorf("%v", done.StructuredContent)
+	}
+	// The same answer again, through either replica: asked again.
+	for i := range cs {
+		again, err := cs[i].CallTool(ctx, retry)
+		if err != nil || !again.NeedsInput() {
+			t.Errorf("a replayed approval through replica %d: %v %+v", i, err, again)
+		}
 	}
 }

@@ -50,12 +50,15 @@ func Handler(cfg Config) (http.Handler, error) {
 	if cfg.MaxRequestBytes <= 0 {
 		cfg.MaxRequestBytes = 32 << 20
 	}
-	var mcpHandler http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return cfg.Server },
-		&mcp.StreamableHTTPOptions{MaxRequestBodyBytes: cfg.MaxRequestBytes, Logger: cfg.Logger,
+	opts := func(stateless bool) *mcp.StreamableHTTPOptions {
+		return &mcp.StreamableHTTPOptions{MaxRequestBodyBytes: cfg.MaxRequestBytes, Logger: cfg.Logger, Stateless: stateless,
 			// The SDK refuses any non-loopback Host on a loopback
 			// connection; names the operator allowed (a reverse proxy on
 			// this machine) are checked by our guard instead.
-			DisableLocalhostProtection: len(cfg.AllowedHosts) > 0})
+			DisableLocalhostProtection: len(cfg.AllowedHosts) > 0}
+	}
+	get := func(*http.Request) *mcp.Server { return cfg.Server }
+	var mcpHandler http.Handler = sessionless(mcp.NewStreamableHTTPHandler(get, opts(false)), mcp.NewStreamableHTTPHandler(get, opts(true)))
 	metrics := cfg.Metrics
 	if cfg.Tokens != nil {
 		// Tokens carry no expiry: they are valid until removed from the
@@ -91,6 +94,23 @@ func Handler(cfg Config) (http.Handler, error) {
 		json.NewEncoder(w).Encode(health)
 	})
 	return guard.wrap(mux), nil
+}
+
+// sessionless serves the protocol's two flows on one endpoint: requests
+// of 2026-07-28 and later (sessionless: every request says its protocol
+// version, and the server keeps nothing between them) go to a stateless
+// handler, every other (initialize, then Mcp-Session-Id) to a sessionful
+// one. The SDK negotiates 2026-07-28 only on a stateless handler, and an
+// older client needs a session for approvals asked in the middle of a
+// call.
+func sessionless(sessionful, stateless http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if v := r.Header.Get("Mcp-Protocol-Version"); v >= "2026-07-28" && r.Header.Get("Mcp-Session-Id") == "" {
+			stateless.ServeHTTP(w, r)
+			return
+		}
+		sessionful.ServeHTTP(w, r)
+	})
 }
 
 // challenge adds the WWW-Authenticate header RFC 6750 asks for to a 401,

@@ -362,13 +362,20 @@ func outcome(rec *audit.Record, res *mcp.CallToolResult) {
 
 // identity is who is calling: the name of the bearer token over
 // authenticated HTTP, else the MCP session (one per connection), else
-// "stdio" for the one client of a stdio server.
+// "http:anonymous" for sessionless HTTP without tokens, else "stdio" for
+// the one client of a stdio server.
 func identity(req mcp.Request) string {
 	if ex := req.GetExtra(); ex != nil && ex.TokenInfo != nil && ex.TokenInfo.UserID != "" {
 		return ex.TokenInfo.UserID
 	}
 	if ss, ok := req.GetSession().(*mcp.ServerSession); ok && ss.ID() != "" {
 		return "session:" + ss.ID()
+	}
+	if ex := req.GetExtra(); ex != nil && ex.Header != nil {
+		// Sessionless HTTP (2026-07-28) without tokens: nothing tells one
+		// caller from another (such a server listens on loopback only,
+		// or was told --insecure-no-auth).
+		return "http:anonymous"
 	}
 	return "stdio"
 }
