@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on Debian/Ubuntu, then runs it: go vet,
-# go test, and the official MCP conformance suite (scripts/conformance.sh).
+# go test, the official MCP conformance suite (scripts/conformance.sh), and
+# pysandbox on a real Kubernetes (scripts/k8s/e2e.sh).
 # Usage: scripts/test.sh [go test flags...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,4 +40,12 @@ go test -count=1 -timeout 20m "$@" ./...
 
 # The official MCP conformance suite against `serve --http` (it installs
 # npm and a pinned Node 22 + suite into ~/.cache on first use).
-exec scripts/conformance.sh
+scripts/conformance.sh
+
+# Several replicas on a real single-node Kubernetes (builds the Kubernetes
+# components into ~/.cache on first use: about 10 minutes), end to end.
+# A cluster needs root.
+if [ "$(id -u)" -eq 0 ]; then
+	exec scripts/k8s/e2e.sh "$@"
+fi
+echo "skipping the Kubernetes end-to-end test: it brings up a cluster, which needs root (sudo scripts/k8s/e2e.sh)"
