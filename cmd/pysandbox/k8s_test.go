@@ -146,6 +146,11 @@ func TestKubernetes(t *testing.T) {
 			if out["posture"] != "sandboxed" {
 				t.Errorf("%s: posture %v", p.name, out["posture"])
 			}
+			// The test's pods are privileged (Debian 12's containerd has no
+			// user-namespaced pods): said, not hidden.
+			if srv, _ := out["server"].(map[string]any); srv == nil || srv["kubernetes"] != true || !strings.Contains(fmt.Sprint(srv["note"]), "privileged pod") {
+				t.Errorf("%s: the server's own context: %v", p.name, out["server"])
+			}
 			layers, _ := out["layers"].(map[string]any)
 			if len(layers) < 15 {
 				t.Errorf("%s: %d layers reported", p.name, len(layers))

@@ -94,6 +94,9 @@ type Posture struct {
 	MeasuredAt time.Time `json:"measured_at"`
 	// Governance is filled in by the MCP layer: the rules calls are under.
 	Governance *Governance `json:"governance,omitempty"`
+	// Server is where the server itself runs (a pod, privileged or in a
+	// user namespace; root or not).
+	Server *ServerContext `json:"server,omitempty"`
 }
 
 // Governance is what the server's policy means for the agent, so it can
@@ -203,6 +206,7 @@ func (e *Engine) Measure(ctx context.Context, interpreters []*interp.Interpreter
 		MeasuredAt:   time.Now().UTC(),
 		Network:      "unknown",
 		Problems:     []string{},
+		Server:       serverContext(),
 	}
 	p.Limits = Limits{
 		MemoryBytes:           e.cfg.Limits.MemoryBytes,

@@ -83,6 +83,9 @@ func PostureText(p *engine.Posture) string {
 	if p.Python != nil {
 		fmt.Fprintf(&b, "python: %s (%s)\n", p.Python.Version, p.Python.Path)
 	}
+	if p.Server != nil {
+		fmt.Fprintf(&b, "server: %s\n", p.Server.Note)
+	}
 	b.WriteString("layers:\n")
 	for _, l := range []struct {
 		name string
