@@ -23,7 +23,8 @@ import (
 // replicaSet starts n replicas of `serve --http --store --internal-http`
 // on one Redis, with tokens for alice and bob.
 type replicaSet struct {
-	urls  []string
+	urls     []string
+	internal []string // each replica's internal endpoint
 	cmds  []*exec.Cmd
 	logs  []*testutil.SyncBuffer
 	store string
@@ -46,8 +47,9 @@ func startReplicasEach(t *testing.T, n int, each func(i int) []string) *replicaS
 	os.WriteFile(key, []byte("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n"), 0o600)
 	rs := &replicaSet{store: r.URL()}
 	for i := 0; i < n; i++ {
-		addr := freePort(t)
-		args := append([]string{"--store", r.URL(), "--internal-http", "127.0.0.1:0", "--advertise", "127.0.0.1",
+		addr, internal := freePort(t), freePort(t)
+		rs.internal = append(rs.internal, "http://"+internal)
+		args := append([]string{"--store", r.URL(), "--internal-http", internal, "--advertise", "127.0.0.1",
 			"--replica", fmt.Sprintf("replica-%d", i), "--replica-token-file", replicaToken, "--auth-token-file", tokens,
 			"--approval-key-file", key, "--pool-size", "1"}, each(i)...)
 		cmd, log := startServe(t, addr, "http://"+addr, nil, args...)
@@ -129,6 +131,33 @@ func TestReplicas(t *testing.T) {
 	res, _ = callTool(t, bob1, "run_python", map[string]any{"session_id": id, "code": "x"})
 	if !res.IsError || !strings.Contains(toolText(res), "Unknown session") {
 		t.Errorf("bob used alice's session: %s", toolText(res))
+	}
+	// An upload larger than the SDK's default request bound, through the
+	// other replica.
+	big := strings.Repeat("x", 5<<20)
+	res, _ = callTool(t, alice1, "upload_file", map[string]any{"session_id": id, "path": "big.txt", "content": big})
+	if res.IsError {
+		t.Errorf("a 5 MiB upload through the other replica: %.300s", toolText(res))
+	}
+	// The internal endpoint: only the replicas' token, and only calls on
+	// a session.
+	for _, c := range []struct{ token, want string }{
+		{"", "Unauthorized"}, {"alice-0123456789abcdef", "Unauthorized"},
+		{"0123456789abcdef0123456789abcdef-replicas", "must name a session"},
+	} {
+		cl := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+		ics, err := cl.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: rs.internal[0] + "/internal/mcp", HTTPClient: &http.Client{Transport: testutil.Bearer(c.token, nil)}}, nil)
+		if err != nil {
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("token %q: %v", c.token, err)
+			}
+			continue
+		}
+		res, err := ics.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "1"}, Meta: mcp.Meta{"pysandbox/identity": "alice"}})
+		if err != nil || !strings.Contains(toolText(res), c.want) {
+			t.Errorf("token %q: %v %v", c.token, err, res)
+		}
+		ics.Close()
 	}
 	_, out = callTool(t, alice1, "list_sessions", nil)
 	if ss, _ := out["sessions"].([]any); len(ss) != 1 {
@@ -254,7 +283,7 @@ func TestReplicaAuditChains(t *testing.T) {
 	// A clean stop anchors the last head.
 	for _, cmd := range rs.cmds {
 		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
+		waitExit(t, cmd)
 	}
 	out, errOut, code := runBin(t, "", "audit", "verify", "--store", rs.store, logs[0], logs[1])
 	if code != 0 || !strings.Contains(out, "ok: 2 chains match their anchors") || !strings.Contains(out, "replica-0: anchored seq") {
@@ -324,5 +353,18 @@ func TestReplicaApprovalAcrossReplicas(t *testing.T) {
 		if err != nil || !again.NeedsInput() {
 			t.Errorf("a replayed approval through replica %d: %v %+v", i, err, again)
 		}
+	}
+}
+
+// waitExit waits until the process has exited and been reaped (by
+// startServe's own Wait).
+func waitExit(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for syscall.Kill(cmd.Process.Pid, 0) == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d did not exit", cmd.Process.Pid)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

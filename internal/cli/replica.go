@@ -95,7 +95,7 @@ func (f replicaFlags) join(ctx context.Context, sh *shared, httpAddr string, log
 	}
 	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 	base := "http://" + net.JoinHostPort(host, port)
-	cl, err := cluster.Join(ctx, sh.store.Directory(), strings.ToLower(name), base, base, log)
+	cl, err := cluster.Join(ctx, sh.store.Directory(), strings.ToLower(name), base, base, []byte(token), log)
 	if err != nil {
 		ln.Close()
 		return nil, err
@@ -115,14 +115,14 @@ func (r *replica) sessionSuffix() string {
 // serveInternal serves the other replicas: /mcp, as the public endpoint
 // (a request for an MCP session this replica owns, forwarded as it came),
 // and the internal endpoint, for calls on this replica's sessions.
-func (r *replica) serveInternal(public http.Handler, internal *mcp.Server, log *slog.Logger) {
+func (r *replica) serveInternal(public http.Handler, internal *mcp.Server, maxRequestBytes int64, log *slog.Logger) {
 	if r.cl == nil {
 		return
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", public)
 	mux.Handle(cluster.InternalPath, cluster.InternalAuth(r.token, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return internal },
-		&mcp.StreamableHTTPOptions{Stateless: true, Logger: log})))
+		&mcp.StreamableHTTPOptions{Stateless: true, Logger: log, MaxRequestBodyBytes: maxRequestBytes})))
 	r.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := r.srv.Serve(r.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -143,17 +143,34 @@ func (r *replica) drain(eng *engine.Engine, log *slog.Logger) {
 	log.Info("drained", "waited", time.Since(start).Round(time.Millisecond), "runs_left", eng.Running()+eng.Waiting())
 }
 
-// leave stops serving the others and removes this replica from the
-// directory: its sessions are lost to them from now on.
+// shutdown stops taking requests from the others (their proxied MCP
+// requests and forwarded calls), waiting up to wait for those under way.
+func (r *replica) shutdown(wait time.Duration) {
+	if r.srv == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	r.srv.Shutdown(ctx)
+	cancel()
+}
+
+// waitIdle waits, at most limit, until no run is in flight: a run a
+// request began just before the servers stopped still gets its audit
+// record, which the log takes until it closes after this.
+func waitIdle(eng *engine.Engine, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for eng.Running()+eng.Waiting() > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// leave removes this replica from the directory: its sessions are lost to
+// the others from now on.
 func (r *replica) leave() {
 	if r.cl == nil {
 		return
 	}
-	if r.srv != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		r.srv.Shutdown(ctx)
-		cancel()
-	}
+	r.shutdown(2 * time.Second)
 	r.fwd.Close()
 	r.cl.Leave()
 }
@@ -179,19 +196,18 @@ func readSecretFile(path, flagName string) (string, error) {
 func anchorAudit(st *sharedstate.Store, replica string, w *audit.Writer, log *slog.Logger) func() {
 	const anchorEvery = 10 * time.Second
 	stop, done := make(chan struct{}), make(chan struct{})
-	var last int64 = -1
 	anchor := func() {
+		// Written again even when unchanged: a store that lost its data
+		// gets it back (an anchor never moves back).
 		seq, head := w.Head()
-		if seq == last || seq == 0 {
+		if seq == 0 {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		if err := st.SetAnchor(ctx, replica, audit.Anchor{Seq: seq, Head: head}); err != nil {
 			log.Warn("audit anchor not written to the shared store", "err", err)
-			return
 		}
-		last = seq
 	}
 	go func() {
 		defer close(done)

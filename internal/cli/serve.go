@@ -299,7 +299,7 @@ func serve(args []string, stderr io.Writer) error {
 		auth = "NONE on a non-loopback address (--insecure-no-auth)"
 	}
 	log.Info("serving MCP over HTTP", "url", scheme+"://"+ln.Addr().String()+"/mcp", "auth", auth, "backend", posture.Backend, "posture", posture.Posture)
-	rep.serveInternal(handler, internal, log)
+	rep.serveInternal(handler, internal, int64(maxUpload)*4/3+1<<20, log)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
@@ -308,11 +308,18 @@ func serve(args []string, stderr io.Writer) error {
 	case <-ctx.Done():
 	}
 	// SIGTERM: /readyz fails (the Service stops sending requests here), no
-	// new session is taken, and runs in flight finish first.
+	// new session is taken, and runs in flight finish first. Then both
+	// endpoints stop taking requests, and what a last request started
+	// finishes before the audit log closes.
 	rep.drain(eng, log)
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := hs.Shutdown(shutdown); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+	internalDone := make(chan struct{})
+	go func() { rep.shutdown(5 * time.Second); close(internalDone) }()
+	err = hs.Shutdown(shutdown)
+	<-internalDone
+	waitIdle(eng, 5*time.Second)
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
 	return nil

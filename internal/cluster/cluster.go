@@ -26,11 +26,14 @@ package cluster
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"regexp"
 	"strings"
 	"sync"
@@ -45,6 +48,31 @@ type Member struct {
 	// Internal that of its internal one (http://10.0.0.5:8081).
 	MCP      string `json:"mcp"`
 	Internal string `json:"internal"`
+	// Sig is an HMAC of the entry under the replicas' token: an entry
+	// anyone else wrote into the store (to have requests, and the token
+	// with them, sent to an address of theirs) is ignored.
+	Sig string `json:"sig"`
+}
+
+func (m Member) mac(key []byte) string {
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte(m.Name + "\x00" + m.Incarnation + "\x00" + m.MCP + "\x00" + m.Internal))
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// valid reports whether m was written by a replica holding key, with
+// addresses a replica may have.
+func (m Member) valid(key []byte) bool {
+	if !hmac.Equal([]byte(m.Sig), []byte(m.mac(key))) || !name.MatchString(m.Name) {
+		return false
+	}
+	for _, u := range []string{m.MCP, m.Internal} {
+		p, err := url.Parse(u)
+		if err != nil || p.Scheme != "http" || p.Host == "" || p.Path != "" || p.User != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // Tag is the suffix of the ids the member owns.
@@ -59,6 +87,10 @@ type Directory interface {
 	Lookup(ctx context.Context, name string) (Member, bool, error)
 	// Members lists the replicas listed now.
 	Members(ctx context.Context) ([]Member, error)
+	// Gone records that a replica's incarnation left for good;
+	// WasGone reports it.
+	Gone(ctx context.Context, m Member) error
+	WasGone(ctx context.Context, tag string) (bool, error)
 }
 
 // Timing of the directory: a replica refreshes its entry every
@@ -71,9 +103,15 @@ const (
 // name is what a replica may be called: a DNS label, as pod names are.
 var name = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
+// MissingGrace is how long an owner may be missing from the directory
+// before its sessions are taken for lost: a store that lost its data, or
+// a replica that missed its heartbeats, comes back within it.
+const MissingGrace = 5 * time.Second
+
 // Cluster is this replica's membership.
 type Cluster struct {
 	self Member
+	key  []byte // the replicas' token: signs directory entries
 	dir  Directory
 	log  *slog.Logger
 
@@ -81,6 +119,8 @@ type Cluster struct {
 	stopped bool
 	stop    chan struct{}
 	done    chan struct{}
+	// missing notes since when an owner was not listed (by tag).
+	missing map[string]time.Time
 }
 
 // Errors of Owner lookups.
@@ -94,7 +134,7 @@ var (
 // Join registers this replica and keeps it registered until Leave.
 // name is its stable name; mcpURL and internalURL are where the others
 // reach it.
-func Join(ctx context.Context, dir Directory, replica, mcpURL, internalURL string, log *slog.Logger) (*Cluster, error) {
+func Join(ctx context.Context, dir Directory, replica, mcpURL, internalURL string, key []byte, log *slog.Logger) (*Cluster, error) {
 	if !name.MatchString(replica) {
 		return nil, fmt.Errorf("cluster: replica name %q: want a DNS label (lowercase letters, digits and -, as a pod's name)", replica)
 	}
@@ -104,7 +144,11 @@ func Join(ctx context.Context, dir Directory, replica, mcpURL, internalURL strin
 	}
 	c := &Cluster{
 		self: Member{Name: replica, Incarnation: hex.EncodeToString(b[:]), MCP: strings.TrimRight(mcpURL, "/"), Internal: strings.TrimRight(internalURL, "/")},
-		dir:  dir, log: log, stop: make(chan struct{}), done: make(chan struct{}),
+		dir:  dir, log: log, stop: make(chan struct{}), done: make(chan struct{}), key: key, missing: map[string]time.Time{},
+	}
+	c.self.Sig = c.self.mac(key)
+	if !c.self.valid(key) {
+		return nil, fmt.Errorf("cluster: %q is not an address the other replicas can reach this one at", internalURL)
 	}
 	if err := dir.Register(ctx, c.self, EntryTTL); err != nil {
 		return nil, fmt.Errorf("cluster: register in the shared store: %w", err)
@@ -154,6 +198,8 @@ func (c *Cluster) Leave() {
 	<-c.done
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
+	// Its sessions are lost from now on, at once, not after a grace.
+	c.dir.Gone(ctx, c.self)
 	c.dir.Deregister(ctx, c.self)
 }
 
@@ -183,7 +229,9 @@ func tagOf(id string, mcp bool) (name, inc string, ok bool) {
 }
 
 // Owner says who owns an id: local when this replica does (or the id
-// names no owner), else the live member, or ErrLost.
+// names no owner), else the live member, or ErrLost. An owner that is not
+// listed is lost once it left for good, or has been missing for
+// MissingGrace; until then the answer is to retry.
 func (c *Cluster) Owner(ctx context.Context, id string, mcpSession bool) (m Member, local bool, err error) {
 	name, inc, ok := tagOf(id, mcpSession)
 	if !ok || name == c.self.Name && inc == c.self.Incarnation {
@@ -194,16 +242,55 @@ func (c *Cluster) Owner(ctx context.Context, id string, mcpSession bool) (m Memb
 		return Member{}, false, ErrLost
 	}
 	m, found, err := c.dir.Lookup(ctx, name)
-	switch {
-	case err != nil:
+	if err != nil {
 		return Member{}, false, fmt.Errorf("the shared store did not answer where this session is (%v); retry in a few seconds", err)
-	case !found || m.Incarnation != inc:
+	}
+	if found && !m.valid(c.key) {
+		c.log.Warn("cluster: a directory entry not signed with the replicas' token is ignored", "name", name)
+		found = false
+	}
+	tag := name + "." + inc
+	switch {
+	case found && m.Incarnation != inc:
+		return Member{}, false, ErrLost
+	case found:
+		c.mu.Lock()
+		delete(c.missing, tag)
+		c.mu.Unlock()
+		return m, false, nil
+	}
+	if gone, err := c.dir.WasGone(ctx, tag); err == nil && gone {
 		return Member{}, false, ErrLost
 	}
-	return m, false, nil
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	since, seen := c.missing[tag]
+	if !seen {
+		if len(c.missing) > 4096 {
+			for k, t := range c.missing {
+				if time.Since(t) > time.Hour {
+					delete(c.missing, k)
+				}
+			}
+		}
+		c.missing[tag] = time.Now()
+		since = time.Now()
+	}
+	if time.Since(since) >= MissingGrace {
+		return Member{}, false, ErrLost
+	}
+	return Member{}, false, ErrUnreachable
 }
 
-// Members lists the live replicas, this one included.
+// Members lists the live replicas, this one included (entries not signed
+// with the replicas' token are left out).
 func (c *Cluster) Members(ctx context.Context) ([]Member, error) {
-	return c.dir.Members(ctx)
+	all, err := c.dir.Members(ctx)
+	var out []Member
+	for _, m := range all {
+		if m.valid(c.key) {
+			out = append(out, m)
+		}
+	}
+	return out, err
 }

@@ -128,29 +128,37 @@ func (s *Sealer) Open(state, tool, identity string, args []byte) error {
 	if g.Tool != tool || g.Identity != identity || g.Args != ArgsDigest(args) {
 		return ErrStateMismatch
 	}
-	if s.nonces != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		fresh, err := s.nonces.UseOnce(ctx, g.Nonce, time.Unix(0, g.Expires))
-		switch {
-		case err != nil:
-			return fmt.Errorf("%w: %v", ErrStateUnchecked, err)
-		case !fresh:
-			return ErrStateUsed
-		}
-		return nil
-	}
+	// Used nonces are remembered here too: a shared store that lost its
+	// data (a Redis restarted without persistence) must not make this
+	// replica honour an approval twice.
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	for k, exp := range s.used {
 		if now.UnixNano() > exp.UnixNano() {
 			delete(s.used, k)
 		}
 	}
 	if _, dup := s.used[g.Nonce]; dup {
+		s.mu.Unlock()
 		return ErrStateUsed
 	}
 	s.used[g.Nonce] = time.Unix(0, g.Expires)
+	s.mu.Unlock()
+	if s.nonces != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		fresh, err := s.nonces.UseOnce(ctx, g.Nonce, time.Unix(0, g.Expires))
+		switch {
+		case err != nil:
+			// Not used after all: the user is asked again, and a retry
+			// with this state may still be honoured once the store answers.
+			s.mu.Lock()
+			delete(s.used, g.Nonce)
+			s.mu.Unlock()
+			return fmt.Errorf("%w: %v", ErrStateUnchecked, err)
+		case !fresh:
+			return ErrStateUsed
+		}
+	}
 	return nil
 }
 

@@ -92,3 +92,16 @@ func (d directory) Members(ctx context.Context) ([]cluster.Member, error) {
 	}
 	return out, nil
 }
+
+func (d directory) goneKey(tag string) string { return d.s.prefix + "gone:" + tag }
+
+// Gone marks an incarnation as left for good, for a day: ids of it are
+// lost from then on.
+func (d directory) Gone(ctx context.Context, m cluster.Member) error {
+	return d.s.c.Set(ctx, d.goneKey(m.Tag()), 1, 24*time.Hour).Err()
+}
+
+func (d directory) WasGone(ctx context.Context, tag string) (bool, error) {
+	n, err := d.s.c.Exists(ctx, d.goneKey(tag)).Result()
+	return n > 0, err
+}

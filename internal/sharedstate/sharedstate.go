@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -73,6 +74,17 @@ func Open(ctx context.Context, url string, o Options) (*Store, error) {
 	}
 	return s, nil
 }
+
+// redisLog sends the client library's own messages (a dial that failed,
+// retried) to the log at debug level: what matters reaches the caller as
+// an error, with what to do.
+type redisLog struct{}
+
+func (redisLog) Printf(_ context.Context, format string, v ...any) {
+	slog.Debug("redis client", "msg", fmt.Sprintf(format, v...))
+}
+
+func init() { redis.SetLogger(redisLog{}) }
 
 // Close closes the connection.
 func (s *Store) Close() error { return s.c.Close() }

@@ -54,7 +54,7 @@ func routed[In, Out any](s *server, tool string, h mcp.ToolHandlerFor[In, Out]) 
 			return refusal(engine.StatusBusy, fmt.Sprintf("session %q: %v.", ref.sessionRef(), err)), zero, nil
 		}
 		args, _ := json.Marshal(in)
-		res, err := s.fwd.Call(ctx, m, &mcp.CallToolParams{Name: tool, Arguments: json.RawMessage(args)}, identity(req), callIDOf(ctx))
+		res, err := s.fwd.Call(ctx, m, &mcp.CallToolParams{Name: tool, Arguments: json.RawMessage(args)}, identity(req), callIDOf(ctx), int64(len(args)))
 		if err != nil {
 			if ctx.Err() != nil {
 				return refusal(engine.StatusCancelled, "The call was cancelled."), zero, nil
@@ -93,9 +93,15 @@ func internalCall[In, Out any](h mcp.ToolHandlerFor[In, Out]) mcp.ToolHandlerFor
 		meta := req.Params.GetMeta()
 		id, _ := meta[cluster.MetaIdentity].(string)
 		callID, _ := meta[cluster.MetaCallID].(string)
+		var zero Out
 		if id == "" {
-			var zero Out
 			return errorResult("a forwarded call without the caller's identity"), zero, nil
+		}
+		// Only calls on a session of this replica are forwarded here (and
+		// list_sessions): nothing else may skip the forwarding replica's
+		// governance.
+		if ref, ok := any(in).(sessionRef); ok && ref.sessionRef() == "" {
+			return errorResult("a forwarded call must name a session of this replica"), zero, nil
 		}
 		if req.Extra == nil {
 			req.Extra = &mcp.RequestExtra{}
@@ -128,20 +134,45 @@ func (s *server) listAllSessions(ctx context.Context, req *mcp.CallToolRequest, 
 		return res, out, err
 	}
 	members, merr := s.cl.Members(ctx)
-	var missing []string
+	s.fwd.Forget(members)
+	// Every other replica at once, each for a few seconds at most: one
+	// that does not answer is left out, and said so.
+	type answer struct {
+		name string
+		list []engine.SessionInfo
+		ok   bool
+	}
+	answers := make(chan answer, len(members))
+	asked := 0
 	for _, m := range members {
 		if m.Tag() == s.cl.Self().Tag() {
 			continue
 		}
-		r, ferr := s.fwd.Call(ctx, m, &mcp.CallToolParams{Name: "list_sessions", Arguments: map[string]any{}}, identity(req), callIDOf(ctx))
-		if ferr != nil || r.IsError {
-			missing = append(missing, m.Name)
+		asked++
+		go func() {
+			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			r, ferr := s.fwd.Call(actx, m, &mcp.CallToolParams{Name: "list_sessions", Arguments: map[string]any{}}, identity(req), callIDOf(ctx), 1)
+			if ferr != nil || r.IsError {
+				answers <- answer{name: m.Name}
+				return
+			}
+			_, more, _ := forwardedResult[*ListSessionsOutput](r)
+			a := answer{name: m.Name, ok: true}
+			if more != nil {
+				a.list = more.Sessions
+			}
+			answers <- a
+		}()
+	}
+	var missing []string
+	for i := 0; i < asked; i++ {
+		a := <-answers
+		if !a.ok {
+			missing = append(missing, a.name)
 			continue
 		}
-		_, more, _ := forwardedResult[*ListSessionsOutput](r)
-		if more != nil {
-			out.Sessions = append(out.Sessions, more.Sessions...)
-		}
+		out.Sessions = append(out.Sessions, a.list...)
 	}
 	text := fmt.Sprintf("%d open session(s)\n", len(out.Sessions))
 	for _, i := range out.Sessions {
