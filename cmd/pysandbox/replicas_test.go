@@ -25,9 +25,9 @@ import (
 type replicaSet struct {
 	urls     []string
 	internal []string // each replica's internal endpoint
-	cmds  []*exec.Cmd
-	logs  []*testutil.SyncBuffer
-	store string
+	cmds     []*exec.Cmd
+	logs     []*testutil.SyncBuffer
+	store    string
 }
 
 func startReplicas(t *testing.T, n int, extra ...string) *replicaSet {
