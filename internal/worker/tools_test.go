@@ -1012,8 +1012,11 @@ send(b"".join(b'{"op":"tool_call","id":"c%d","name":"everything.block","argument
 got = answers(100 - 16)
 [sorted(set(a["error"]["kind"] for a in got)), sorted(int(a["id"][1:]) for a in got) == list(range(16, 100)), got[0]["error"]["message"]]`)
 		wantValue(t, res, stderr, `[["limit"], true, "everything.block: this run already has 16 tool calls in flight, the most at once; wait for some to finish"]`)
-		// The 16 served were cancelled when the run ended, unanswered.
-		if _, maxFlight, _, cancelled := f.snapshot(); maxFlight != MaxToolCallsInFlight || cancelled != MaxToolCallsInFlight {
+		// The 16 served were cancelled when the run ended, unanswered, and
+		// never more than 16 were in flight (how many were at once when
+		// the run ended depends on scheduling: a busy machine may not have
+		// started the last before the end cancelled it).
+		if _, maxFlight, _, cancelled := f.snapshot(); maxFlight > MaxToolCallsInFlight || cancelled != MaxToolCallsInFlight {
 			t.Errorf("%d in flight at most, %d cancelled", maxFlight, cancelled)
 		}
 		res, _, stderr = toolRun(t, w, f, "import tools\ntools.everything.echo(message='still in step')")
