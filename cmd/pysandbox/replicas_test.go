@@ -227,12 +227,15 @@ func (s *switchable) RoundTrip(r *http.Request) (*http.Response, error) {
 // TestReplicaDrain: SIGTERM makes a replica unready, refuses new
 // sessions, and lets the run in flight finish.
 func TestReplicaDrain(t *testing.T) {
-	rs := startReplicas(t, 1)
+	auditLog := filepath.Join(t.TempDir(), "audit.log")
+	rs := startReplicas(t, 1, "--audit-log", auditLog)
 	ctx := context.Background()
 	cs := connectHTTP(ctx, t, rs.urls[0], "alice-0123456789abcdef")
+	// A session's run: the drain waits for calls, not only for the pool.
+	_, out := callTool(t, cs, "create_session", nil)
 	done := make(chan *mcp.CallToolResult, 1)
 	go func() {
-		res, _ := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "import time\ntime.sleep(3)\n'finished'"}})
+		res, _ := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"session_id": out["session_id"], "code": "import time\ntime.sleep(3)\n'finished'"}})
 		done <- res
 	}()
 	time.Sleep(time.Second)
@@ -262,6 +265,11 @@ func TestReplicaDrain(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("the run in flight did not finish")
+	}
+	waitExit(t, rs.cmds[0])
+	data, _ := os.ReadFile(auditLog)
+	if !strings.Contains(string(data), `"tool":"run_python"`) || !strings.Contains(string(data), "finished") && !strings.Contains(string(data), `"status":"success"`) {
+		t.Errorf("the run in flight has no audit record:\n%s", data)
 	}
 }
 

@@ -50,6 +50,10 @@ type replica struct {
 	ln       net.Listener
 	draining atomic.Bool
 	drainFor time.Duration
+	// inflight counts the requests being served (POSTs: calls) on either
+	// endpoint, whichever replica's session they are for: a drain waits
+	// for them, not only for this replica's pool.
+	inflight atomic.Int64
 	srv      *http.Server
 }
 
@@ -123,7 +127,7 @@ func (r *replica) serveInternal(public http.Handler, internal *mcp.Server, maxRe
 	mux.Handle("/mcp", public)
 	mux.Handle(cluster.InternalPath, cluster.InternalAuth(r.token, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return internal },
 		&mcp.StreamableHTTPOptions{Stateless: true, Logger: log, MaxRequestBodyBytes: maxRequestBytes})))
-	r.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	r.srv = &http.Server{Handler: r.count(mux), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
 	go func() {
 		if err := r.srv.Serve(r.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("internal endpoint stopped", "err", err)
@@ -131,16 +135,33 @@ func (r *replica) serveInternal(public http.Handler, internal *mcp.Server, maxRe
 	}()
 }
 
-// drain refuses new sessions, waits for the runs in flight (at most
+// count counts the calls being served.
+func (r *replica) count(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Method == http.MethodPost {
+			r.inflight.Add(1)
+			defer r.inflight.Add(-1)
+		}
+		next.ServeHTTP(w, req)
+	})
+}
+
+// busy is what is under way: runs of this replica's pool and queue, and
+// calls being served (session runs, calls forwarded to other replicas).
+func (r *replica) busy(eng *engine.Engine) int64 {
+	return int64(eng.Running()+eng.Waiting()) + r.inflight.Load()
+}
+
+// drain refuses new sessions, waits for what is under way (at most
 // --drain-timeout), and returns.
 func (r *replica) drain(eng *engine.Engine, log *slog.Logger) {
 	r.draining.Store(true)
 	deadline := time.Now().Add(r.drainFor)
 	start := time.Now()
-	for eng.Running()+eng.Waiting() > 0 && time.Now().Before(deadline) {
+	for r.busy(eng) > 0 && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
-	log.Info("drained", "waited", time.Since(start).Round(time.Millisecond), "runs_left", eng.Running()+eng.Waiting())
+	log.Info("drained", "waited", time.Since(start).Round(time.Millisecond), "calls_left", r.busy(eng))
 }
 
 // shutdown stops taking requests from the others (their proxied MCP
@@ -154,12 +175,12 @@ func (r *replica) shutdown(wait time.Duration) {
 	cancel()
 }
 
-// waitIdle waits, at most limit, until no run is in flight: a run a
+// waitIdle waits, at most limit, until nothing is under way: a call a
 // request began just before the servers stopped still gets its audit
 // record, which the log takes until it closes after this.
-func waitIdle(eng *engine.Engine, limit time.Duration) {
+func (r *replica) waitIdle(eng *engine.Engine, limit time.Duration) {
 	deadline := time.Now().Add(limit)
-	for eng.Running()+eng.Waiting() > 0 && time.Now().Before(deadline) {
+	for r.busy(eng) > 0 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -285,7 +285,7 @@ func serve(args []string, stderr io.Writer) error {
 		ln.Close()
 		return usageError{err}
 	}
-	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsConfig}
+	hs := &http.Server{Handler: rep.count(handler), ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsConfig, MaxHeaderBytes: 64 << 10}
 	scheme := "http"
 	if tlsConfig != nil {
 		ln = tls.NewListener(ln, tlsConfig)
@@ -318,7 +318,7 @@ func serve(args []string, stderr io.Writer) error {
 	go func() { rep.shutdown(5 * time.Second); close(internalDone) }()
 	err = hs.Shutdown(shutdown)
 	<-internalDone
-	waitIdle(eng, 5*time.Second)
+	rep.waitIdle(eng, 5*time.Second)
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}

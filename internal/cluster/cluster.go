@@ -48,6 +48,10 @@ type Member struct {
 	// Internal that of its internal one (http://10.0.0.5:8081).
 	MCP      string `json:"mcp"`
 	Internal string `json:"internal"`
+	// Expires (Unix milliseconds) is when the entry stops being valid: a
+	// replica re-signs it with each heartbeat, so an old entry written
+	// back into the store is worthless.
+	Expires int64 `json:"expires"`
 	// Sig is an HMAC of the entry under the replicas' token: an entry
 	// anyone else wrote into the store (to have requests, and the token
 	// with them, sent to an address of theirs) is ignored.
@@ -56,14 +60,26 @@ type Member struct {
 
 func (m Member) mac(key []byte) string {
 	h := hmac.New(sha256.New, key)
-	h.Write([]byte(m.Name + "\x00" + m.Incarnation + "\x00" + m.MCP + "\x00" + m.Internal))
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00%d", m.Name, m.Incarnation, m.MCP, m.Internal, m.Expires)
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// valid reports whether m was written by a replica holding key, with
-// addresses a replica may have.
+// signed is m signed to be valid until ttl from now (plus a few seconds
+// for clocks that disagree).
+func (m Member) signed(key []byte, ttl time.Duration) Member {
+	m.Expires = time.Now().Add(ttl + clockSkew).UnixMilli()
+	m.Sig = m.mac(key)
+	return m
+}
+
+// clockSkew is how far replicas' clocks may disagree.
+const clockSkew = 5 * time.Second
+
+// valid reports whether m was written by a replica holding key, not long
+// ago, with addresses a replica may have.
 func (m Member) valid(key []byte) bool {
-	if !hmac.Equal([]byte(m.Sig), []byte(m.mac(key))) || !name.MatchString(m.Name) {
+	if !hmac.Equal([]byte(m.Sig), []byte(m.mac(key))) || !name.MatchString(m.Name) || !incarnation.MatchString(m.Incarnation) ||
+		time.Now().UnixMilli() > m.Expires {
 		return false
 	}
 	for _, u := range []string{m.MCP, m.Internal} {
@@ -100,8 +116,12 @@ const (
 	EntryTTL       = 3 * time.Second
 )
 
-// name is what a replica may be called: a DNS label, as pod names are.
-var name = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+// name is what a replica may be called: a DNS label, as pod names are;
+// incarnation is what Join makes.
+var (
+	name        = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	incarnation = regexp.MustCompile(`^[0-9a-f]{8}$`)
+)
 
 // MissingGrace is how long an owner may be missing from the directory
 // before its sessions are taken for lost: a store that lost its data, or
@@ -146,11 +166,10 @@ func Join(ctx context.Context, dir Directory, replica, mcpURL, internalURL strin
 		self: Member{Name: replica, Incarnation: hex.EncodeToString(b[:]), MCP: strings.TrimRight(mcpURL, "/"), Internal: strings.TrimRight(internalURL, "/")},
 		dir:  dir, log: log, stop: make(chan struct{}), done: make(chan struct{}), key: key, missing: map[string]time.Time{},
 	}
-	c.self.Sig = c.self.mac(key)
-	if !c.self.valid(key) {
+	if !c.self.signed(key, EntryTTL).valid(key) {
 		return nil, fmt.Errorf("cluster: %q is not an address the other replicas can reach this one at", internalURL)
 	}
-	if err := dir.Register(ctx, c.self, EntryTTL); err != nil {
+	if err := dir.Register(ctx, c.self.signed(key, EntryTTL), EntryTTL); err != nil {
 		return nil, fmt.Errorf("cluster: register in the shared store: %w", err)
 	}
 	go c.heartbeat()
@@ -172,7 +191,7 @@ func (c *Cluster) heartbeat() {
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), HeartbeatEvery)
-		err := c.dir.Register(ctx, c.self, EntryTTL)
+		err := c.dir.Register(ctx, c.self.signed(c.key, EntryTTL), EntryTTL)
 		cancel()
 		switch {
 		case err != nil && !failing:
@@ -241,40 +260,47 @@ func (c *Cluster) Owner(ctx context.Context, id string, mcpSession bool) (m Memb
 		// An earlier incarnation of this very replica.
 		return Member{}, false, ErrLost
 	}
+	if !incarnation.MatchString(inc) || !nameOK(name) {
+		// Not an id any replica made.
+		return Member{}, false, ErrLost
+	}
 	m, found, err := c.dir.Lookup(ctx, name)
 	if err != nil {
 		return Member{}, false, fmt.Errorf("the shared store did not answer where this session is (%v); retry in a few seconds", err)
 	}
-	if found && !m.valid(c.key) {
-		c.log.Warn("cluster: a directory entry not signed with the replicas' token is ignored", "name", name)
+	if found && (!m.valid(c.key) || m.Name != name) {
+		c.log.Warn("cluster: a directory entry not signed with the replicas' token, or expired, is ignored", "name", name)
 		found = false
 	}
 	tag := name + "." + inc
-	switch {
-	case found && m.Incarnation != inc:
+	if found && m.Incarnation != inc {
 		return Member{}, false, ErrLost
-	case found:
-		c.mu.Lock()
-		delete(c.missing, tag)
-		c.mu.Unlock()
-		return m, false, nil
 	}
+	// An incarnation that left for good stays lost, whatever the
+	// directory says (an old entry written back).
 	if gone, err := c.dir.WasGone(ctx, tag); err == nil && gone {
 		return Member{}, false, ErrLost
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if found {
+		delete(c.missing, tag)
+		return m, false, nil
+	}
 	since, seen := c.missing[tag]
 	if !seen {
-		if len(c.missing) > 4096 {
+		if len(c.missing) >= maxMissing {
+			// Forget the oldest: a flood of made-up ids costs a bounded map.
+			var oldest string
 			for k, t := range c.missing {
-				if time.Since(t) > time.Hour {
-					delete(c.missing, k)
+				if oldest == "" || t.Before(c.missing[oldest]) {
+					oldest = k
 				}
 			}
+			delete(c.missing, oldest)
 		}
-		c.missing[tag] = time.Now()
 		since = time.Now()
+		c.missing[tag] = since
 	}
 	if time.Since(since) >= MissingGrace {
 		return Member{}, false, ErrLost
@@ -282,13 +308,22 @@ func (c *Cluster) Owner(ctx context.Context, id string, mcpSession bool) (m Memb
 	return Member{}, false, ErrUnreachable
 }
 
+// maxMissing bounds the owners remembered as missing.
+const maxMissing = 256
+
+func nameOK(n string) bool { return len(n) <= 63 && name.MatchString(n) }
+
 // Members lists the live replicas, this one included (entries not signed
 // with the replicas' token are left out).
 func (c *Cluster) Members(ctx context.Context) ([]Member, error) {
 	all, err := c.dir.Members(ctx)
 	var out []Member
+	seen := map[string]bool{}
 	for _, m := range all {
-		if m.valid(c.key) {
+		// One entry per incarnation: copies of an entry under other names
+		// are not replicas.
+		if m.valid(c.key) && !seen[m.Tag()] {
+			seen[m.Tag()] = true
 			out = append(out, m)
 		}
 	}

@@ -170,8 +170,13 @@ func (f *Forwarder) Call(ctx context.Context, m Member, p *mcp.CallToolParams, i
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
+		// The connection is shared by every call to that replica: close it
+		// only when it is the connection that failed, not one request.
+		if !errors.Is(err, mcp.ErrConnectionClosed) {
+			return nil, fmt.Errorf("%w (%v)", ErrUnreachable, err)
+		}
 		f.drop(m, cs)
-		if attempt > 0 || !errors.Is(err, mcp.ErrConnectionClosed) {
+		if attempt > 0 {
 			return nil, fmt.Errorf("%w (%v)", ErrUnreachable, err)
 		}
 	}

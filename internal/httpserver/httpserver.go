@@ -59,6 +59,11 @@ func Handler(cfg Config) (http.Handler, error) {
 	}
 	get := func(*http.Request) *mcp.Server { return cfg.Server }
 	var mcpHandler http.Handler = sessionless(mcp.NewStreamableHTTPHandler(get, opts(false)), mcp.NewStreamableHTTPHandler(get, opts(true)))
+	if cfg.Cluster != nil {
+		// After authentication (below): no request of a caller without a
+		// token costs a lookup; the owner authenticates the caller again.
+		mcpHandler = cfg.Cluster.Proxy(mcpHandler)
+	}
 	metrics := cfg.Metrics
 	if cfg.Tokens != nil {
 		// Tokens carry no expiry: they are valid until removed from the
@@ -68,10 +73,6 @@ func Handler(cfg Config) (http.Handler, error) {
 		if metrics != nil {
 			metrics = challenge(requireToken(metrics))
 		}
-	}
-	if cfg.Cluster != nil {
-		// Before authentication: the owner authenticates the caller.
-		mcpHandler = cfg.Cluster.Proxy(mcpHandler)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", mcpHandler)

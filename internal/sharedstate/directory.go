@@ -58,8 +58,9 @@ func (d directory) Lookup(ctx context.Context, name string) (cluster.Member, boo
 		return cluster.Member{}, false, err
 	}
 	var m cluster.Member
-	if err := json.Unmarshal(data, &m); err != nil {
-		return cluster.Member{}, false, err
+	if err := json.Unmarshal(data, &m); err != nil || m.Name != name {
+		// Not an entry a replica wrote under its own name.
+		return cluster.Member{}, false, nil
 	}
 	return m, true, nil
 }
@@ -86,7 +87,7 @@ func (d directory) Members(ctx context.Context) ([]cluster.Member, error) {
 			continue
 		}
 		var m cluster.Member
-		if json.Unmarshal([]byte(str), &m) == nil {
+		if json.Unmarshal([]byte(str), &m) == nil && m.Name == names[i] {
 			out = append(out, m)
 		}
 	}

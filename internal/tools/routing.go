@@ -53,8 +53,13 @@ func routed[In, Out any](s *server, tool string, h mcp.ToolHandlerFor[In, Out]) 
 		case err != nil:
 			return refusal(engine.StatusBusy, fmt.Sprintf("session %q: %v.", ref.sessionRef(), err)), zero, nil
 		}
-		args, _ := json.Marshal(in)
-		res, err := s.fwd.Call(ctx, m, &mcp.CallToolParams{Name: tool, Arguments: json.RawMessage(args)}, identity(req), callIDOf(ctx), int64(len(args)))
+		// The arguments as the client sent them: re-encoding would escape
+		// <, > and & six bytes over, past the owner's bound on a request.
+		args := req.Params.Arguments
+		if len(args) == 0 {
+			args, _ = json.Marshal(in)
+		}
+		res, err := s.fwd.Call(ctx, m, &mcp.CallToolParams{Name: tool, Arguments: args}, identity(req), callIDOf(ctx), int64(len(args)))
 		if err != nil {
 			if ctx.Err() != nil {
 				return refusal(engine.StatusCancelled, "The call was cancelled."), zero, nil
