@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -47,12 +48,18 @@ func startReplicasEach(t *testing.T, n int, each func(i int) []string) *replicaS
 	os.WriteFile(key, []byte("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n"), 0o600)
 	rs := &replicaSet{store: r.URL()}
 	for i := 0; i < n; i++ {
-		addr, internal := freePort(t), freePort(t)
-		rs.internal = append(rs.internal, "http://"+internal)
-		args := append([]string{"--store", r.URL(), "--internal-http", internal, "--advertise", "127.0.0.1",
+		addr := freePort(t)
+		// The internal port is the kernel's pick (a second freePort could
+		// race with other tests for the same number); the log says it.
+		args := append([]string{"--store", r.URL(), "--internal-http", "127.0.0.1:0", "--advertise", "127.0.0.1", "--log-level", "info",
 			"--replica", fmt.Sprintf("replica-%d", i), "--replica-token-file", replicaToken, "--auth-token-file", tokens,
 			"--approval-key-file", key, "--pool-size", "1"}, each(i)...)
 		cmd, log := startServe(t, addr, "http://"+addr, nil, args...)
+		m := regexp.MustCompile(`internal=(http://127\.0\.0\.1:[0-9]+)`).FindStringSubmatch(log.String())
+		if m == nil {
+			t.Fatalf("the replica did not log its internal endpoint:\n%s", log.String())
+		}
+		rs.internal = append(rs.internal, m[1])
 		rs.urls = append(rs.urls, "http://"+addr)
 		rs.cmds = append(rs.cmds, cmd)
 		rs.logs = append(rs.logs, log)
