@@ -1,0 +1,57 @@
+package activity
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestBeginKillFinish(t *testing.T) {
+	r := New()
+	changes, stop := r.Subscribe()
+	defer stop()
+	ctx, end := r.Begin(context.Background(), Call{ID: "c1", Identity: "alice", Tool: "run_python",
+		Code: strings.Repeat("x = 1\n", 20)})
+	select {
+	case <-changes:
+	case <-time.After(time.Minute):
+		t.Fatal("no change notified")
+	}
+	running := r.Running()
+	if len(running) != 1 || running[0].ID != "c1" || strings.Count(running[0].Code, "\n") != CodeLines {
+		t.Fatalf("running %+v", running)
+	}
+	if _, err := r.Kill("nope", "op"); !errors.Is(err, ErrNoCall) {
+		t.Errorf("kill of nothing: %v", err)
+	}
+	if _, err := r.Kill("c1", "op-bob"); err != nil {
+		t.Fatal(err)
+	}
+	<-ctx.Done()
+	var k *Killed
+	if !errors.As(context.Cause(ctx), &k) || k.By != "op-bob" {
+		t.Errorf("cause %v", context.Cause(ctx))
+	}
+	end()
+	if len(r.Running()) != 0 {
+		t.Error("still running after end")
+	}
+	for i := 0; i < Recent+10; i++ {
+		r.Finish(Done{ID: "d", Decision: "allow"})
+	}
+	r.Finish(Done{ID: "last", Decision: "deny"})
+	got := r.RecentCalls(5)
+	if len(got) != 5 || got[0].ID != "last" || len(r.RecentCalls(10000)) != Recent {
+		t.Errorf("recent %+v", got)
+	}
+}
+
+func TestHeadCutsAtCharacters(t *testing.T) {
+	code := strings.Repeat("é", CodeBytes)
+	h := head(code)
+	if !strings.HasSuffix(h, "…") || len(h) > CodeBytes+len("…") || strings.ContainsRune(h[:len(h)-len("…")], '\uFFFD') {
+		t.Errorf("%q", h)
+	}
+}
