@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -189,13 +190,19 @@ func TestNetworkInSession(t *testing.T) {
 	if n := len(el.asked()); n != 1 {
 		t.Errorf("asked %d times", n)
 	}
+	// A connection's record is written when the proxy is done with it,
+	// which may be just after the call's result: wait for both (a guard
+	// against a hang, not a timing).
 	callIDs := map[string]bool{}
-	for _, r := range s.records(t) {
-		if r.Event == "connect" {
-			if r.Net.Session != id {
-				t.Errorf("connect record without its session: %+v", r.Net)
+	for deadline := time.Now().Add(time.Minute); len(callIDs) < 2 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		callIDs = map[string]bool{}
+		for _, r := range s.records(t) {
+			if r.Event == "connect" {
+				if r.Net.Session != id {
+					t.Fatalf("connect record without its session: %+v", r.Net)
+				}
+				callIDs[r.CallID] = true
 			}
-			callIDs[r.CallID] = true
 		}
 	}
 	if len(callIDs) != 2 {
