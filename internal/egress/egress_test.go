@@ -557,6 +557,11 @@ func TestRefusalRecordsAreCapped(t *testing.T) {
 		}
 	}
 	rec.nth(t, maxRefusalRecords)
+	// A refusal is counted just after its answer is written: wait for the
+	// last before the call changes (a guard against a hang, not a timing).
+	for deadline := time.Now().Add(time.Minute); g.Usage().Refused < flood+3 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if u := g.Usage(); u.Refused != flood+3 {
 		t.Errorf("usage counts %d refusals, want %d", u.Refused, flood+3)
 	}
