@@ -16,7 +16,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pysandbox/pysandbox/internal/activity"
 	"github.com/pysandbox/pysandbox/internal/audit"
+	"github.com/pysandbox/pysandbox/internal/console"
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/httpserver"
 	"github.com/pysandbox/pysandbox/internal/interp"
@@ -50,6 +52,8 @@ func serve(args []string, stderr io.Writer) error {
 	tokenFile := fs.String("auth-token-file", "", "require a bearer token on /mcp and /metrics: a file of 'NAME TOKEN' lines; NAME becomes the caller's identity in the audit log and rate limits")
 	tlsCert := fs.String("tls-cert", "", "with --http: serve HTTPS with this PEM certificate (chain) file; needs --tls-key")
 	tlsKey := fs.String("tls-key", "", "with --http: the PEM private key of --tls-cert")
+	consoleOn := fs.Bool("console", false, "with --http: serve the operator console at /console (live runs and sessions, kill, the audit trail, the policy); needs --operator-token-file")
+	operatorTokens := fs.String("operator-token-file", "", "with --console: the operators' tokens ('NAME TOKEN' lines, as --auth-token-file); an agent's token never opens the console, and an operator's never runs code")
 	insecure := fs.Bool("insecure-no-auth", false, "allow --http on a non-loopback address without --auth-token-file: ANYONE who can reach the port can run code")
 	qflags := addQuotaFlags(fs)
 	sflags := addStoreFlags(fs)
@@ -64,6 +68,9 @@ func serve(args []string, stderr io.Writer) error {
 	}
 	if *httpAddr == "" && (*tokenFile != "" || *insecure || len(allowedHosts) > 0 || *tlsCert != "" || *tlsKey != "") {
 		return usageError{errors.New("--auth-token-file, --insecure-no-auth, --allowed-host, --tls-cert and --tls-key apply to --http only")}
+	}
+	if *consoleOn && (*httpAddr == "" || *operatorTokens == "") || !*consoleOn && *operatorTokens != "" {
+		return usageError{errors.New("--console needs --http and --operator-token-file (and --operator-token-file goes with --console)")}
 	}
 	if (*tlsCert == "") != (*tlsKey == "") {
 		return usageError{errors.New("--tls-cert and --tls-key go together")}
@@ -252,6 +259,25 @@ func serve(args []string, stderr io.Writer) error {
 		ups = upstream.Start(upCfg, upstream.Options{Log: log, ClientName: "pysandbox", ClientVersion: version})
 		defer ups.Close()
 	}
+	var act *activity.Registry
+	var consoleHandler http.Handler
+	if *consoleOn {
+		ops, err := httpserver.LoadTokens(*operatorTokens)
+		if err != nil {
+			return fmt.Errorf("--operator-token-file: %w", err)
+		}
+		if tokens != nil && tokens.Overlaps(ops) {
+			return usageError{errors.New("a token is both an agent's (--auth-token-file) and an operator's (--operator-token-file); give operators tokens of their own")}
+		}
+		act = activity.New()
+		gov.Activity = act
+		con, err := console.New(console.Config{Operators: ops, Activity: act, Sessions: sessions, Engine: eng, AuditPath: *auditLog,
+			Audit: gov.Audit, Policy: current.Load, Log: log})
+		if err != nil {
+			return err
+		}
+		consoleHandler = con.Handler()
+	}
 	srv, internal := tools.NewServers(tools.Options{Engine: eng, Posture: posture, Sessions: sessions, MaxUploadBytes: int64(maxUpload), MaxReplyBytes: int64(maxReply), Quotas: quotas, Governance: gov, Network: o.proxy, Upstreams: ups,
 		Cluster: rep.cl, Forwarder: rep.fwd, Logger: log})
 	if *httpAddr == "" {
@@ -280,6 +306,7 @@ func serve(args []string, stderr io.Writer) error {
 		Logger:          log,
 		Cluster:         rep.cl,
 		Ready:           func() bool { return !rep.draining.Load() },
+		Console:         consoleHandler,
 	})
 	if err != nil {
 		ln.Close()

@@ -39,6 +39,9 @@ type Config struct {
 	// Ready is what GET /readyz reports (nil: always ready): false while
 	// the server drains.
 	Ready func() bool
+	// Console, when set, serves /console with its own (operators')
+	// authentication: agents' tokens do not open it.
+	Console http.Handler
 }
 
 // Handler returns the server's HTTP handler.
@@ -76,6 +79,10 @@ func Handler(cfg Config) (http.Handler, error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", mcpHandler)
+	if cfg.Console != nil {
+		mux.Handle("/console", cfg.Console)
+		mux.Handle("/console/", cfg.Console)
+	}
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if cfg.Ready != nil && !cfg.Ready() {
 			http.Error(w, "draining", http.StatusServiceUnavailable)

@@ -148,3 +148,15 @@ func (t *Tokens) Verify(_ context.Context, token string, _ *http.Request) (*auth
 	}
 	return &auth.TokenInfo{UserID: found}, nil
 }
+
+// Overlaps reports whether a token is in both t and o.
+func (t *Tokens) Overlaps(o *Tokens) bool {
+	for _, a := range t.entries {
+		for _, b := range o.entries {
+			if a.sum == b.sum {
+				return true
+			}
+		}
+	}
+	return false
+}

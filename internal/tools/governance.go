@@ -16,6 +16,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/pysandbox/pysandbox/internal/activity"
 	"github.com/pysandbox/pysandbox/internal/audit"
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/metrics"
@@ -46,6 +47,9 @@ type Governance struct {
 	// approval answered through one replica is honoured, once, by any.
 	ApprovalKey []byte
 	Nonces      policy.NonceStore
+	// Activity, when set, is told of every call in flight (and can stop
+	// it) and every call that ended: the operator console's live view.
+	Activity *activity.Registry
 }
 
 // approvalKey names the one input request of an approval.
@@ -57,9 +61,10 @@ type governor struct {
 	limiter policy.RateLimiter
 	sealer  *policy.Sealer
 	audit   *audit.Writer
-	metrics *metrics.Metrics
-	log     *slog.Logger
-	eng     *engine.Engine
+	metrics  *metrics.Metrics
+	activity *activity.Registry
+	log      *slog.Logger
+	eng      *engine.Engine
 	// netWords says what network runs have (see server.networkWords).
 	netWords func() string
 
@@ -94,7 +99,7 @@ func newGovernor(g Governance, eng *engine.Engine, log *slog.Logger) *governor {
 	if g.Limiter != nil {
 		limiter = g.Limiter
 	}
-	gv := &governor{limiter: limiter, sealer: sealer, audit: g.Audit, metrics: g.Metrics, log: log, eng: eng,
+	gv := &governor{limiter: limiter, sealer: sealer, activity: g.Activity, audit: g.Audit, metrics: g.Metrics, log: log, eng: eng,
 		netWords: func() string { return "no network" }}
 	gv.pol.Store(pol)
 	return gv
@@ -178,7 +183,21 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		}
 
 		ci := &callInfo{callID: rec.CallID}
-		result, err := next(context.WithValue(ctx, callInfoKey{}, ci), method, req)
+		// In flight: the console shows it and an operator may stop it (its
+		// context then ends with an activity.Killed cause).
+		actx, end := g.activity.Begin(ctx, activity.Call{ID: rec.CallID, Identity: rec.Identity, Tool: tool,
+			Session: argString(ctr.Params.Arguments, "session_id"), Code: argString(ctr.Params.Arguments, "code")})
+		result, err := next(context.WithValue(actx, callInfoKey{}, ci), method, req)
+		var killed *activity.Killed
+		killedBy := ""
+		if errors.As(context.Cause(actx), &killed) && ctx.Err() == nil {
+			// Its record says who stopped it.
+			killedBy = killed.Error()
+			if res, ok := result.(*mcp.CallToolResult); ok && res != nil {
+				res.Content = append(res.Content, &mcp.TextContent{Text: "This call was " + killed.Error() + "."})
+			}
+		}
+		end()
 		res, _ := result.(*mcp.CallToolResult)
 		ci.mu.Lock()
 		rec.Decision, rec.Reason = ci.decision, ci.reason
@@ -186,6 +205,9 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		ci.mu.Unlock()
 		if rec.Decision == "" {
 			rec.Decision = "allow"
+		}
+		if killedBy != "" {
+			rec.Reason = killedBy
 		}
 		ran := true
 		switch {
@@ -209,6 +231,17 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		}
 		return g.finish(rec, result, err, start, ran)
 	}
+}
+
+// argString is one string argument of a call, or "".
+func argString(raw json.RawMessage, key string) string {
+	var args map[string]json.RawMessage
+	if json.Unmarshal(raw, &args) != nil {
+		return ""
+	}
+	var v string
+	json.Unmarshal(args[key], &v)
+	return v
 }
 
 // rateHit names a rate limit in a record's limits_hit, e.g. rate:runs/minute.
@@ -279,6 +312,8 @@ func (g *governor) finish(rec *audit.Record, result mcp.Result, callErr error, s
 		// client was told.
 		rec.Error = resultText(res)
 	}
+	g.activity.Finish(activity.Done{ID: rec.CallID, Identity: rec.Identity, Tool: rec.Tool, Decision: rec.Decision,
+		Status: rec.Status, DurationMS: time.Since(start).Milliseconds()})
 	if err := g.record(rec, start, ran); err != nil {
 		// Fail closed: a result that could not be recorded is withheld.
 		return errorResult("The call could not be recorded in the server's audit log (" + err.Error() + "), so its result is withheld. Tell the server's operator."), nil

@@ -1,0 +1,203 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// consoleClient is an operator's browser, as far as HTTP goes: cookies,
+// and the Origin a browser sends.
+type consoleClient struct {
+	t    *testing.T
+	base string
+	hc   *http.Client
+}
+
+func newConsoleClient(t *testing.T, base string) *consoleClient {
+	jar, _ := cookiejar.New(nil)
+	return &consoleClient{t: t, base: base, hc: &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+}
+
+func (c *consoleClient) get(path string) (int, string) {
+	c.t.Helper()
+	resp, err := c.hc.Get(c.base + path)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// post sends a form; origin "" sends none.
+func (c *consoleClient) post(path, origin string, form url.Values) (int, string, string) {
+	c.t.Helper()
+	req, _ := http.NewRequest("POST", c.base+path, strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if origin != "" {
+		req.Header.Set("Origin", origin)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header.Get("Location"), string(body)
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
+
+// TestConsole drives the operator console over HTTP: sign-in with an
+// operator's token only, an agent's hostile run seen live and escaped,
+// CSRF and origin checks, killing the run, closing a session, the audit
+// browser and the policy page; the operator's actions are in the audit
+// log, which verifies.
+func TestConsole(t *testing.T) {
+	dir := t.TempDir()
+	agents := filepath.Join(dir, "agents")
+	os.WriteFile(agents, []byte("alice alice-0123456789abcdef\n"), 0o600)
+	operators := filepath.Join(dir, "operators")
+	os.WriteFile(operators, []byte("olga olga-0123456789abcdef00\n"), 0o600)
+	auditLog := filepath.Join(dir, "audit.log")
+	addr := freePort(t)
+	base := "http://" + addr
+	startServe(t, addr, base, nil, "--auth-token-file", agents, "--console", "--operator-token-file", operators, "--audit-log", auditLog)
+	ctx := context.Background()
+
+	op := newConsoleClient(t, base)
+	if code, _ := op.get("/console"); code != http.StatusSeeOther {
+		t.Errorf("the console without signing in: %d", code)
+	}
+	// An agent's token does not open the console; no Origin, no sign-in.
+	if _, loc, _ := op.post("/console/login", base, url.Values{"token": {"alice-0123456789abcdef"}}); !strings.Contains(loc, "error") {
+		t.Errorf("an agent's token signed in: %s", loc)
+	}
+	if code, _, _ := op.post("/console/login", "", url.Values{"token": {"olga-0123456789abcdef00"}}); code != http.StatusForbidden {
+		t.Errorf("a sign-in without an Origin: %d", code)
+	}
+	if _, loc, _ := op.post("/console/login", base, url.Values{"token": {"olga-0123456789abcdef00"}}); loc != "/console" {
+		t.Fatalf("the operator's sign-in: %s", loc)
+	}
+	// An operator's token never runs code.
+	opClient := mcp.NewClient(&mcp.Implementation{Name: "op", Version: "1"}, nil)
+	if _, err := opClient.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp", HTTPClient: &http.Client{Transport: bearerRT("olga-0123456789abcdef00")}}, nil); err == nil {
+		t.Error("an operator's token opened /mcp")
+	}
+
+	// An agent runs hostile code for a long time.
+	agent := connectHTTP(ctx, t, base, "alice-0123456789abcdef")
+	hostile := "# <script>alert('x')</script> \u202eevil\u202c \x1b[31mred\n" + "import time\ntime.sleep(120)\n"
+	done := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		res, _ := agent.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": hostile, "timeout_seconds": 60}})
+		done <- res
+	}()
+	var state struct {
+		Running []struct{ ID, Identity, Tool, Code string }
+	}
+	deadline := time.Now().Add(time.Minute)
+	for len(state.Running) == 0 && time.Now().Before(deadline) {
+		_, body := op.get("/console/state")
+		json.Unmarshal([]byte(body), &state)
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(state.Running) != 1 || state.Running[0].Identity != "alice" || !strings.Contains(state.Running[0].Code, "<script>") {
+		t.Fatalf("the run in flight: %+v", state)
+	}
+	_, page := op.get("/console")
+	if strings.Contains(page, "<script>alert") || !strings.Contains(page, "&lt;script&gt;alert") {
+		t.Errorf("the live page does not escape the code:\n%s", page)
+	}
+	m := csrfField.FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("no CSRF token on the page")
+	}
+	csrf := m[1]
+	kill := "/console/runs/" + url.PathEscape(state.Running[0].ID) + "/kill"
+	if code, _, _ := op.post(kill, base, nil); code != http.StatusForbidden {
+		t.Errorf("a kill without the CSRF token: %d", code)
+	}
+	if code, _, _ := op.post(kill, "http://evil.example", url.Values{"csrf": {csrf}}); code != http.StatusForbidden {
+		t.Errorf("a kill from another origin: %d", code)
+	}
+	if _, loc, _ := op.post(kill, base, url.Values{"csrf": {csrf}}); !strings.Contains(loc, "stopped") {
+		t.Errorf("the kill: %s", loc)
+	}
+	select {
+	case res := <-done:
+		if res == nil || !strings.Contains(toolText(res), "stopped by operator olga") {
+			t.Errorf("the killed run's result: %+v", res)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the killed run did not end")
+	}
+
+	// Close a session.
+	_, out := callTool(t, agent, "create_session", nil)
+	sid, _ := out["session_id"].(string)
+	if _, loc, _ := op.post("/console/sessions/"+sid+"/close", base, url.Values{"csrf": {csrf}}); !strings.Contains(loc, "closed") {
+		t.Errorf("closing a session: %s", loc)
+	}
+	if res, _ := callTool(t, agent, "run_python", map[string]any{"session_id": sid, "code": "1"}); !res.IsError {
+		t.Errorf("the closed session still runs")
+	}
+
+	// The audit browser finds the run, escaped, and its record.
+	_, list := op.get("/console/audit?q=alert&tool=run_python")
+	if !strings.Contains(list, "&lt;script&gt;") || strings.Contains(list, "<script>alert") || !strings.Contains(list, "1 matching records") {
+		t.Errorf("the audit search:\n%s", list)
+	}
+	seq := regexp.MustCompile(`href="/console/audit/(\d+)"`).FindStringSubmatch(list)
+	if seq == nil {
+		t.Fatal("no record link")
+	}
+	if code, rec := op.get("/console/audit/" + seq[1]); code != 200 || !strings.Contains(rec, "stopped by operator olga") || strings.Contains(rec, "<script>alert") {
+		t.Errorf("the record page: %d\n%s", code, rec)
+	}
+	if _, loc, _ := op.post("/console/audit/verify", base, url.Values{"csrf": {csrf}}); !strings.Contains(loc, "verifies") {
+		t.Errorf("verify: %s", loc)
+	}
+	if code, jsonl := op.get("/console/audit.jsonl?tool=run_python"); code != 200 || strings.Count(jsonl, "\n") < 2 {
+		t.Errorf("download: %d %q", code, jsonl)
+	}
+	if code, pol := op.get("/console/policy"); code != 200 || !strings.Contains(pol, "Policy in force") {
+		t.Errorf("policy: %d", code)
+	}
+	// The operator's actions are on the record.
+	data, _ := os.ReadFile(auditLog)
+	for _, want := range []string{`"identity":"operator:olga"`, `"action":"kill"`, `"action":"close_session"`} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("the audit log lacks %s", want)
+		}
+	}
+	// The agent's token does not open the console's data either.
+	req, _ := http.NewRequest("GET", base+"/console/state", nil)
+	req.Header.Set("Authorization", "Bearer alice-0123456789abcdef")
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("the console's state with an agent's token: %d", resp.StatusCode)
+		}
+	}
+}
+
+type bearerRT string
+
+func (b bearerRT) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+string(b))
+	return http.DefaultTransport.RoundTrip(r)
+}

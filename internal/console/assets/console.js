@@ -1,0 +1,93 @@
+// The live view: the server pushes its state (Server-Sent Events) and this
+// renders it. Everything an agent wrote is set with textContent, never as
+// markup.
+"use strict";
+(function () {
+  function el(tag, text, cls) {
+    const e = document.createElement(tag);
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    if (cls) e.className = cls;
+    return e;
+  }
+  function killForm(id, csrf, path, label, danger) {
+    const f = document.createElement("form");
+    f.method = "post";
+    f.action = path.replace("{id}", encodeURIComponent(id));
+    const h = document.createElement("input");
+    h.type = "hidden"; h.name = "csrf"; h.value = csrf;
+    const b = el("button", label, danger ? "danger" : "");
+    b.type = "submit";
+    f.append(h, b);
+    return f;
+  }
+  function rows(tbody, items, cols, empty) {
+    const frag = document.createDocumentFragment();
+    if (items.length === 0) {
+      const tr = el("tr", null, "empty");
+      const td = el("td", empty);
+      td.colSpan = cols;
+      tr.append(td);
+      frag.append(tr);
+    }
+    return frag;
+  }
+  function render(state, csrf) {
+    const runs = document.getElementById("runs");
+    const rf = rows(runs, state.running, 5, "Nothing is running.");
+    for (const r of state.running) {
+      const tr = el("tr"); tr.dataset.id = r.id;
+      const tool = el("td", r.tool);
+      if (r.session) { tool.append(el("br"), el("small", r.session)); }
+      const code = el("td"); code.append(el("pre", r.code, "code"));
+      const act = el("td"); act.append(killForm(r.id, csrf, "/console/runs/{id}/kill", "Kill", true));
+      tr.append(el("td", r.identity), tool, code, el("td", r.elapsed_ms + " ms"), act);
+      rf.append(tr);
+    }
+    runs.replaceChildren(rf);
+    document.getElementById("n-runs").textContent = state.running.length;
+    document.getElementById("queue").textContent = state.queue;
+    document.getElementById("inflight").textContent = state.in_flight;
+    const sessions = document.getElementById("sessions");
+    const sf = rows(sessions, state.sessions, 5, "No session is open.");
+    for (const s of state.sessions) {
+      const tr = el("tr"); tr.dataset.id = s.session_id;
+      const id = el("td"); id.append(el("code", s.session_id));
+      const act = el("td"); act.append(killForm(s.session_id, csrf, "/console/sessions/{id}/close", "Close", false));
+      tr.append(id, el("td", s.runs), el("td", (s.memory_bytes / 1048576).toFixed(1) + " MiB"), el("td", s.last_used), act);
+      sf.append(tr);
+    }
+    sessions.replaceChildren(sf);
+    document.getElementById("n-sessions").textContent = state.sessions.length;
+    const recent = document.getElementById("recent");
+    const cf = rows(recent, state.recent, 6, "No call yet.");
+    for (const c of state.recent) {
+      const tr = el("tr");
+      const d = el("td"); d.append(el("span", c.decision, "tag d-" + String(c.decision).replace(/[^a-z_]/g, "")));
+      tr.append(el("td", c.at), el("td", c.identity), el("td", c.tool), d, el("td", c.status || ""), el("td", c.duration_ms + " ms"));
+      cf.append(tr);
+    }
+    recent.replaceChildren(cf);
+  }
+  const live = document.getElementById("live");
+  if (live) {
+    const csrf = live.dataset.csrf;
+    const status = document.getElementById("live-state");
+    const es = new EventSource("/console/events");
+    es.addEventListener("state", (ev) => { render(JSON.parse(ev.data), csrf); status.textContent = "updated " + new Date().toLocaleTimeString(); });
+    es.onerror = () => { status.textContent = "reconnecting…"; };
+  }
+  // Python keywords, strings and comments, by token: the code stays text.
+  for (const pre of document.querySelectorAll("pre.highlight")) {
+    const src = pre.textContent;
+    const re = /(#[^\n]*)|("""[\s\S]*?"""|'''[\s\S]*?'''|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')|\b(and|as|assert|async|await|break|class|continue|def|del|elif|else|except|finally|for|from|global|if|import|in|is|lambda|nonlocal|not|or|pass|raise|return|try|while|with|yield|None|True|False)\b/g;
+    const frag = document.createDocumentFragment();
+    let last = 0, m;
+    while ((m = re.exec(src)) !== null) {
+      frag.append(document.createTextNode(src.slice(last, m.index)));
+      frag.append(el("span", m[0], m[1] ? "com" : m[2] ? "str" : "kw"));
+      last = re.lastIndex;
+    }
+    frag.append(document.createTextNode(src.slice(last)));
+    pre.replaceChildren(frag);
+  }
+})();

@@ -1,0 +1,294 @@
+// Package console is the operator's page at /console (serve --http
+// --console): what agents run, live; a way to stop a run or close a
+// session; the audit trail, searchable; the policy in force.
+//
+// Operators sign in with tokens of their own (--operator-token-file),
+// never an agent's, and an operator's token never reaches /mcp. Signing
+// in trades the token for a session cookie (HttpOnly, SameSite=Strict,
+// Secure over TLS) and a CSRF token that every action must carry, and
+// every action must come from the console's own origin. Everything an
+// agent wrote (code, output, identities, arguments) is hostile: it is
+// rendered by html/template on the server and by textContent in the
+// browser, never as markup.
+package console
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"embed"
+	"encoding/hex"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pysandbox/pysandbox/internal/activity"
+	"github.com/pysandbox/pysandbox/internal/audit"
+	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/httpserver"
+	"github.com/pysandbox/pysandbox/internal/policy"
+)
+
+//go:embed assets templates
+var files embed.FS
+
+// Config is what the console shows and acts on.
+type Config struct {
+	// Operators are the operators' tokens (--operator-token-file).
+	Operators *httpserver.Tokens
+	Activity  *activity.Registry
+	Sessions  *engine.Sessions
+	Engine    *engine.Engine
+	// AuditPath is the audit log (--audit-log), "" without one; Audit
+	// writes the operators' actions to it.
+	AuditPath string
+	Audit     *audit.Writer
+	// Policy is the policy in force now.
+	Policy func() *policy.Policy
+	Log    *slog.Logger
+}
+
+// SessionTTL is how long a console sign-in lasts.
+const SessionTTL = 12 * time.Hour
+
+// Console serves /console.
+type Console struct {
+	cfg  Config
+	tmpl *template.Template
+
+	mu       sync.Mutex
+	sessions map[string]*opSession // by cookie value
+}
+
+type opSession struct {
+	operator string
+	csrf     string
+	expires  time.Time
+}
+
+// New builds the console.
+func New(cfg Config) (*Console, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	tmpl, err := template.New("").Funcs(template.FuncMap{
+		"ago":   func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
+		"mib":   func(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) },
+		"rfc":   func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+		"short": func(s string, n int) string { return cut(s, n) },
+	}).ParseFS(files, "templates/*.html")
+	if err != nil {
+		return nil, fmt.Errorf("console: templates: %w", err)
+	}
+	return &Console{cfg: cfg, tmpl: tmpl, sessions: map[string]*opSession{}}, nil
+}
+
+// Handler serves everything under /console.
+func (c *Console) Handler() http.Handler {
+	mux := http.NewServeMux()
+	assets, _ := fs.Sub(files, "assets")
+	mux.Handle("GET /console/assets/", http.StripPrefix("/console/assets/", http.FileServerFS(assets)))
+	mux.HandleFunc("GET /console/login", c.loginPage)
+	mux.HandleFunc("POST /console/login", c.login)
+	mux.Handle("POST /console/logout", c.action(c.logout))
+	mux.Handle("GET /console", c.page(c.live))
+	mux.Handle("GET /console/{$}", c.page(c.live))
+	mux.Handle("GET /console/events", c.page(c.events))
+	mux.Handle("GET /console/state", c.page(c.stateJSON))
+	mux.Handle("POST /console/runs/{id}/kill", c.action(c.kill))
+	mux.Handle("POST /console/sessions/{id}/close", c.action(c.closeSession))
+	mux.Handle("GET /console/audit", c.page(c.auditList))
+	mux.Handle("GET /console/audit/{seq}", c.page(c.auditRecord))
+	mux.Handle("GET /console/audit.jsonl", c.page(c.auditDownload))
+	mux.Handle("POST /console/audit/verify", c.action(c.auditVerify))
+	mux.Handle("GET /console/policy", c.page(c.policyPage))
+	return securityHeaders(mux)
+}
+
+// securityHeaders: no framing, no sniffing, no script or style from
+// anywhere but the console itself, and nothing inline.
+func securityHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Cache-Control", "no-store")
+		next.ServeHTTP(w, r)
+	})
+}
+
+const cookieName = "pysandbox_console"
+
+type ctxKey struct{}
+
+// operator is the signed-in operator of a request that went through page
+// or action.
+func operator(r *http.Request) *opSession {
+	s, _ := r.Context().Value(ctxKey{}).(*opSession)
+	return s
+}
+
+func (c *Console) session(r *http.Request) *opSession {
+	ck, err := r.Cookie(cookieName)
+	if err != nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.sessions[ck.Value]
+	if s == nil || time.Now().After(s.expires) {
+		delete(c.sessions, ck.Value)
+		return nil
+	}
+	return s
+}
+
+// page requires a signed-in operator; the login page otherwise.
+func (c *Console) page(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := c.session(r)
+		if s == nil {
+			if strings.HasPrefix(r.URL.Path, "/console/events") || strings.HasPrefix(r.URL.Path, "/console/state") {
+				http.Error(w, "sign in first", http.StatusUnauthorized)
+				return
+			}
+			http.Redirect(w, r, "/console/login", http.StatusSeeOther)
+			return
+		}
+		h(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, s)))
+	})
+}
+
+// action requires a signed-in operator, the session's CSRF token in the
+// form, and a same-origin request.
+func (c *Console) action(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := c.session(r)
+		if s == nil {
+			http.Error(w, "sign in first", http.StatusUnauthorized)
+			return
+		}
+		if !sameOrigin(r) {
+			http.Error(w, "refused: a console action must come from the console's own page (Origin)", http.StatusForbidden)
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+		if subtle.ConstantTimeCompare([]byte(r.PostFormValue("csrf")), []byte(s.csrf)) != 1 {
+			http.Error(w, "refused: the form's CSRF token is missing or stale; reload the page", http.StatusForbidden)
+			return
+		}
+		h(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, s)))
+	})
+}
+
+// sameOrigin: a browser sends Origin (or at least Referer) on a POST; it
+// must name the host the request was sent to.
+func sameOrigin(r *http.Request) bool {
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		origin = r.Header.Get("Referer")
+	}
+	if origin == "" {
+		return false
+	}
+	for _, p := range []string{"http://", "https://"} {
+		if rest, ok := strings.CutPrefix(origin, p); ok {
+			host, _, _ := strings.Cut(rest, "/")
+			return host == r.Host
+		}
+	}
+	return false
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
+	c.render(w, "login.html", map[string]any{"Error": r.URL.Query().Get("error") != ""})
+}
+
+func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 8<<10)
+	if !sameOrigin(r) {
+		http.Error(w, "refused: sign in from the console's own page", http.StatusForbidden)
+		return
+	}
+	token := strings.TrimSpace(r.PostFormValue("token"))
+	info, err := c.cfg.Operators.Verify(r.Context(), token, r)
+	if err != nil || token == "" {
+		c.cfg.Log.Warn("console: a sign-in with a token that is not an operator's", "remote", r.RemoteAddr)
+		http.Redirect(w, r, "/console/login?error=1", http.StatusSeeOther)
+		return
+	}
+	s := &opSession{operator: info.UserID, csrf: randomHex(32), expires: time.Now().Add(SessionTTL)}
+	id := randomHex(32)
+	c.mu.Lock()
+	for k, old := range c.sessions {
+		if time.Now().After(old.expires) {
+			delete(c.sessions, k)
+		}
+	}
+	c.sessions[id] = s
+	c.mu.Unlock()
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: id, Path: "/console", HttpOnly: true, Secure: r.TLS != nil,
+		SameSite: http.SameSiteStrictMode, MaxAge: int(SessionTTL / time.Second)})
+	c.record(s.operator, "sign_in", "", "")
+	http.Redirect(w, r, "/console", http.StatusSeeOther)
+}
+
+func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
+	if ck, err := r.Cookie(cookieName); err == nil {
+		c.mu.Lock()
+		delete(c.sessions, ck.Value)
+		c.mu.Unlock()
+	}
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: "/console", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, "/console/login", http.StatusSeeOther)
+}
+
+// record writes an operator's action to the audit log.
+func (c *Console) record(op, action, target, detail string) error {
+	c.cfg.Log.Info("console", "operator", op, "action", action, "target", target)
+	if c.cfg.Audit == nil {
+		return nil
+	}
+	d := map[string]string{"action": action}
+	if target != "" {
+		d["target"] = target
+	}
+	if detail != "" {
+		d["detail"] = detail
+	}
+	return c.cfg.Audit.Append(&audit.Record{Event: EventOperator, Identity: "operator:" + op, Detail: d})
+}
+
+// EventOperator is the audit event of an operator's action.
+const EventOperator = "operator"
+
+func (c *Console) render(w http.ResponseWriter, name string, data any) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	if err := c.tmpl.ExecuteTemplate(w, name, data); err != nil {
+		c.cfg.Log.Error("console: render", "template", name, "err", err)
+	}
+}
+
+// cut shortens s to at most n bytes at a character boundary.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n] + "…"
+}
