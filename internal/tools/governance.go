@@ -57,10 +57,10 @@ const approvalKey = "approval"
 
 // governor enforces Governance for one server.
 type governor struct {
-	pol     atomic.Pointer[policy.Policy] // replaced by Governance.Updates
-	limiter policy.RateLimiter
-	sealer  *policy.Sealer
-	audit   *audit.Writer
+	pol      atomic.Pointer[policy.Policy] // replaced by Governance.Updates
+	limiter  policy.RateLimiter
+	sealer   *policy.Sealer
+	audit    *audit.Writer
 	metrics  *metrics.Metrics
 	activity *activity.Registry
 	log      *slog.Logger
