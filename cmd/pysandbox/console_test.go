@@ -201,3 +201,99 @@ func (b bearerRT) RoundTrip(r *http.Request) (*http.Response, error) {
 	r.Header.Set("Authorization", "Bearer "+string(b))
 	return http.DefaultTransport.RoundTrip(r)
 }
+
+// TestConsoleApproval: a policy routes run_python's approval to
+// operators; a headless agent (no elicitation) waits, told so by progress
+// notifications, until an operator approves in the console; a declined
+// call runs nothing; the decisions are on the record.
+func TestConsoleApproval(t *testing.T) {
+	dir := t.TempDir()
+	agents := filepath.Join(dir, "agents")
+	os.WriteFile(agents, []byte("ci-bot ci-bot-0123456789abcdef\n"), 0o600)
+	operators := filepath.Join(dir, "operators")
+	os.WriteFile(operators, []byte("olga olga-0123456789abcdef00\n"), 0o600)
+	pol := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(pol, []byte("version: \"1\"\ndefault: allow\ntools:\n  run_python: {action: approve, by: operator}\n"), 0o600)
+	auditLog := filepath.Join(dir, "audit.log")
+	addr := freePort(t)
+	base := "http://" + addr
+	startServe(t, addr, base, nil, "--auth-token-file", agents, "--console", "--operator-token-file", operators, "--policy", pol, "--audit-log", auditLog)
+	ctx := context.Background()
+	op := newConsoleClient(t, base)
+	op.post("/console/login", base, url.Values{"token": {"olga-0123456789abcdef00"}})
+	_, page := op.get("/console")
+	csrf := csrfField.FindStringSubmatch(page)[1]
+
+	progress := make(chan string, 16)
+	client := mcp.NewClient(&mcp.Implementation{Name: "headless", Version: "1"}, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
+			select {
+			case progress <- r.Params.Message:
+			default:
+			}
+		}})
+	agent, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp", HTTPClient: &http.Client{Transport: bearerRT("ci-bot-0123456789abcdef")}},
+		&mcp.ClientSessionOptions{ProtocolVersion: "2025-06-18"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer agent.Close()
+	for _, verdict := range []string{"approve", "decline"} {
+		done := make(chan *mcp.CallToolResult, 1)
+		go func() {
+			params := &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "print('deploy <b>now</b>')"}}
+			params.SetProgressToken("p-" + verdict)
+			res, _ := agent.CallTool(ctx, params)
+			done <- res
+		}()
+		var state struct {
+			Pending []struct{ ID, Identity, Tool, Summary string }
+		}
+		deadline := time.Now().Add(time.Minute)
+		for len(state.Pending) == 0 && time.Now().Before(deadline) {
+			_, body := op.get("/console/state")
+			json.Unmarshal([]byte(body), &state)
+			time.Sleep(50 * time.Millisecond)
+		}
+		if len(state.Pending) != 1 || state.Pending[0].Identity != "ci-bot" || !strings.Contains(state.Pending[0].Summary, "deploy <b>now</b>") {
+			t.Fatalf("pending: %+v", state)
+		}
+		if _, page := op.get("/console"); strings.Contains(page, "<b>now</b>") {
+			t.Errorf("the pending call's code is not escaped")
+		}
+		if verdict == "approve" {
+			select {
+			case m := <-progress:
+				if !strings.Contains(m, "waiting for an operator") {
+					t.Errorf("progress: %q", m)
+				}
+			case <-time.After(time.Minute):
+				t.Error("no progress notification while waiting")
+			}
+		}
+		if _, loc, _ := op.post("/console/approvals/"+state.Pending[0].ID+"/"+verdict, base, url.Values{"csrf": {csrf}}); !strings.Contains(loc, verdict) {
+			t.Errorf("%s: %s", verdict, loc)
+		}
+		// Used once: a second answer finds nothing.
+		if _, loc, _ := op.post("/console/approvals/"+state.Pending[0].ID+"/approve", base, url.Values{"csrf": {csrf}}); !strings.Contains(loc, "no+call") && !strings.Contains(loc, "no%20call") {
+			t.Errorf("a second answer: %s", loc)
+		}
+		select {
+		case res := <-done:
+			switch {
+			case verdict == "approve" && (res == nil || res.IsError || !strings.Contains(toolText(res), "deploy")):
+				t.Errorf("approved: %+v", res)
+			case verdict == "decline" && (res == nil || !res.IsError || !strings.Contains(toolText(res), "Operator olga declined")):
+				t.Errorf("declined: %+v", res)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("the call did not end")
+		}
+	}
+	data, _ := os.ReadFile(auditLog)
+	for _, want := range []string{`"reason":"approved by operator olga"`, `"reason":"operator olga declined it"`, `"action":"approve"`, `"action":"decline"`} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("the audit log lacks %s", want)
+		}
+	}
+}

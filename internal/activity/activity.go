@@ -55,6 +55,7 @@ type Registry struct {
 	running map[string]*Call
 	recent  []Done // newest last, at most Recent
 	subs    map[chan struct{}]bool
+	pending map[string]*Approval
 }
 
 // New returns an empty Registry.

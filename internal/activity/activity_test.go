@@ -3,6 +3,7 @@ package activity
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -53,5 +54,34 @@ func TestHeadCutsAtCharacters(t *testing.T) {
 	h := head(code)
 	if !strings.HasSuffix(h, "…") || len(h) > CodeBytes+len("…") || strings.ContainsRune(h[:len(h)-len("…")], '\uFFFD') {
 		t.Errorf("%q", h)
+	}
+}
+
+func TestAwaitDecide(t *testing.T) {
+	r := New()
+	got := make(chan string, 1)
+	go func() {
+		ok, by, err := r.Await(context.Background(), Approval{ID: "a1", Identity: "ci", Tool: "run_python", Summary: "print(1)"})
+		got <- fmt.Sprint(ok, " ", by, " ", err)
+	}()
+	for len(r.Pending()) == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := r.Decide("nope", true, "olga"); !errors.Is(err, ErrNoApproval) {
+		t.Errorf("%v", err)
+	}
+	if _, err := r.Decide("a1", true, "olga"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Decide("a1", false, "olga"); !errors.Is(err, ErrNoApproval) {
+		t.Errorf("a second answer: %v", err)
+	}
+	if s := <-got; s != "true olga <nil>" {
+		t.Errorf("%s", s)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if ok, _, err := r.Await(ctx, Approval{ID: "a2"}); ok || err == nil || len(r.Pending()) != 0 {
+		t.Errorf("a call that gave up: %v %v", ok, err)
 	}
 }

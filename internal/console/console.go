@@ -102,6 +102,13 @@ func (c *Console) Handler() http.Handler {
 	mux.Handle("GET /console/state", c.page(c.stateJSON))
 	mux.Handle("POST /console/runs/{id}/kill", c.action(c.kill))
 	mux.Handle("POST /console/sessions/{id}/close", c.action(c.closeSession))
+	mux.Handle("POST /console/approvals/{id}/{verdict}", c.action(func(w http.ResponseWriter, r *http.Request) {
+		if v := r.PathValue("verdict"); v != "approve" && v != "decline" {
+			http.NotFound(w, r)
+			return
+		}
+		c.decide(w, r)
+	}))
 	mux.Handle("GET /console/audit", c.page(c.auditList))
 	mux.Handle("GET /console/audit/{seq}", c.page(c.auditRecord))
 	mux.Handle("GET /console/audit.jsonl", c.page(c.auditDownload))

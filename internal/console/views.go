@@ -19,6 +19,7 @@ import (
 type State struct {
 	Operator string               `json:"operator"`
 	Running  []RunView            `json:"running"`
+	Pending  []activity.Approval  `json:"pending"`
 	Sessions []engine.SessionInfo `json:"sessions"`
 	Queue    int                  `json:"queue"`
 	InFlight int                  `json:"in_flight"`
@@ -33,7 +34,7 @@ type RunView struct {
 }
 
 func (c *Console) state(op string) State {
-	st := State{Operator: op, At: time.Now().UTC(), Sessions: []engine.SessionInfo{}, Running: []RunView{}}
+	st := State{Operator: op, At: time.Now().UTC(), Sessions: []engine.SessionInfo{}, Running: []RunView{}, Pending: c.cfg.Activity.Pending()}
 	for _, call := range c.cfg.Activity.Running() {
 		st.Running = append(st.Running, RunView{Call: call, ElapsedMS: time.Since(call.Started).Milliseconds()})
 	}
@@ -101,6 +102,23 @@ func (c *Console) kill(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.back(w, r, "/console", fmt.Sprintf("stopped %s of %s", call.Tool, call.Identity))
+}
+
+func (c *Console) decide(w http.ResponseWriter, r *http.Request) {
+	s := operator(r)
+	id := r.PathValue("id")
+	approve := r.PathValue("verdict") == "approve"
+	a, err := c.cfg.Activity.Decide(id, approve, s.operator)
+	if err != nil {
+		c.back(w, r, "/console", err.Error())
+		return
+	}
+	action := "decline"
+	if approve {
+		action = "approve"
+	}
+	c.record(s.operator, action, id, fmt.Sprintf("%s of %s", a.Tool, a.Identity))
+	c.back(w, r, "/console", fmt.Sprintf("%sd %s of %s", action, a.Tool, a.Identity))
 }
 
 func (c *Console) closeSession(w http.ResponseWriter, r *http.Request) {

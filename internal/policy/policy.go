@@ -77,7 +77,17 @@ type ToolRule struct {
 	Action Action  `json:"action"`
 	Reason string  `json:"reason,omitempty"`
 	Limits []Limit `json:"limits,omitempty"`
+	// By says who approves an approve rule: ApproveByUser (the agent's
+	// user, through MCP elicitation; the default) or ApproveByOperator
+	// (an operator, in the console: the call waits for them).
+	By string `json:"by,omitempty"`
 }
+
+// Who approves.
+const (
+	ApproveByUser     = "user"
+	ApproveByOperator = "operator"
+)
 
 // Policy is a parsed, validated policy file.
 type Policy struct {
@@ -111,16 +121,17 @@ type Decision struct {
 	Action Action
 	Reason string
 	Limits []Limit
+	By     string // for Approve: ApproveByUser or ApproveByOperator
 }
 
 // Decide returns what the policy says about a tool. A tool the policy does
 // not list falls to the default.
 func (p *Policy) Decide(tool string) Decision {
 	if r, ok := p.Tools[tool]; ok {
-		return Decision{Action: r.Action, Reason: r.Reason, Limits: r.Limits}
+		return Decision{Action: r.Action, Reason: r.Reason, Limits: r.Limits, By: r.by()}
 	}
 	if r, ok := p.upstreamRule(tool); ok {
-		return Decision{Action: r.Action, Reason: r.Reason, Limits: r.Limits}
+		return Decision{Action: r.Action, Reason: r.Reason, Limits: r.Limits, By: r.by()}
 	}
 	reason := ""
 	if p.Default == Deny {
@@ -452,8 +463,15 @@ func (v *validator) action(field string, x any) Action {
 	return Deny
 }
 
+func (r *ToolRule) by() string {
+	if r.By == "" {
+		return ApproveByUser
+	}
+	return r.By
+}
+
 func (v *validator) tool(field string, x any) *ToolRule {
-	m := v.object(field, x, "action", "reason", "limits")
+	m := v.object(field, x, "action", "reason", "limits", "by")
 	// A listed tool without an action is allowed (with its limits): that
 	// is how gateway policies write "allowed, but rate-limited".
 	r := &ToolRule{Action: Allow}
@@ -467,6 +485,15 @@ func (v *validator) tool(field string, x any) *ToolRule {
 		r.Reason, _ = v.str(field+".reason", s)
 		if len(r.Reason) > 1000 {
 			v.fail(field+".reason", "longer than 1000 characters")
+		}
+	}
+	if b, ok := m["by"]; ok {
+		r.By, _ = v.str(field+".by", b)
+		switch {
+		case r.By != ApproveByUser && r.By != ApproveByOperator:
+			v.fail(field+".by", "%q is not who approves; want user (the agent's user, asked through MCP) or operator (in the console)", r.By)
+		case r.Action != Approve:
+			v.fail(field+".by", "says who approves, so it goes with action: approve")
 		}
 	}
 	if l, ok := m["limits"]; ok {

@@ -480,10 +480,61 @@ func (g *governor) check(ctx context.Context, req *mcp.CallToolRequest, tool str
 			return packageRefusal(ctx, err)
 		}
 	}
-	if pol.Decide(tool).Action != policy.Approve {
+	d := pol.Decide(tool)
+	if d.Action != policy.Approve {
 		return nil
 	}
+	if d.By == policy.ApproveByOperator {
+		return g.operatorApproval(ctx, req, tool, in, pkgs)
+	}
 	return g.approve(ctx, req, tool, in, pkgs)
+}
+
+// operatorWait bounds how long a call waits for an operator.
+const operatorWait = 10 * time.Minute
+
+// operatorApproval implements approve with by: operator: the call waits,
+// telling its client so (progress notifications), until an operator
+// decides in the console. It works for any client, headless ones
+// included; the answer is bound to this call and used once.
+func (g *governor) operatorApproval(ctx context.Context, req *mcp.CallToolRequest, tool string, in any, pkgs []requested) *mcp.CallToolResult {
+	if g.activity == nil {
+		noteDecision(ctx, "deny", "approval by an operator required, and this server has no console", "approval")
+		return refusal(engine.StatusDenied, fmt.Sprintf("The server's policy requires an operator to approve each %s call, and this server has no operator console (--console). Nothing was run; tell the server's operator.", tool))
+	}
+	wctx, cancel := context.WithTimeout(ctx, operatorWait)
+	defer cancel()
+	if tok := req.Params.GetProgressToken(); tok != nil && req.Session != nil {
+		// Until the decision: the client (and its user) knows why the
+		// call takes time.
+		go func() {
+			t := time.NewTicker(5 * time.Second)
+			defer t.Stop()
+			for n := 1.0; ; n++ {
+				req.Session.NotifyProgress(wctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: n,
+					Message: "waiting for an operator to approve this " + tool + " call in the pysandbox console"})
+				select {
+				case <-wctx.Done():
+					return
+				case <-t.C:
+				}
+			}
+		}()
+	}
+	ok, by, err := g.activity.Await(wctx, activity.Approval{ID: callIDOf(ctx), Identity: identity(req), Tool: tool, Summary: g.approvalMessage(tool, in, pkgs)})
+	switch {
+	case err != nil && ctx.Err() != nil:
+		noteDecision(ctx, "declined", "the call was cancelled while it waited for an operator", "approval")
+		return refusal(engine.StatusCancelled, "The call was cancelled while it waited for an operator's approval. Nothing was run.")
+	case err != nil:
+		noteDecision(ctx, "declined", "no operator decided within "+operatorWait.String(), "approval")
+		return refusal(engine.StatusDenied, fmt.Sprintf("No operator approved this %s call within %s. Nothing was run; ask the server's operator.", tool, operatorWait))
+	case !ok:
+		noteDecision(ctx, "declined", "operator "+by+" declined it", "approval")
+		return refusal(engine.StatusDenied, fmt.Sprintf("Operator %s declined this %s call. Nothing was run. Do not retry it unless asked to.", by, tool))
+	}
+	noteDecision(ctx, "approved", "approved by operator "+by, "")
+	return nil
 }
 
 // packageRefusal reports a package the policy refuses.

@@ -32,6 +32,18 @@
     return frag;
   }
   function render(state, csrf) {
+    const pending = document.getElementById("pending");
+    const pf = rows(pending, state.pending, 5, "No call waits for an operator.");
+    for (const a of state.pending) {
+      const tr = el("tr"); tr.dataset.id = a.id;
+      const what = el("td"); what.append(el("pre", a.summary, "code"));
+      const act = el("td");
+      act.append(killForm(a.id, csrf, "/console/approvals/{id}/approve", "Approve", false), killForm(a.id, csrf, "/console/approvals/{id}/decline", "Decline", true));
+      tr.append(el("td", a.identity), el("td", a.tool), what, el("td", a.created), act);
+      pf.append(tr);
+    }
+    pending.replaceChildren(pf);
+    document.getElementById("n-pending").textContent = state.pending.length;
     const runs = document.getElementById("runs");
     const rf = rows(runs, state.running, 5, "Nothing is running.");
     for (const r of state.running) {
