@@ -17,6 +17,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/testutil"
 )
 
 // chromium finds Debian's Chromium (apt-get install chromium; the test
@@ -94,7 +96,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	// An agent's hostile run appears live, as text.
 	ctx := context.Background()
 	agent, err := mcp.NewClient(&mcp.Implementation{Name: "headless", Version: "1"}, nil).Connect(ctx,
-		&mcp.StreamableClientTransport{Endpoint: base + "/mcp", HTTPClient: &http.Client{Transport: bearerRT("ci-bot-0123456789abcdef")}},
+		&mcp.StreamableClientTransport{Endpoint: base + "/mcp", HTTPClient: &http.Client{Transport: testutil.Bearer("ci-bot-0123456789abcdef", nil)}},
 		&mcp.ClientSessionOptions{ProtocolVersion: "2025-06-18"})
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/testutil"
 )
 
 // consoleClient is an operator's browser, as far as HTTP goes: cookies,
@@ -93,7 +95,7 @@ func TestConsole(t *testing.T) {
 	}
 	// An operator's token never runs code.
 	opClient := mcp.NewClient(&mcp.Implementation{Name: "op", Version: "1"}, nil)
-	if _, err := opClient.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp", HTTPClient: &http.Client{Transport: bearerRT("olga-0123456789abcdef00")}}, nil); err == nil {
+	if _, err := opClient.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp", HTTPClient: &http.Client{Transport: testutil.Bearer("olga-0123456789abcdef00", nil)}}, nil); err == nil {
 		t.Error("an operator's token opened /mcp")
 	}
 
@@ -194,14 +196,6 @@ func TestConsole(t *testing.T) {
 	}
 }
 
-type bearerRT string
-
-func (b bearerRT) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+string(b))
-	return http.DefaultTransport.RoundTrip(r)
-}
-
 // TestConsoleApproval: a policy routes run_python's approval to
 // operators; a headless agent (no elicitation) waits, told so by progress
 // notifications, until an operator approves in the console; a declined
@@ -232,7 +226,7 @@ func TestConsoleApproval(t *testing.T) {
 			default:
 			}
 		}})
-	agent, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp", HTTPClient: &http.Client{Transport: bearerRT("ci-bot-0123456789abcdef")}},
+	agent, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp", HTTPClient: &http.Client{Transport: testutil.Bearer("ci-bot-0123456789abcdef", nil)}},
 		&mcp.ClientSessionOptions{ProtocolVersion: "2025-06-18"})
 	if err != nil {
 		t.Fatal(err)

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 
 	"github.com/pysandbox/pysandbox/internal/sharedstate"
 	"github.com/pysandbox/pysandbox/internal/tools"
@@ -79,23 +78,16 @@ func (sh *shared) close() {
 	}
 }
 
-// readApprovalKey reads a 32-byte key given raw, in hex or in base64.
+// readApprovalKey reads a 32-byte key given raw, in hex or in base64, from
+// a file others cannot read.
 func readApprovalKey(path string) ([]byte, error) {
-	st, err := os.Stat(path)
+	text, err := readSecretFile(path, "--approval-key-file")
 	if err != nil {
-		return nil, fmt.Errorf("--approval-key-file: %w", err)
+		return nil, err
 	}
-	if st.Mode().Perm()&0o077 != 0 && st.Mode().IsRegular() {
-		return nil, fmt.Errorf("--approval-key-file: %s can be read by others (mode %v); chmod 600 it", path, st.Mode().Perm())
+	if raw, err := os.ReadFile(path); err == nil && len(raw) == 32 {
+		return raw, nil
 	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("--approval-key-file: %w", err)
-	}
-	if len(data) == 32 {
-		return data, nil
-	}
-	text := strings.TrimSpace(string(data))
 	if k, err := hex.DecodeString(text); err == nil && len(k) == 32 {
 		return k, nil
 	}
