@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"html"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -60,7 +61,26 @@ func (c *consoleClient) post(path, origin string, form url.Values) (int, string,
 	return resp.StatusCode, resp.Header.Get("Location"), string(body)
 }
 
-var csrfField = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
+var (
+	csrfField   = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
+	noticeField = regexp.MustCompile(`(?s)<p class="notice" role="status">(.*?)</p>`)
+)
+
+// act posts a console action from the console's origin and returns the
+// notice the page it leads to shows (once).
+func (c *consoleClient) act(path string, form url.Values) string {
+	c.t.Helper()
+	code, loc, body := c.post(path, c.base, form)
+	if code != http.StatusSeeOther {
+		c.t.Fatalf("%s: %d %s", path, code, body)
+	}
+	_, page := c.get(loc)
+	m := noticeField.FindStringSubmatch(page)
+	if m == nil {
+		return ""
+	}
+	return html.UnescapeString(m[1])
+}
 
 // TestConsole drives the operator console over HTTP: sign-in with an
 // operator's token only, an agent's hostile run seen live and escaped,
@@ -76,7 +96,9 @@ func TestConsole(t *testing.T) {
 	auditLog := filepath.Join(dir, "audit.log")
 	addr := freePort(t)
 	base := "http://" + addr
-	startServe(t, addr, base, nil, "--auth-token-file", agents, "--console", "--operator-token-file", operators, "--audit-log", auditLog)
+	pol := filepath.Join(dir, "policy.json")
+	os.WriteFile(pol, []byte(`{"version":"1","default":"allow","tools":{"run_python":{"action":"allow","limits":[{"counter":"runs","window":"hour","max":40,"scope":"grant"},{"counter":"all","window":"day","max":1000,"scope":"global"}]}}}`), 0o600)
+	startServe(t, addr, base, nil, "--auth-token-file", agents, "--console", "--operator-token-file", operators, "--audit-log", auditLog, "--policy", pol)
 	ctx := context.Background()
 
 	op := newConsoleClient(t, base)
@@ -108,10 +130,16 @@ func TestConsole(t *testing.T) {
 		done <- res
 	}()
 	var state struct {
-		Running []struct{ ID, Identity, Tool, Code string }
+		Running []struct {
+			ID, Identity, Tool, Code string
+			HasUsage                 bool  `json:"has_usage"`
+			MemoryBytes              int64 `json:"memory_bytes"`
+		}
 	}
 	deadline := time.Now().Add(time.Minute)
-	for len(state.Running) == 0 && time.Now().Before(deadline) {
+	// Until it is seen, with its usage once it has a sandbox that can be
+	// measured (the server runs as root here: cgroups).
+	for (len(state.Running) == 0 || (os.Geteuid() == 0 && !state.Running[0].HasUsage)) && time.Now().Before(deadline) {
 		_, body := op.get("/console/state")
 		json.Unmarshal([]byte(body), &state)
 		time.Sleep(50 * time.Millisecond)
@@ -119,9 +147,20 @@ func TestConsole(t *testing.T) {
 	if len(state.Running) != 1 || state.Running[0].Identity != "alice" || !strings.Contains(state.Running[0].Code, "<script>") {
 		t.Fatalf("the run in flight: %+v", state)
 	}
+	// Shown inert: the RTL override and the ANSI escape as visible escapes.
+	if c := state.Running[0].Code; strings.ContainsAny(c, "\u202e\x1b") || !strings.Contains(c, `\u202eevil`) || !strings.Contains(c, `\x1b[31m`) {
+		t.Errorf("the code is not inert: %q", c)
+	}
+	if os.Geteuid() == 0 && state.Running[0].MemoryBytes <= 0 {
+		t.Errorf("the run's memory so far: %+v", state.Running[0])
+	}
 	_, page := op.get("/console")
-	if strings.Contains(page, "<script>alert") || !strings.Contains(page, "&lt;script&gt;alert") {
+	if strings.Contains(page, "<script>alert") || !strings.Contains(page, "&lt;script&gt;alert") || strings.Contains(page, "\u202e") {
 		t.Errorf("the live page does not escape the code:\n%s", page)
+	}
+	// A crafted link cannot put words on the page.
+	if _, p := op.get("/console?notice=the+chain+verifies"); strings.Contains(p, "chain verifies") {
+		t.Error("the page shows a notice from its URL")
 	}
 	m := csrfField.FindStringSubmatch(page)
 	if m == nil {
@@ -135,8 +174,11 @@ func TestConsole(t *testing.T) {
 	if code, _, _ := op.post(kill, "http://evil.example", url.Values{"csrf": {csrf}}); code != http.StatusForbidden {
 		t.Errorf("a kill from another origin: %d", code)
 	}
-	if _, loc, _ := op.post(kill, base, url.Values{"csrf": {csrf}}); !strings.Contains(loc, "stopped") {
-		t.Errorf("the kill: %s", loc)
+	if n := op.act(kill, url.Values{"csrf": {csrf}}); !strings.Contains(n, "stopped run_python of alice") {
+		t.Errorf("the kill: %q", n)
+	}
+	if n := noticeField.FindString(func() string { _, p := op.get("/console"); return p }()); n != "" {
+		t.Errorf("a notice shown twice: %s", n)
 	}
 	select {
 	case res := <-done:
@@ -150,8 +192,8 @@ func TestConsole(t *testing.T) {
 	// Close a session.
 	_, out := callTool(t, agent, "create_session", nil)
 	sid, _ := out["session_id"].(string)
-	if _, loc, _ := op.post("/console/sessions/"+sid+"/close", base, url.Values{"csrf": {csrf}}); !strings.Contains(loc, "closed") {
-		t.Errorf("closing a session: %s", loc)
+	if n := op.act("/console/sessions/"+sid+"/close", url.Values{"csrf": {csrf}}); !strings.Contains(n, "closed") {
+		t.Errorf("closing a session: %q", n)
 	}
 	if res, _ := callTool(t, agent, "run_python", map[string]any{"session_id": sid, "code": "1"}); !res.IsError {
 		t.Errorf("the closed session still runs")
@@ -169,14 +211,18 @@ func TestConsole(t *testing.T) {
 	if code, rec := op.get("/console/audit/" + seq[1]); code != 200 || !strings.Contains(rec, "stopped by operator olga") || strings.Contains(rec, "<script>alert") {
 		t.Errorf("the record page: %d\n%s", code, rec)
 	}
-	if _, loc, _ := op.post("/console/audit/verify", base, url.Values{"csrf": {csrf}}); !strings.Contains(loc, "verifies") {
-		t.Errorf("verify: %s", loc)
+	if n := op.act("/console/audit/verify", url.Values{"csrf": {csrf}}); !strings.Contains(n, "the chain verifies") {
+		t.Errorf("verify: %q", n)
 	}
 	if code, jsonl := op.get("/console/audit.jsonl?tool=run_python"); code != 200 || strings.Count(jsonl, "\n") < 2 {
 		t.Errorf("download: %d %q", code, jsonl)
 	}
-	if code, pol := op.get("/console/policy"); code != 200 || !strings.Contains(pol, "Policy in force") {
-		t.Errorf("policy: %d", code)
+	// The policy page: its digest, and the counters against the limits
+	// (alice ran twice, in one hour window and one day window).
+	if code, page := op.get("/console/policy"); code != 200 || !strings.Contains(page, "Policy in force") ||
+		!regexp.MustCompile(`alice</span>\s*<meter min="0" max="40" value="2"`).MatchString(page) ||
+		!regexp.MustCompile(`everyone</span>\s*<meter min="0" max="1000" value="2"`).MatchString(page) {
+		t.Errorf("policy: %d\n%s", code, page)
 	}
 	// The operator's actions are on the record.
 	data, _ := os.ReadFile(auditLog)
@@ -265,12 +311,12 @@ func TestConsoleApproval(t *testing.T) {
 				t.Error("no progress notification while waiting")
 			}
 		}
-		if _, loc, _ := op.post("/console/approvals/"+state.Pending[0].ID+"/"+verdict, base, url.Values{"csrf": {csrf}}); !strings.Contains(loc, verdict) {
-			t.Errorf("%s: %s", verdict, loc)
+		if n := op.act("/console/approvals/"+state.Pending[0].ID+"/"+verdict, url.Values{"csrf": {csrf}}); !strings.Contains(n, verdict+"d run_python of ci-bot") {
+			t.Errorf("%s: %q", verdict, n)
 		}
 		// Used once: a second answer finds nothing.
-		if _, loc, _ := op.post("/console/approvals/"+state.Pending[0].ID+"/approve", base, url.Values{"csrf": {csrf}}); !strings.Contains(loc, "no+call") && !strings.Contains(loc, "no%20call") {
-			t.Errorf("a second answer: %s", loc)
+		if n := op.act("/console/approvals/"+state.Pending[0].ID+"/approve", url.Values{"csrf": {csrf}}); !strings.Contains(n, "no call waits") {
+			t.Errorf("a second answer: %q", n)
 		}
 		select {
 		case res := <-done:

@@ -23,8 +23,19 @@ type Call struct {
 	Session  string    `json:"session,omitempty"`
 	Code     string    `json:"code,omitempty"` // its first lines (CodeLines, CodeBytes)
 	Started  time.Time `json:"started"`
-	cancel   context.CancelCauseFunc
+	// CPUMS and MemoryBytes are what its sandbox has used so far (CPU
+	// time, memory now), read when the call is listed; HasUsage is false
+	// until the run has a sandbox that can be measured.
+	CPUMS       int64 `json:"cpu_ms"`
+	MemoryBytes int64 `json:"memory_bytes"`
+	HasUsage    bool  `json:"has_usage"`
+	cancel      context.CancelCauseFunc
+	probe       Probe
 }
+
+// Probe reads what a call's sandbox has used so far: CPU time and the
+// memory it holds now.
+type Probe func() (cpu time.Duration, memoryBytes int64)
 
 // Done is a finished (or refused) call.
 type Done struct {
@@ -109,15 +120,37 @@ func (r *Registry) Finish(d Done) {
 // Running lists the calls in flight, oldest first.
 func (r *Registry) Running() []Call {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	out := make([]Call, 0, len(r.running))
+	probes := make([]Probe, 0, len(r.running))
 	for _, c := range r.running {
 		cc := *c
-		cc.cancel = nil
+		cc.cancel, cc.probe = nil, nil
 		out = append(out, cc)
+		probes = append(probes, c.probe)
+	}
+	r.mu.Unlock()
+	// The probes read cgroup files: not under the lock.
+	for i, p := range probes {
+		if p != nil {
+			cpu, mem := p()
+			out[i].CPUMS, out[i].MemoryBytes, out[i].HasUsage = cpu.Milliseconds(), mem, cpu > 0 || mem > 0
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Started.Before(out[j].Started) })
 	return out
+}
+
+// SetProbe gives the call in flight of that id a way to read its usage
+// (once its run has a sandbox); a call that ended is left alone.
+func (r *Registry) SetProbe(id string, p Probe) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c, ok := r.running[id]; ok {
+		c.probe = p
+	}
 }
 
 // RecentCalls lists up to n of the most recent calls, newest first.

@@ -85,3 +85,20 @@ func TestAwaitDecide(t *testing.T) {
 		t.Errorf("a call that gave up: %v %v", ok, err)
 	}
 }
+
+func TestProbe(t *testing.T) {
+	r := New()
+	_, end := r.Begin(context.Background(), Call{ID: "c1", Identity: "ci", Tool: "run_python"})
+	if c := r.Running(); len(c) != 1 || c[0].HasUsage {
+		t.Fatalf("before a probe: %+v", c)
+	}
+	r.SetProbe("c1", func() (time.Duration, int64) { return 2500 * time.Millisecond, 7 << 20 })
+	r.SetProbe("gone", func() (time.Duration, int64) { t.Error("probe of a call not in flight"); return 0, 0 })
+	if c := r.Running(); len(c) != 1 || !c[0].HasUsage || c[0].CPUMS != 2500 || c[0].MemoryBytes != 7<<20 {
+		t.Errorf("with a probe: %+v", c)
+	}
+	end()
+	if c := r.Running(); len(c) != 0 {
+		t.Errorf("after the end: %+v", c)
+	}
+}

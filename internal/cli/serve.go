@@ -271,8 +271,12 @@ func serve(args []string, stderr io.Writer) error {
 		}
 		act = activity.New()
 		gov.Activity = act
+		if gov.Limiter == nil {
+			// One limiter, shared with the console, which shows its counts.
+			gov.Limiter = policy.NewLimiter(nil)
+		}
 		con, err := console.New(console.Config{Operators: ops, Activity: act, Sessions: sessions, Engine: eng, AuditPath: *auditLog,
-			Audit: gov.Audit, Policy: current.Load, Log: log})
+			Audit: gov.Audit, Policy: current.Load, Limiter: gov.Limiter, Log: log})
 		if err != nil {
 			return err
 		}

@@ -50,7 +50,10 @@ type Config struct {
 	Audit     *audit.Writer
 	// Policy is the policy in force now.
 	Policy func() *policy.Policy
-	Log    *slog.Logger
+	// Limiter is the server's rate limiter; the policy page shows its
+	// counters when it can read them (policy.CountReader).
+	Limiter policy.RateLimiter
+	Log     *slog.Logger
 }
 
 // SessionTTL is how long a console sign-in lasts.
@@ -69,6 +72,10 @@ type opSession struct {
 	operator string
 	csrf     string
 	expires  time.Time
+	// notice is what the last action said, shown once by the next page
+	// (kept here rather than in the URL, so nobody can put words in the
+	// console's mouth with a crafted link).
+	notice string
 }
 
 // New builds the console.
@@ -77,10 +84,14 @@ func New(cfg Config) (*Console, error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	tmpl, err := template.New("").Funcs(template.FuncMap{
-		"ago":   func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
-		"mib":   func(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) },
-		"rfc":   func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
-		"short": func(s string, n int) string { return cut(s, n) },
+		"ago":     ago,
+		"mib":     func(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) },
+		"rfc":     func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+		"short":   func(s string, n int) string { return cut(s, n) },
+		"inert":   inert,
+		"secs":    secs,
+		"mul1000": func(n int64) int64 { return n * 1000 },
+		"cutat":   func(s string, n int) bool { return len(s) > n },
 	}).ParseFS(files, "templates/*.html")
 	if err != nil {
 		return nil, fmt.Errorf("console: templates: %w", err)
@@ -125,7 +136,10 @@ func securityHeaders(next http.Handler) http.Handler {
 		h.Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("X-Frame-Options", "DENY")
-		h.Set("Referrer-Policy", "no-referrer")
+		// same-origin, not no-referrer: under no-referrer a browser sends
+		// "Origin: null" with the console's own form posts, which the origin
+		// check must refuse.
+		h.Set("Referrer-Policy", "same-origin")
 		h.Set("Cache-Control", "no-store")
 		next.ServeHTTP(w, r)
 	})
@@ -286,6 +300,28 @@ func (c *Console) render(w http.ResponseWriter, name string, data any) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	if err := c.tmpl.ExecuteTemplate(w, name, data); err != nil {
 		c.cfg.Log.Error("console: render", "template", name, "err", err)
+	}
+}
+
+// ago says how long ago t was, as the live view's script does.
+func ago(t time.Time) string {
+	d := time.Since(t)
+	if d < time.Second {
+		return "just now"
+	}
+	return secs(d.Round(time.Second).Milliseconds()) + " ago"
+}
+
+// secs shows a duration in milliseconds as people read it: 850 ms, 12.3 s,
+// 4m05s.
+func secs(ms int64) string {
+	switch {
+	case ms < 1000:
+		return fmt.Sprintf("%d ms", ms)
+	case ms < 60000:
+		return fmt.Sprintf("%.1f s", float64(ms)/1000)
+	default:
+		return fmt.Sprintf("%dm%02ds", ms/60000, ms/1000%60)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -12,19 +13,21 @@ import (
 	"github.com/pysandbox/pysandbox/internal/activity"
 	"github.com/pysandbox/pysandbox/internal/audit"
 	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/policy"
 )
 
 // State is what the live view shows; the page renders it from
-// /console/events (Server-Sent Events) as it changes.
+// /console/events (Server-Sent Events) as it changes. Every string an
+// agent wrote in it has been made inert (see inert).
 type State struct {
-	Operator string               `json:"operator"`
-	Running  []RunView            `json:"running"`
-	Pending  []activity.Approval  `json:"pending"`
-	Sessions []engine.SessionInfo `json:"sessions"`
-	Queue    int                  `json:"queue"`
-	InFlight int                  `json:"in_flight"`
-	Recent   []activity.Done      `json:"recent"`
-	At       time.Time            `json:"at"`
+	Operator string              `json:"operator"`
+	Running  []RunView           `json:"running"`
+	Pending  []activity.Approval `json:"pending"`
+	Sessions []SessionView       `json:"sessions"`
+	Queue    int                 `json:"queue"`
+	InFlight int                 `json:"in_flight"`
+	Recent   []activity.Done     `json:"recent"`
+	At       time.Time           `json:"at"`
 }
 
 // RunView is a call in flight as the page shows it.
@@ -33,25 +36,44 @@ type RunView struct {
 	ElapsedMS int64 `json:"elapsed_ms"`
 }
 
+// SessionView is an open session as the page shows it: with its owner,
+// which the agents' own list_sessions does not show.
+type SessionView struct {
+	engine.SessionInfo
+	Owner  string `json:"owner"`
+	AgeSec int64  `json:"age_s"`
+}
+
 func (c *Console) state(op string) State {
-	st := State{Operator: op, At: time.Now().UTC(), Sessions: []engine.SessionInfo{}, Running: []RunView{}, Pending: c.cfg.Activity.Pending()}
+	st := State{Operator: op, At: time.Now().UTC(), Sessions: []SessionView{}, Running: []RunView{}, Pending: c.cfg.Activity.Pending()}
+	for i := range st.Pending {
+		a := &st.Pending[i]
+		a.Identity, a.Tool, a.Summary = inert(a.Identity), inert(a.Tool), inert(a.Summary)
+	}
 	for _, call := range c.cfg.Activity.Running() {
+		call.Identity, call.Tool, call.Session, call.Code = inert(call.Identity), inert(call.Tool), inert(call.Session), inert(call.Code)
 		st.Running = append(st.Running, RunView{Call: call, ElapsedMS: time.Since(call.Started).Milliseconds()})
 	}
 	if c.cfg.Sessions != nil {
-		st.Sessions = append(st.Sessions, c.cfg.Sessions.List()...)
+		for _, si := range c.cfg.Sessions.List() {
+			st.Sessions = append(st.Sessions, SessionView{SessionInfo: si, Owner: inert(si.Owner), AgeSec: int64(time.Since(si.Created).Seconds())})
+		}
 		sort.Slice(st.Sessions, func(i, j int) bool { return st.Sessions[i].Created.Before(st.Sessions[j].Created) })
 	}
 	if c.cfg.Engine != nil {
 		st.Queue, st.InFlight = c.cfg.Engine.Waiting(), c.cfg.Engine.Running()
 	}
 	st.Recent = c.cfg.Activity.RecentCalls(50)
+	for i := range st.Recent {
+		d := &st.Recent[i]
+		d.Identity, d.Tool = inert(d.Identity), inert(d.Tool)
+	}
 	return st
 }
 
 func (c *Console) live(w http.ResponseWriter, r *http.Request) {
 	s := operator(r)
-	c.render(w, "live.html", map[string]any{"Op": s.operator, "CSRF": s.csrf, "State": c.state(s.operator), "Notice": r.URL.Query().Get("notice")})
+	c.render(w, "live.html", map[string]any{"Op": s.operator, "CSRF": s.csrf, "State": c.state(s.operator), "Notice": c.takeNotice(s)})
 }
 
 func (c *Console) stateJSON(w http.ResponseWriter, r *http.Request) {
@@ -136,32 +158,51 @@ func (c *Console) closeSession(w http.ResponseWriter, r *http.Request) {
 	c.back(w, r, "/console", "closed session "+id)
 }
 
-// back redirects to path with a notice shown there.
+// back redirects to path, where notice is shown once.
 func (c *Console) back(w http.ResponseWriter, r *http.Request, path, notice string) {
-	http.Redirect(w, r, path+"?notice="+urlQuery(cut(notice, 300)), http.StatusSeeOther)
+	if s := operator(r); s != nil {
+		c.mu.Lock()
+		s.notice = inert(cut(notice, 500))
+		c.mu.Unlock()
+	}
+	http.Redirect(w, r, path, http.StatusSeeOther)
 }
 
-func urlQuery(s string) string {
-	var b strings.Builder
-	for _, ch := range []byte(s) {
-		switch {
-		case ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z', ch >= '0' && ch <= '9', ch == '-', ch == '_', ch == '.':
-			b.WriteByte(ch)
-		default:
-			fmt.Fprintf(&b, "%%%02X", ch)
-		}
-	}
-	return b.String()
+// takeNotice is the operator's pending notice, now shown.
+func (c *Console) takeNotice(s *opSession) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := s.notice
+	s.notice = ""
+	return n
 }
 
 // filter is the audit browser's query.
 type filter struct {
 	Identity, Tool, Decision, Text string
 	Since, Until                   time.Time
+	Seq                            int64 // one record, 0 for any
+}
+
+// Decisions are the values a record's decision takes, for the filter.
+var Decisions = []string{"allow", "approved", "approval_requested", "declined", "deny", "rate_limited", "error"}
+
+// SinceInput and UntilInput are the filter's times as a datetime-local
+// input shows them.
+func (f filter) SinceInput() string { return localInput(f.Since) }
+func (f filter) UntilInput() string { return localInput(f.Until) }
+
+func localInput(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format("2006-01-02T15:04")
 }
 
 func (f filter) match(r *audit.Record) bool {
 	switch {
+	case f.Seq != 0 && r.Seq != f.Seq:
+		return false
 	case f.Identity != "" && !strings.Contains(strings.ToLower(r.Identity), strings.ToLower(f.Identity)),
 		f.Tool != "" && r.Tool != f.Tool,
 		f.Decision != "" && r.Decision != f.Decision,
@@ -176,6 +217,7 @@ func (f filter) match(r *audit.Record) bool {
 func parseFilter(r *http.Request) filter {
 	q := r.URL.Query()
 	f := filter{Identity: cut(q.Get("identity"), 200), Tool: cut(q.Get("tool"), 100), Decision: cut(q.Get("decision"), 50), Text: cut(q.Get("q"), 500)}
+	f.Seq, _ = strconv.ParseInt(q.Get("seq"), 10, 64)
 	for _, layout := range []string{time.RFC3339, "2006-01-02T15:04", "2006-01-02"} {
 		if t, err := time.Parse(layout, q.Get("since")); err == nil {
 			f.Since = t
@@ -235,8 +277,8 @@ func (c *Console) auditList(w http.ResponseWriter, r *http.Request) {
 	s := operator(r)
 	f := parseFilter(r)
 	rows, total, err := c.matches(f, maxAuditRows)
-	data := map[string]any{"Op": s.operator, "CSRF": s.csrf, "Rows": rows, "Total": total, "F": f, "Query": r.URL.RawQuery,
-		"Notice": r.URL.Query().Get("notice")}
+	data := map[string]any{"Op": s.operator, "CSRF": s.csrf, "Rows": rows, "Total": total, "F": f, "Query": r.URL.RawQuery, "Decisions": Decisions,
+		"Notice": c.takeNotice(s)}
 	if err != nil {
 		data["Error"] = err.Error()
 	}
@@ -255,22 +297,29 @@ func (c *Console) auditRecord(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	var rec *audit.Record
-	var hash string
-	audit.Read(files, func(r *audit.Record, h string) bool {
-		if r.Seq == seq {
-			rec, hash = r, h
-			return false
+	var (
+		rec        *audit.Record
+		hash, file string
+	)
+	for _, f := range files {
+		audit.Read([]string{f}, func(r *audit.Record, h string) bool {
+			if r.Seq == seq {
+				rec, hash, file = r, h, filepath.Base(f)
+				return false
+			}
+			return true
+		})
+		if rec != nil {
+			break
 		}
-		return true
-	})
+	}
 	if rec == nil {
 		http.NotFound(w, r)
 		return
 	}
 	pretty, _ := json.MarshalIndent(rec, "", "  ")
-	c.render(w, "record.html", map[string]any{"Op": s.operator, "CSRF": s.csrf, "R": rec, "Hash": hash, "Code": codeOf(rec.Arguments),
-		"JSON": string(pretty)})
+	c.render(w, "record.html", map[string]any{"Op": s.operator, "CSRF": s.csrf, "R": rec, "Hash": hash, "File": file,
+		"PrevSeq": max(rec.Seq-1, 1), "NextSeq": rec.Seq + 1, "Code": codeOf(rec.Arguments), "JSON": string(pretty)})
 }
 
 func (c *Console) auditDownload(w http.ResponseWriter, r *http.Request) {
@@ -304,18 +353,70 @@ func (c *Console) auditVerify(w http.ResponseWriter, r *http.Request) {
 	c.back(w, r, "/console/audit", notice)
 }
 
+// maxCounterIdentities bounds the identities whose counters the policy
+// page reads for each per-identity limit: those of the most recent calls.
+const maxCounterIdentities = 20
+
+// counterRow is one rate-limit counter as the policy page shows it.
+type counterRow struct {
+	Identity string // "" for a limit everyone shares
+	Used     int64
+	Percent  int
+}
+
+type limitView struct {
+	Limit    string
+	Max      int64
+	Resets   string
+	Counters []counterRow
+	Err      string
+}
+
+type ruleView struct {
+	Tool, Action, By, Reason string
+	Limits                   []limitView
+}
+
 func (c *Console) policyPage(w http.ResponseWriter, r *http.Request) {
 	s := operator(r)
 	pol := c.cfg.Policy()
-	type rule struct{ Tool, Action, Limits string }
-	var rules []rule
-	for name, tr := range pol.Tools {
-		var lim []string
-		for _, l := range tr.Limits {
-			lim = append(lim, l.String())
+	// Per-identity counters are read for the identities seen lately.
+	var ids []string
+	seen := map[string]bool{}
+	for _, d := range c.cfg.Activity.RecentCalls(activity.Recent) {
+		if !seen[d.Identity] && len(ids) < maxCounterIdentities {
+			seen[d.Identity] = true
+			ids = append(ids, d.Identity)
 		}
-		rules = append(rules, rule{name, string(tr.Action), strings.Join(lim, "; ")})
+	}
+	sort.Strings(ids)
+	counts, _ := c.cfg.Limiter.(policy.CountReader)
+	var rules []ruleView
+	for name, tr := range pol.Tools {
+		rv := ruleView{Tool: inert(name), Action: string(tr.Action), By: tr.By, Reason: inert(tr.Reason)}
+		for _, l := range tr.Limits {
+			lv := limitView{Limit: l.String(), Max: l.Max}
+			if counts != nil {
+				n, reset, err := counts.Counts(r.Context(), l, ids)
+				if err != nil {
+					lv.Err = err.Error()
+				} else {
+					lv.Resets = time.Until(reset).Round(time.Second).String()
+					for i, used := range n {
+						row := counterRow{Used: used, Percent: int(min(100, used*100/max(l.Max, 1)))}
+						if l.Scope != policy.ScopeGlobal {
+							row.Identity = inert(ids[i])
+						}
+						lv.Counters = append(lv.Counters, row)
+					}
+				}
+			}
+			rv.Limits = append(rv.Limits, lv)
+		}
+		rules = append(rules, rv)
 	}
 	sort.Slice(rules, func(i, j int) bool { return rules[i].Tool < rules[j].Tool })
-	c.render(w, "policy.html", map[string]any{"Op": s.operator, "CSRF": s.csrf, "P": pol, "Rules": rules})
+	pretty, _ := json.MarshalIndent(pol, "", "  ")
+	c.render(w, "policy.html", map[string]any{"Op": s.operator, "CSRF": s.csrf, "P": pol, "Rules": rules, "JSON": inert(string(pretty)),
+		"Counted": counts != nil, "Identities": len(ids)})
 }

@@ -381,6 +381,7 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 			teardown = append(teardown, func() { sb.Close() })
 		}
 	}()
+	observeUsage(ctx, sb, 0)
 	// The run's network ends with its answer, whatever it left running.
 	defer attachNetwork(sb, req.Network)()
 

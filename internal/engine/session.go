@@ -486,6 +486,7 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	sess.touch()
 	defer sess.touch()
 	cpuBefore := sessionCPU(sess)
+	observeUsage(ctx, sess.sb, cpuBefore)
 	// Between runs the session's processes get a thousandth of a CPU:
 	// background threads and processes it started do next to nothing until
 	// its next run (and, unlike frozen ones, still die at once if killed).

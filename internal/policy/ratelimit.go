@@ -19,6 +19,15 @@ type RateLimiter interface {
 	Reserve(ctx context.Context, limits []Limit, identity string) (Reservation, *Exceeded, error)
 }
 
+// CountReader is a RateLimiter that can say how much of a limit is used:
+// the operator console shows it against the limits.
+type CountReader interface {
+	// Counts reads lim's count in its current window for each identity
+	// (one count, identities ignored, for a global limit), and when the
+	// window resets.
+	Counts(ctx context.Context, lim Limit, identities []string) (counts []int64, resetAt time.Time, err error)
+}
+
 // Reservation is a counted call; Cancel gives the count back while its
 // windows are current.
 type Reservation interface{ Cancel() }
@@ -153,6 +162,25 @@ func (r *LocalReservation) Cancel() {
 		}
 	}
 	r.taken = nil
+}
+
+// Counts reads lim's count in its current window (CountReader).
+func (l *Limiter) Counts(_ context.Context, lim Limit, identities []string) ([]int64, time.Time, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	start := now.Truncate(lim.Period)
+	if lim.Scope == ScopeGlobal {
+		identities = []string{""}
+	}
+	out := make([]int64, len(identities))
+	for i, id := range identities {
+		k := counterKey{counter: lim.Counter, scope: lim.Scope, period: lim.Period, identity: id}
+		if w := l.counts[k]; w != nil && w.start.Equal(start) {
+			out[i] = w.n
+		}
+	}
+	return out, start.Add(lim.Period), nil
 }
 
 // sweep drops windows that have ended, now and then, so per-connection

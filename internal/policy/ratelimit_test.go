@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"strings"
 	"sync"
 	"testing"
@@ -122,5 +123,26 @@ func TestLimiterSweep(t *testing.T) {
 	}
 	if n := len(l.counts); n > 4200 {
 		t.Errorf("%d windows kept; ended ones should be swept", n)
+	}
+}
+
+func TestLimiterCounts(t *testing.T) {
+	clk := &fakeClock{t: time.Date(2026, 11, 25, 10, 30, 0, 0, time.UTC)}
+	l := NewLimiter(clk.now)
+	perID := Limit{Counter: "runs", Window: "hour", Max: 5, Scope: ScopeGrant, Period: time.Hour}
+	all := Limit{Counter: "all", Window: "minute", Max: 50, Scope: ScopeGlobal, Period: time.Minute}
+	l.Take([]Limit{perID, all}, "alice")
+	l.Take([]Limit{perID, all}, "alice")
+	l.Take([]Limit{perID, all}, "bob")
+	n, reset, _ := l.Counts(context.Background(), perID, []string{"alice", "bob", "carol"})
+	if len(n) != 3 || n[0] != 2 || n[1] != 1 || n[2] != 0 || !reset.Equal(time.Date(2026, 11, 25, 11, 0, 0, 0, time.UTC)) {
+		t.Errorf("per identity: %v, resets %s", n, reset)
+	}
+	if n, _, _ := l.Counts(context.Background(), all, []string{"alice"}); len(n) != 1 || n[0] != 3 {
+		t.Errorf("global: %v", n)
+	}
+	clk.add(time.Minute)
+	if n, _, _ := l.Counts(context.Background(), all, nil); n[0] != 0 {
+		t.Errorf("a new window: %v", n)
 	}
 }

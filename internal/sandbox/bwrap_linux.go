@@ -1107,6 +1107,9 @@ func cpuIf(ok bool, milli int64) int64 {
 // CPUUsage is the CPU time the sandbox used so far (0 without a cgroup).
 func (s *bwrapSandbox) CPUUsage() time.Duration { return CPUUsage(s.cg) }
 
+// MemoryCurrent is the memory the sandbox uses now (0 without a cgroup).
+func (s *bwrapSandbox) MemoryCurrent() int64 { return MemoryCurrent(s.cg) }
+
 // CPUSupport reports whether sandboxes get a CPU quota (and sessions the
 // idle quota between runs).
 func (b *Bwrap) CPUSupport() bool { return b.cgroups.CPU }

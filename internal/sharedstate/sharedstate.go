@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -198,6 +199,38 @@ func (l *limiter) Reserve(ctx context.Context, limits []policy.Limit, identity s
 		}
 	}
 	return r, nil, nil
+}
+
+// Counts reads lim's count in its current window, on the store's clock
+// (policy.CountReader).
+func (l *limiter) Counts(ctx context.Context, lim policy.Limit, identities []string) ([]int64, time.Time, error) {
+	if lim.Scope == policy.ScopeGlobal {
+		identities = []string{""}
+	}
+	now, err := l.s.c.Time(ctx).Result()
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("the shared rate-limit store did not answer (%v)", err)
+	}
+	period := lim.Period.Milliseconds()
+	start := now.UnixMilli() - now.UnixMilli()%period
+	keys := make([]string, len(identities))
+	for i, id := range identities {
+		keys[i] = fmt.Sprintf("%s:%d", l.key(lim, id), start)
+	}
+	out := make([]int64, len(identities))
+	if len(keys) == 0 {
+		return out, time.UnixMilli(start + period), nil
+	}
+	vals, err := l.s.c.MGet(ctx, keys...).Result()
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("the shared rate-limit store did not answer (%v)", err)
+	}
+	for i, v := range vals {
+		if s, ok := v.(string); ok {
+			out[i], _ = strconv.ParseInt(s, 10, 64)
+		}
+	}
+	return out, time.UnixMilli(start + period), nil
 }
 
 type noReservation struct{}

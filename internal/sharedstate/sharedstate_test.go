@@ -188,3 +188,37 @@ func TestApprovalAcrossReplicas(t *testing.T) {
 		t.Errorf("shared key: %v", err)
 	}
 }
+
+// TestCounts: the console reads the counts every replica made, per
+// identity and global, with the window's reset on the store's clock.
+func TestCounts(t *testing.T) {
+	r := redisserver.Start(t)
+	a, b := open(t, r.URL()).Limiter(), open(t, r.URL()).Limiter()
+	ctx := context.Background()
+	perID := limit("runs", "hour", 10, policy.ScopeGrant)
+	all := limit("all", "day", 100, policy.ScopeGlobal)
+	for i, who := range []string{"alice", "alice", "bob"} {
+		l := a
+		if i%2 == 1 {
+			l = b
+		}
+		if _, ex, err := l.Reserve(ctx, []policy.Limit{perID, all}, who); ex != nil || err != nil {
+			t.Fatal(ex, err)
+		}
+	}
+	cr := a.(policy.CountReader)
+	n, reset, err := cr.Counts(ctx, perID, []string{"alice", "bob", "carol"})
+	if err != nil || len(n) != 3 || n[0] != 2 || n[1] != 1 || n[2] != 0 {
+		t.Errorf("per identity: %v %v", n, err)
+	}
+	if until := time.Until(reset); until <= 0 || until > time.Hour+time.Minute {
+		t.Errorf("reset in %s", until)
+	}
+	if n, _, err := cr.Counts(ctx, all, []string{"alice", "bob"}); err != nil || len(n) != 1 || n[0] != 3 {
+		t.Errorf("global: %v %v", n, err)
+	}
+	r.Stop()
+	if _, _, err := cr.Counts(ctx, all, nil); err == nil {
+		t.Error("counts from a store that is down")
+	}
+}

@@ -187,6 +187,9 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		// context then ends with an activity.Killed cause).
 		actx, end := g.activity.Begin(ctx, activity.Call{ID: rec.CallID, Identity: rec.Identity, Tool: tool,
 			Session: argString(ctr.Params.Arguments, "session_id"), Code: argString(ctr.Params.Arguments, "code")})
+		actx = engine.WithUsageObserver(actx, func(probe engine.UsageProbe) {
+			g.activity.SetProbe(rec.CallID, func() (time.Duration, int64) { u := probe(); return u.CPU, u.MemoryBytes })
+		})
 		result, err := next(context.WithValue(actx, callInfoKey{}, ci), method, req)
 		var killed *activity.Killed
 		killedBy := ""

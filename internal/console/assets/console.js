@@ -9,7 +9,18 @@
     if (cls) e.className = cls;
     return e;
   }
-  function killForm(id, csrf, path, label, danger) {
+  function secs(ms) {
+    if (ms < 1000) return ms + " ms";
+    if (ms < 60000) return (ms / 1000).toFixed(1) + " s";
+    return Math.floor(ms / 60000) + "m" + String(Math.floor(ms / 1000) % 60).padStart(2, "0") + "s";
+  }
+  function mib(b) { return (b / 1048576).toFixed(1) + " MiB"; }
+  function ago(iso) {
+    const ms = Date.now() - Date.parse(iso);
+    if (isNaN(ms)) return "";
+    return ms < 1000 ? "just now" : secs(Math.round(ms / 1000) * 1000) + " ago";
+  }
+  function killForm(id, csrf, path, label, danger, aria) {
     const f = document.createElement("form");
     f.method = "post";
     f.action = path.replace("{id}", encodeURIComponent(id));
@@ -17,6 +28,7 @@
     h.type = "hidden"; h.name = "csrf"; h.value = csrf;
     const b = el("button", label, danger ? "danger" : "");
     b.type = "submit";
+    if (aria) b.setAttribute("aria-label", aria);
     f.append(h, b);
     return f;
   }
@@ -38,21 +50,23 @@
       const tr = el("tr"); tr.dataset.id = a.id;
       const what = el("td"); what.append(el("pre", a.summary, "code"));
       const act = el("td");
-      act.append(killForm(a.id, csrf, "/console/approvals/{id}/approve", "Approve", false), killForm(a.id, csrf, "/console/approvals/{id}/decline", "Decline", true));
-      tr.append(el("td", a.identity), el("td", a.tool), what, el("td", a.created), act);
+      act.append(killForm(a.id, csrf, "/console/approvals/{id}/approve", "Approve", false, "Approve the call of " + a.identity),
+        killForm(a.id, csrf, "/console/approvals/{id}/decline", "Decline", true, "Decline the call of " + a.identity));
+      tr.append(el("td", a.identity), el("td", a.tool), what, el("td", ago(a.created)), act);
       pf.append(tr);
     }
     pending.replaceChildren(pf);
     document.getElementById("n-pending").textContent = state.pending.length;
     const runs = document.getElementById("runs");
-    const rf = rows(runs, state.running, 5, "Nothing is running.");
+    const rf = rows(runs, state.running, 7, "Nothing is running.");
     for (const r of state.running) {
       const tr = el("tr"); tr.dataset.id = r.id;
       const tool = el("td", r.tool);
       if (r.session) { tool.append(el("br"), el("small", r.session)); }
       const code = el("td"); code.append(el("pre", r.code, "code"));
-      const act = el("td"); act.append(killForm(r.id, csrf, "/console/runs/{id}/kill", "Kill", true));
-      tr.append(el("td", r.identity), tool, code, el("td", r.elapsed_ms + " ms"), act);
+      const act = el("td"); act.append(killForm(r.id, csrf, "/console/runs/{id}/kill", "Kill", true, "Kill the run of " + r.identity));
+      tr.append(el("td", r.identity), tool, code, el("td", secs(r.elapsed_ms)),
+        el("td", r.has_usage ? secs(r.cpu_ms) : "—"), el("td", r.has_usage ? mib(r.memory_bytes) : "—"), act);
       rf.append(tr);
     }
     runs.replaceChildren(rf);
@@ -60,12 +74,13 @@
     document.getElementById("queue").textContent = state.queue;
     document.getElementById("inflight").textContent = state.in_flight;
     const sessions = document.getElementById("sessions");
-    const sf = rows(sessions, state.sessions, 5, "No session is open.");
+    const sf = rows(sessions, state.sessions, 8, "No session is open.");
     for (const s of state.sessions) {
       const tr = el("tr"); tr.dataset.id = s.session_id;
       const id = el("td"); id.append(el("code", s.session_id));
-      const act = el("td"); act.append(killForm(s.session_id, csrf, "/console/sessions/{id}/close", "Close", false));
-      tr.append(id, el("td", s.runs), el("td", (s.memory_bytes / 1048576).toFixed(1) + " MiB"), el("td", s.last_used), act);
+      const act = el("td"); act.append(killForm(s.session_id, csrf, "/console/sessions/{id}/close", "Close", false, "Close session " + s.session_id));
+      tr.append(id, el("td", s.owner), el("td", secs(s.age_s * 1000)), el("td", s.runs), el("td", secs(s.cpu_time_ms)),
+        el("td", mib(s.memory_bytes)), el("td", ago(s.last_used)), act);
       sf.append(tr);
     }
     sessions.replaceChildren(sf);
@@ -75,7 +90,7 @@
     for (const c of state.recent) {
       const tr = el("tr");
       const d = el("td"); d.append(el("span", c.decision, "tag d-" + String(c.decision).replace(/[^a-z_]/g, "")));
-      tr.append(el("td", c.at), el("td", c.identity), el("td", c.tool), d, el("td", c.status || ""), el("td", c.duration_ms + " ms"));
+      tr.append(el("td", ago(c.at)), el("td", c.identity), el("td", c.tool), d, el("td", c.status || ""), el("td", secs(c.duration_ms)));
       cf.append(tr);
     }
     recent.replaceChildren(cf);

@@ -1,0 +1,59 @@
+package console
+
+import (
+	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// inert makes text an agent wrote safe to look at, beyond HTML escaping
+// (html/template and textContent do that): control characters (ANSI
+// escapes, carriage returns, NULs) and the invisible formatting characters
+// that reorder or hide text (bidi overrides and isolates, zero-width
+// joiners) are shown as visible escapes such as \x1b and \u202e, so code
+// reads in the order it runs, an RTL override cannot make "evil" read
+// "live", and a terminal sequence cannot pretend to be output. Newlines
+// and tabs stay.
+func inert(s string) string {
+	if !needsInert(s) {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 16)
+	for _, r := range s {
+		switch {
+		case r == '\n' || r == '\t':
+			b.WriteRune(r)
+		case r == unicode.ReplacementChar:
+			b.WriteRune(r)
+		case r < 0x20 || r == 0x7f:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case hidden(r):
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+func needsInert(s string) bool {
+	if !utf8.ValidString(s) {
+		return true
+	}
+	for _, r := range s {
+		if (r < 0x20 && r != '\n' && r != '\t') || r == 0x7f || hidden(r) {
+			return true
+		}
+	}
+	return false
+}
+
+// hidden: C1 controls and the format characters (category Cf: bidi
+// embeddings, overrides and isolates, zero-width spaces and joiners, the
+// BOM, soft hyphens, tag characters), plus the line and paragraph
+// separators.
+func hidden(r rune) bool {
+	return (r >= 0x80 && r < 0xa0) || r == 0x2028 || r == 0x2029 || unicode.Is(unicode.Cf, r)
+}
