@@ -287,7 +287,7 @@ func TestConsoleApproval(t *testing.T) {
 			done <- res
 		}()
 		var state struct {
-			Pending []struct{ ID, Identity, Tool, Summary string }
+			Pending []struct{ ID, Identity, Tool, Code, Facts, Digest string }
 		}
 		deadline := time.Now().Add(time.Minute)
 		for len(state.Pending) == 0 && time.Now().Before(deadline) {
@@ -295,7 +295,7 @@ func TestConsoleApproval(t *testing.T) {
 			json.Unmarshal([]byte(body), &state)
 			time.Sleep(50 * time.Millisecond)
 		}
-		if len(state.Pending) != 1 || state.Pending[0].Identity != "ci-bot" || !strings.Contains(state.Pending[0].Summary, "deploy <b>now</b>") {
+		if len(state.Pending) != 1 || state.Pending[0].Identity != "ci-bot" || !strings.Contains(state.Pending[0].Code, "deploy <b>now</b>") || !strings.Contains(state.Pending[0].Facts, "Limits:") {
 			t.Fatalf("pending: %+v", state)
 		}
 		if _, page := op.get("/console"); strings.Contains(page, "<b>now</b>") {
@@ -311,11 +311,11 @@ func TestConsoleApproval(t *testing.T) {
 				t.Error("no progress notification while waiting")
 			}
 		}
-		if n := op.act("/console/approvals/"+state.Pending[0].ID+"/"+verdict, url.Values{"csrf": {csrf}}); !strings.Contains(n, verdict+"d run_python of ci-bot") {
+		if n := op.act("/console/approvals/"+state.Pending[0].ID+"/"+verdict, url.Values{"csrf": {csrf}, "digest": {state.Pending[0].Digest}}); !strings.Contains(n, verdict+"d run_python of ci-bot") {
 			t.Errorf("%s: %q", verdict, n)
 		}
 		// Used once: a second answer finds nothing.
-		if n := op.act("/console/approvals/"+state.Pending[0].ID+"/approve", url.Values{"csrf": {csrf}}); !strings.Contains(n, "no call waits") {
+		if n := op.act("/console/approvals/"+state.Pending[0].ID+"/approve", url.Values{"csrf": {csrf}, "digest": {state.Pending[0].Digest}}); !strings.Contains(n, "no call waits") {
 			t.Errorf("a second answer: %q", n)
 		}
 		select {

@@ -60,20 +60,32 @@ func TestHeadCutsAtCharacters(t *testing.T) {
 func TestAwaitDecide(t *testing.T) {
 	r := New()
 	got := make(chan string, 1)
+	code := strings.Repeat("print(1)\n", 20)
 	go func() {
-		ok, by, err := r.Await(context.Background(), Approval{ID: "a1", Identity: "ci", Tool: "run_python", Summary: "print(1)"})
+		ok, by, err := r.Await(context.Background(), Approval{ID: "a1", Identity: "ci", Tool: "run_python", Facts: "Limits: 30s", Code: code, Digest: "d1"})
 		got <- fmt.Sprint(ok, " ", by, " ", err)
 	}()
 	for len(r.Pending()) == 0 {
 		time.Sleep(time.Millisecond)
 	}
-	if _, err := r.Decide("nope", true, "olga"); !errors.Is(err, ErrNoApproval) {
+	if p := r.Pending()[0]; !p.CodeCut || p.CodeBytes != len(code) || strings.Count(p.Code, "\n") > CodeLines {
+		t.Errorf("the listed call: %+v", p)
+	}
+	if a, ok := r.Get("a1"); !ok || a.Code != code {
+		t.Errorf("Get: %+v", a)
+	}
+	if _, err := r.Decide("nope", true, "olga", "d1"); !errors.Is(err, ErrNoApproval) {
 		t.Errorf("%v", err)
 	}
-	if _, err := r.Decide("a1", true, "olga"); err != nil {
+	// An approval of other arguments than the waiting call's is refused,
+	// and the call still waits.
+	if _, err := r.Decide("a1", true, "olga", "other"); !errors.Is(err, ErrChanged) || len(r.Pending()) != 1 {
+		t.Errorf("a stale digest: %v", err)
+	}
+	if _, err := r.Decide("a1", true, "olga", "d1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Decide("a1", false, "olga"); !errors.Is(err, ErrNoApproval) {
+	if _, err := r.Decide("a1", false, "olga", ""); !errors.Is(err, ErrNoApproval) {
 		t.Errorf("a second answer: %v", err)
 	}
 	if s := <-got; s != "true olga <nil>" {
@@ -83,6 +95,39 @@ func TestAwaitDecide(t *testing.T) {
 	cancel()
 	if ok, _, err := r.Await(ctx, Approval{ID: "a2"}); ok || err == nil || len(r.Pending()) != 0 {
 		t.Errorf("a call that gave up: %v %v", ok, err)
+	}
+}
+
+// TestWaitingBounds: one identity may have MaxWaitingPerIdentity calls
+// waiting, the server MaxWaiting; the excess is refused at once.
+func TestWaitingBounds(t *testing.T) {
+	r := New()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errs := make(chan error, 200)
+	wait := func(id, who string) {
+		go func() {
+			_, _, err := r.Await(ctx, Approval{ID: id, Identity: who})
+			errs <- err
+		}()
+	}
+	for i := 0; i < MaxWaitingPerIdentity+3; i++ {
+		wait(fmt.Sprint("m", i), "mallory")
+	}
+	for i := 0; i < 3; i++ {
+		if err := <-errs; !errors.Is(err, ErrTooManyWaiting) {
+			t.Fatalf("the excess of one identity: %v", err)
+		}
+	}
+	for i := 0; len(r.Pending()) < MaxWaiting; i++ {
+		wait(fmt.Sprint("o", i), fmt.Sprint("other", i))
+		for len(r.Pending()) < MaxWaitingPerIdentity+i+1 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	wait("last", "someone")
+	if err := <-errs; !errors.Is(err, ErrTooManyWaiting) {
+		t.Errorf("the server's excess: %v", err)
 	}
 }
 

@@ -10,14 +10,27 @@ import (
 
 // Approval is a call waiting for an operator's decision (a policy rule
 // with by: operator). It belongs to the one call that waits on it, so an
-// answer is bound to that call's exact arguments and is used once.
+// answer is bound to that call's exact arguments (Digest) and is used
+// once.
 type Approval struct {
-	ID       string    `json:"id"` // the call_id
-	Identity string    `json:"identity"`
-	Tool     string    `json:"tool"`
-	Summary  string    `json:"summary"` // what the call will do (code, packages)
-	Created  time.Time `json:"created"`
-	answer   chan verdict
+	ID       string `json:"id"` // the call_id
+	Identity string `json:"identity"`
+	Tool     string `json:"tool"`
+	// Facts are what the call will do besides its code, one per line:
+	// session, packages, inputs, limits. They come first, whole.
+	Facts string `json:"facts"`
+	// Code is the code it will run: whole from Get, its first lines
+	// (CodeLines, CodeBytes) from Pending.
+	Code string `json:"code,omitempty"`
+	// CodeBytes is the length of the whole code; CodeCut says Code is
+	// only its first lines.
+	CodeBytes int  `json:"code_bytes"`
+	CodeCut   bool `json:"code_cut,omitempty"`
+	// Digest is the SHA-256 of the call's arguments as the client sent
+	// them: an operator's answer names it, so it applies to what they saw.
+	Digest  string    `json:"digest"`
+	Created time.Time `json:"created"`
+	answer  chan verdict
 }
 
 type verdict struct {
@@ -25,19 +38,48 @@ type verdict struct {
 	by       string
 }
 
+// Bounds on calls waiting for operators: an agent cannot bury the one
+// call that matters under thousands of others, or make the console's
+// state huge.
+const (
+	MaxWaitingPerIdentity = 4
+	MaxWaiting            = 64
+)
+
 // ErrNoApproval: no call waits under that id (it was decided, or gave up).
 var ErrNoApproval = errors.New("no call waits for approval under that id (it was decided already, or stopped waiting)")
+
+// ErrTooManyWaiting: the identity (or everyone) has as many calls
+// waiting for operators as allowed.
+var ErrTooManyWaiting = errors.New("too many calls wait for an operator")
+
+// ErrChanged: the answer names other arguments than the waiting call's.
+var ErrChanged = errors.New("the call waiting under that id is not the one shown (its arguments differ); reload the page and review it again")
 
 // Await registers a and waits for an operator's decision, or ctx's end.
 func (r *Registry) Await(ctx context.Context, a Approval) (approved bool, by string, err error) {
 	a.answer = make(chan verdict, 1)
-	a.Summary = head(a.Summary)
+	a.CodeBytes = len(a.Code)
 	if a.Created.IsZero() {
 		a.Created = time.Now()
 	}
 	r.mu.Lock()
 	if r.pending == nil {
 		r.pending = map[string]*Approval{}
+	}
+	mine := 0
+	for _, p := range r.pending {
+		if p.Identity == a.Identity {
+			mine++
+		}
+	}
+	switch {
+	case mine >= MaxWaitingPerIdentity:
+		r.mu.Unlock()
+		return false, "", fmt.Errorf("%w: %d of yours already wait (at most %d)", ErrTooManyWaiting, mine, MaxWaitingPerIdentity)
+	case len(r.pending) >= MaxWaiting:
+		r.mu.Unlock()
+		return false, "", fmt.Errorf("%w: %d wait (at most %d on this server)", ErrTooManyWaiting, len(r.pending), MaxWaiting)
 	}
 	r.pending[a.ID] = &a
 	r.mu.Unlock()
@@ -56,10 +98,16 @@ func (r *Registry) Await(ctx context.Context, a Approval) (approved bool, by str
 	}
 }
 
-// Decide answers a waiting call; by names the operator.
-func (r *Registry) Decide(id string, approve bool, by string) (Approval, error) {
+// Decide answers a waiting call; by names the operator. An approval must
+// name the digest of the arguments the operator reviewed; a decline needs
+// none (declining the wrong call runs nothing).
+func (r *Registry) Decide(id string, approve bool, by, digest string) (Approval, error) {
 	r.mu.Lock()
 	a, ok := r.pending[id]
+	if ok && approve && digest != a.Digest {
+		r.mu.Unlock()
+		return Approval{}, ErrChanged
+	}
 	if ok {
 		// Taken out at once: a second answer finds nothing.
 		delete(r.pending, id)
@@ -75,7 +123,21 @@ func (r *Registry) Decide(id string, approve bool, by string) (Approval, error) 
 	return out, nil
 }
 
-// Pending lists the calls waiting for an operator, oldest first.
+// Get is the call waiting under id, with its whole code.
+func (r *Registry) Get(id string) (Approval, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	a, ok := r.pending[id]
+	if !ok {
+		return Approval{}, false
+	}
+	out := *a
+	out.answer = nil
+	return out, true
+}
+
+// Pending lists the calls waiting for an operator, oldest first, each
+// with the first lines of its code.
 func (r *Registry) Pending() []Approval {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -83,6 +145,9 @@ func (r *Registry) Pending() []Approval {
 	for _, a := range r.pending {
 		aa := *a
 		aa.answer = nil
+		if h := head(aa.Code); h != aa.Code {
+			aa.Code, aa.CodeCut = h, true
+		}
 		out = append(out, aa)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })

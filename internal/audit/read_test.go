@@ -1,7 +1,10 @@
 package audit
 
 import (
+	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -31,5 +34,33 @@ func TestRead(t *testing.T) {
 	Read([]string{path}, func(r *Record, hash string) bool { last = hash; return true })
 	if last != head {
 		t.Errorf("last hash %s, head %s", last, head)
+	}
+}
+
+// TestReadChecked: an edited record and a broken line are skipped and
+// reported, with their line numbers.
+func TestReadChecked(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.log")
+	w, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range []string{"a", "b", "c", "d"} {
+		w.Append(&Record{Event: EventCall, Tool: tool})
+	}
+	w.Close()
+	data, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+	lines[0] = strings.Replace(lines[0], `"tool":"a"`, `"tool":"x"`, 1) // edited
+	lines[2] = lines[2][:20]                                            // broken
+	os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o600)
+	var tools []string
+	var bad []string
+	if err := ReadChecked([]string{path}, func(r *Record, _ string) bool { tools = append(tools, r.Tool); return true },
+		func(p string, line int, err error) { bad = append(bad, fmt.Sprint(line, ": ", err)) }); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(tools, ",") != "b,d" || len(bad) != 2 || !strings.HasPrefix(bad[0], "1: ") || !strings.HasPrefix(bad[1], "3: ") {
+		t.Errorf("tools %q, bad %q", tools, bad)
 	}
 }

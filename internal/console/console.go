@@ -66,6 +66,7 @@ type Console struct {
 
 	mu       sync.Mutex
 	sessions map[string]*opSession // by cookie value
+	scanned  map[string]string     // see nonASCIIOf
 }
 
 type opSession struct {
@@ -92,18 +93,27 @@ func New(cfg Config) (*Console, error) {
 		"secs":    secs,
 		"mul1000": func(n int64) int64 { return n * 1000 },
 		"cutat":   func(s string, n int) bool { return len(s) > n },
+		"pair":    func(a any, csrf string) map[string]any { return map[string]any{"A": a, "CSRF": csrf} },
 	}).ParseFS(files, "templates/*.html")
 	if err != nil {
 		return nil, fmt.Errorf("console: templates: %w", err)
 	}
-	return &Console{cfg: cfg, tmpl: tmpl, sessions: map[string]*opSession{}}, nil
+	return &Console{cfg: cfg, tmpl: tmpl, sessions: map[string]*opSession{}, scanned: map[string]string{}}, nil
 }
 
 // Handler serves everything under /console.
 func (c *Console) Handler() http.Handler {
 	mux := http.NewServeMux()
 	assets, _ := fs.Sub(files, "assets")
-	mux.Handle("GET /console/assets/", http.StripPrefix("/console/assets/", http.FileServerFS(assets)))
+	fileServer := http.StripPrefix("/console/assets/", http.FileServerFS(assets))
+	mux.Handle("GET /console/assets/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Files only: no directory listings.
+		if strings.HasSuffix(r.URL.Path, "/") {
+			http.NotFound(w, r)
+			return
+		}
+		fileServer.ServeHTTP(w, r)
+	}))
 	mux.HandleFunc("GET /console/login", c.loginPage)
 	mux.HandleFunc("POST /console/login", c.login)
 	mux.Handle("POST /console/logout", c.action(c.logout))
@@ -113,6 +123,7 @@ func (c *Console) Handler() http.Handler {
 	mux.Handle("GET /console/state", c.page(c.stateJSON))
 	mux.Handle("POST /console/runs/{id}/kill", c.action(c.kill))
 	mux.Handle("POST /console/sessions/{id}/close", c.action(c.closeSession))
+	mux.Handle("GET /console/approvals/{id}", c.page(c.review))
 	mux.Handle("POST /console/approvals/{id}/{verdict}", c.action(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.PathValue("verdict"); v != "approve" && v != "decline" {
 			http.NotFound(w, r)
@@ -200,6 +211,7 @@ func (c *Console) action(h http.HandlerFunc) http.Handler {
 			http.Error(w, "refused: a console action must come from the console's own page (Origin)", http.StatusForbidden)
 			return
 		}
+		bodyDeadline(w)
 		r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
 		if subtle.ConstantTimeCompare([]byte(r.PostFormValue("csrf")), []byte(s.csrf)) != 1 {
 			http.Error(w, "refused: the form's CSRF token is missing or stale; reload the page", http.StatusForbidden)
@@ -238,7 +250,14 @@ func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, "login.html", map[string]any{"Error": r.URL.Query().Get("error") != ""})
 }
 
+// bodyDeadline gives a form's sender a few seconds to send it: the
+// server bounds only the headers' time, and a sign-in comes from anyone.
+func bodyDeadline(w http.ResponseWriter) {
+	http.NewResponseController(w).SetReadDeadline(time.Now().Add(10 * time.Second))
+}
+
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+	bodyDeadline(w)
 	r.Body = http.MaxBytesReader(w, r.Body, 8<<10)
 	if !sameOrigin(r) {
 		http.Error(w, "refused: sign in from the console's own page", http.StatusForbidden)

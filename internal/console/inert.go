@@ -30,7 +30,11 @@ func inert(s string) string {
 		case r < 0x20 || r == 0x7f:
 			fmt.Fprintf(&b, `\x%02x`, r)
 		case hidden(r):
-			fmt.Fprintf(&b, `\u%04x`, r)
+			if r > 0xffff {
+				fmt.Fprintf(&b, `\U%08x`, r)
+			} else {
+				fmt.Fprintf(&b, `\u%04x`, r)
+			}
 		default:
 			b.WriteRune(r)
 		}
@@ -50,10 +54,15 @@ func needsInert(s string) bool {
 	return false
 }
 
-// hidden: C1 controls and the format characters (category Cf: bidi
-// embeddings, overrides and isolates, zero-width spaces and joiners, the
-// BOM, soft hyphens, tag characters), plus the line and paragraph
-// separators.
+// hidden: C1 controls, the line and paragraph separators, and every
+// default-ignorable code point (Unicode's Default_Ignorable_Code_Point:
+// the format characters of category Cf, such as bidi embeddings,
+// overrides and isolates, zero-width spaces and joiners, the BOM and tag
+// characters; variation selectors; the Hangul fillers and the combining
+// grapheme joiner). Fonts draw these as nothing, and Python accepts
+// several of them inside identifiers, so "eval\ufe00" would read as
+// "eval".
 func hidden(r rune) bool {
-	return (r >= 0x80 && r < 0xa0) || r == 0x2028 || r == 0x2029 || unicode.Is(unicode.Cf, r)
+	return (r >= 0x80 && r < 0xa0) || r == 0x2028 || r == 0x2029 ||
+		unicode.In(r, unicode.Cf, unicode.Variation_Selector, unicode.Other_Default_Ignorable_Code_Point)
 }

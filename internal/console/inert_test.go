@@ -13,6 +13,8 @@ func TestInert(t *testing.T) {
 		{"nul\x00", `nul\x00`},
 		{"c1\u009b31m", `c1\u009b31m`},
 		{"línea ✓ 日本", "línea ✓ 日本"},
+		{"eval\ufe00 = print", `eval\ufe00 = print`},
+		{"print\u3164 x\U000e0100 \u034f\u115f\uffa0", `print\u3164 x\U000e0100 \u034f\u115f\uffa0`},
 		{"bad \xff byte", "bad \ufffd byte"},
 	} {
 		if got := inert(tc.in); got != tc.want {

@@ -3,7 +3,9 @@ package console
 import (
 	"encoding/json"
 	"fmt"
+	"html/template"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -20,14 +22,18 @@ import (
 // /console/events (Server-Sent Events) as it changes. Every string an
 // agent wrote in it has been made inert (see inert).
 type State struct {
-	Operator string              `json:"operator"`
-	Running  []RunView           `json:"running"`
-	Pending  []activity.Approval `json:"pending"`
-	Sessions []SessionView       `json:"sessions"`
-	Queue    int                 `json:"queue"`
-	InFlight int                 `json:"in_flight"`
-	Recent   []activity.Done     `json:"recent"`
-	At       time.Time           `json:"at"`
+	Operator string        `json:"operator"`
+	Running  []RunView     `json:"running"`
+	Pending  []PendingView `json:"pending"`
+	Sessions []SessionView `json:"sessions"`
+	// RunningTotal and PendingTotal count all of them; the lists hold
+	// the oldest MaxListed.
+	RunningTotal int             `json:"running_total"`
+	PendingTotal int             `json:"pending_total"`
+	Queue        int             `json:"queue"`
+	InFlight     int             `json:"in_flight"`
+	Recent       []activity.Done `json:"recent"`
+	At           time.Time       `json:"at"`
 }
 
 // RunView is a call in flight as the page shows it.
@@ -44,18 +50,66 @@ type SessionView struct {
 	AgeSec int64  `json:"age_s"`
 }
 
-func (c *Console) state(op string) State {
-	st := State{Operator: op, At: time.Now().UTC(), Sessions: []SessionView{}, Running: []RunView{}, Pending: c.cfg.Activity.Pending()}
-	for i := range st.Pending {
-		a := &st.Pending[i]
-		a.Identity, a.Tool, a.Summary = inert(a.Identity), inert(a.Tool), inert(a.Summary)
+// MaxListed bounds each list of the live view (runs in flight, sessions):
+// the page stays small and quick however many there are.
+const MaxListed = 100
+
+// PendingView is a call waiting for an operator as the page shows it.
+type PendingView struct {
+	activity.Approval
+	// NonASCII lists the code's characters outside ASCII (at most 16),
+	// as "U+0435 е": a look-alike letter can make one name read as
+	// another.
+	NonASCII []string `json:"non_ascii,omitempty"`
+}
+
+func pendingView(a activity.Approval, whole string) PendingView {
+	a.Identity, a.Tool, a.Facts, a.Code = inert(a.Identity), inert(a.Tool), inert(a.Facts), inert(a.Code)
+	return PendingView{Approval: a, NonASCII: nonASCII(inert(whole), 16)}
+}
+
+// nonASCIIOf is the non-ASCII characters of a waiting call's whole code
+// (the live view lists only its first lines), read once per call.
+func (c *Console) nonASCIIOf(a activity.Approval) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if v, ok := c.scanned[a.ID+"/"+a.Digest]; ok {
+		return v
 	}
-	for _, call := range c.cfg.Activity.Running() {
+	whole, _ := c.cfg.Activity.Get(a.ID)
+	v := ""
+	for _, r := range whole.Code {
+		if r >= 0x80 {
+			v += string(r)
+			if len(v) > 256 {
+				break
+			}
+		}
+	}
+	if len(c.scanned) > 4*activity.MaxWaiting {
+		clear(c.scanned)
+	}
+	c.scanned[a.ID+"/"+a.Digest] = v
+	return v
+}
+
+func (c *Console) state(op string) State {
+	st := State{Operator: op, At: time.Now().UTC(), Sessions: []SessionView{}, Running: []RunView{}, Pending: []PendingView{}}
+	pending := c.cfg.Activity.Pending()
+	st.PendingTotal = len(pending)
+	for _, a := range pending[:min(len(pending), MaxListed)] {
+		st.Pending = append(st.Pending, pendingView(a, c.nonASCIIOf(a)))
+	}
+	running := c.cfg.Activity.Running()
+	st.RunningTotal = len(running)
+	for _, call := range running[:min(len(running), MaxListed)] {
 		call.Identity, call.Tool, call.Session, call.Code = inert(call.Identity), inert(call.Tool), inert(call.Session), inert(call.Code)
 		st.Running = append(st.Running, RunView{Call: call, ElapsedMS: time.Since(call.Started).Milliseconds()})
 	}
 	if c.cfg.Sessions != nil {
-		for _, si := range c.cfg.Sessions.List() {
+		list := c.cfg.Sessions.List()
+		sort.Slice(list, func(i, j int) bool { return list[i].Created.Before(list[j].Created) })
+		for _, si := range list[:min(len(list), MaxListed)] {
 			st.Sessions = append(st.Sessions, SessionView{SessionInfo: si, Owner: inert(si.Owner), AgeSec: int64(time.Since(si.Created).Seconds())})
 		}
 		sort.Slice(st.Sessions, func(i, j int) bool { return st.Sessions[i].Created.Before(st.Sessions[j].Created) })
@@ -130,7 +184,7 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request) {
 	s := operator(r)
 	id := r.PathValue("id")
 	approve := r.PathValue("verdict") == "approve"
-	a, err := c.cfg.Activity.Decide(id, approve, s.operator)
+	a, err := c.cfg.Activity.Decide(id, approve, s.operator, r.PostFormValue("digest"))
 	if err != nil {
 		c.back(w, r, "/console", err.Error())
 		return
@@ -139,8 +193,23 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request) {
 	if approve {
 		action = "approve"
 	}
-	c.record(s.operator, action, id, fmt.Sprintf("%s of %s", a.Tool, a.Identity))
+	c.record(s.operator, action, id, fmt.Sprintf("%s of %s, arguments sha256:%s", a.Tool, a.Identity, a.Digest))
 	c.back(w, r, "/console", fmt.Sprintf("%sd %s of %s", action, a.Tool, a.Identity))
+}
+
+// review shows one waiting call whole (its facts, all its code, the
+// digest of its arguments), with the only Approve button of a call whose
+// code the live view cannot show whole.
+func (c *Console) review(w http.ResponseWriter, r *http.Request) {
+	s := operator(r)
+	a, ok := c.cfg.Activity.Get(r.PathValue("id"))
+	if !ok {
+		c.back(w, r, "/console", "that call no longer waits for an operator (it was decided, or gave up)")
+		return
+	}
+	v := pendingView(a, a.Code)
+	v.NonASCII = nonASCII(inert(a.Code), 64)
+	c.render(w, "review.html", map[string]any{"Op": s.operator, "CSRF": s.csrf, "A": v})
 }
 
 func (c *Console) closeSession(w http.ResponseWriter, r *http.Request) {
@@ -182,6 +251,21 @@ type filter struct {
 	Identity, Tool, Decision, Text string
 	Since, Until                   time.Time
 	Seq                            int64 // one record, 0 for any
+}
+
+// query is the filter as a URL query, for the download link.
+func (f filter) query() template.URL {
+	v := url.Values{}
+	for k, x := range map[string]string{"identity": f.Identity, "tool": f.Tool, "decision": f.Decision, "q": f.Text,
+		"since": localInput(f.Since), "until": localInput(f.Until)} {
+		if x != "" {
+			v.Set(k, x)
+		}
+	}
+	if f.Seq != 0 {
+		v.Set("seq", strconv.FormatInt(f.Seq, 10))
+	}
+	return template.URL(v.Encode())
 }
 
 // Decisions are the values a record's decision takes, for the filter.
@@ -232,37 +316,61 @@ func parseFilter(r *http.Request) filter {
 // maxAuditRows bounds a page of the audit browser (the newest matches).
 const maxAuditRows = 200
 
+// auditRow is what the list shows of a record: never the whole record,
+// whose arguments may be megabytes.
 type auditRow struct {
-	*audit.Record
-	Code string
+	Seq                                     int64
+	Time                                    time.Time
+	Identity, Event, Tool, Decision, Status string
+	Reason, Code                            string // previews
 }
 
-func (c *Console) matches(f filter, limit int) ([]auditRow, int, error) {
+// auditProblems are what the list could not show: lines skipped as
+// edited or malformed, and gaps in the sequence.
+type auditProblems struct {
+	Bad  []string // "audit.log line 7: record edited" (the first few)
+	NBad int
+	Gaps int
+}
+
+func (c *Console) matches(f filter, limit int) ([]auditRow, int, auditProblems, error) {
+	var probs auditProblems
 	if c.cfg.AuditPath == "" {
-		return nil, 0, fmt.Errorf("this server keeps no audit log (--audit-log)")
+		return nil, 0, probs, fmt.Errorf("this server keeps no audit log (--audit-log)")
 	}
 	files, err := audit.Files(c.cfg.AuditPath)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, probs, err
 	}
 	var rows []auditRow
 	total := 0
-	err = audit.Read(files, func(r *audit.Record, _ string) bool {
+	var last int64
+	err = audit.ReadChecked(files, func(r *audit.Record, _ string) bool {
+		if last != 0 && r.Seq != last+1 {
+			probs.Gaps++
+		}
+		last = r.Seq
 		if !f.match(r) {
 			return true
 		}
 		total++
-		rows = append(rows, auditRow{Record: r, Code: codeOf(r.Arguments)})
+		rows = append(rows, auditRow{Seq: r.Seq, Time: r.Time, Identity: cut(r.Identity, 200), Event: r.Event, Tool: cut(r.Tool, 200),
+			Decision: cut(r.Decision, 40), Status: cut(r.Status, 40), Reason: cut(r.Reason, 200), Code: cut(codeOf(r.Arguments), 300)})
 		if len(rows) > limit {
 			rows = rows[1:]
 		}
 		return true
+	}, func(path string, line int, err error) {
+		probs.NBad++
+		if len(probs.Bad) < 5 {
+			probs.Bad = append(probs.Bad, fmt.Sprintf("%s line %d: %v", filepath.Base(path), line, err))
+		}
 	})
 	// Newest first.
 	for i, j := 0, len(rows)-1; i < j; i, j = i+1, j-1 {
 		rows[i], rows[j] = rows[j], rows[i]
 	}
-	return rows, total, err
+	return rows, total, probs, err
 }
 
 func codeOf(args json.RawMessage) string {
@@ -276,9 +384,10 @@ func codeOf(args json.RawMessage) string {
 func (c *Console) auditList(w http.ResponseWriter, r *http.Request) {
 	s := operator(r)
 	f := parseFilter(r)
-	rows, total, err := c.matches(f, maxAuditRows)
-	data := map[string]any{"Op": s.operator, "CSRF": s.csrf, "Rows": rows, "Total": total, "F": f, "Query": r.URL.RawQuery, "Decisions": Decisions,
-		"Notice": c.takeNotice(s)}
+	rows, total, probs, err := c.matches(f, maxAuditRows)
+	data := map[string]any{"Op": s.operator, "CSRF": s.csrf, "Rows": rows, "Total": total, "F": f, "Query": f.query(), "Decisions": Decisions,
+		"Problems": probs,
+		"Notice":   c.takeNotice(s)}
 	if err != nil {
 		data["Error"] = err.Error()
 	}
@@ -322,18 +431,30 @@ func (c *Console) auditRecord(w http.ResponseWriter, r *http.Request) {
 		"PrevSeq": max(rec.Seq-1, 1), "NextSeq": rec.Seq + 1, "Code": codeOf(rec.Arguments), "JSON": string(pretty)})
 }
 
+// auditDownload streams the matching records, oldest first, as they are
+// read: nothing but the record at hand is held.
 func (c *Console) auditDownload(w http.ResponseWriter, r *http.Request) {
-	rows, _, err := c.matches(parseFilter(r), 100000)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusNotFound)
+	if c.cfg.AuditPath == "" {
+		http.Error(w, "this server keeps no audit log (--audit-log)", http.StatusNotFound)
 		return
 	}
+	files, err := audit.Files(c.cfg.AuditPath)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	f := parseFilter(r)
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.Header().Set("Content-Disposition", `attachment; filename="pysandbox-audit.jsonl"`)
 	enc := json.NewEncoder(w)
-	for i := len(rows) - 1; i >= 0; i-- {
-		enc.Encode(rows[i].Record)
-	}
+	audit.Read(files, func(rec *audit.Record, _ string) bool {
+		if f.match(rec) {
+			if enc.Encode(rec) != nil {
+				return false // the browser went away
+			}
+		}
+		return true
+	})
 }
 
 func (c *Console) auditVerify(w http.ResponseWriter, r *http.Request) {

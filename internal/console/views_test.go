@@ -4,8 +4,11 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
+	"html"
 	"net/http"
 	"net/url"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -181,5 +184,101 @@ func TestPolicyCounters(t *testing.T) {
 		if !regexp.MustCompile(re).MatchString(page) {
 			t.Errorf("the policy page lacks %s:\n%s", re, page)
 		}
+	}
+}
+
+// TestApprovalReview: a call whose code the live view cannot show whole
+// (long, or with non-ASCII letters) is approved only from its review
+// page, which shows all of it; an approval names the digest of the
+// arguments reviewed, and one of other arguments is refused.
+func TestApprovalReview(t *testing.T) {
+	f := testConsole(t, policy.AllowAll())
+	b := newBrowser(t, f.srv.URL)
+	csrf := b.signIn("olga-0123456789abcdef00")
+	code := "# harmless\n" + strings.Repeat("print('hello')\n", 8) + "import os; os.system('evil')\nеval = print\n" // Cyrillic е
+	done := make(chan bool, 1)
+	go func() {
+		ok, _, _ := f.act.Await(context.Background(), activity.Approval{ID: "c-1", Identity: "mallory", Tool: "run_python", Facts: "Limits: timeout 30s",
+			Code: code, Digest: "abc123"})
+		done <- ok
+	}()
+	for len(f.act.Pending()) == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	_, live := b.do("GET", "/console", "", nil)
+	live = html.UnescapeString(live)
+	if strings.Contains(live, `action="/console/approvals/c-1/approve"`) || !strings.Contains(live, `href="/console/approvals/c-1">Review to approve`) ||
+		!strings.Contains(live, "U+0435 е") {
+		t.Errorf("the live view offers to approve code it does not show whole:\n%s", live)
+	}
+	_, review := b.do("GET", "/console/approvals/c-1", "", nil)
+	review = html.UnescapeString(review)
+	if !strings.Contains(review, "os.system('evil')") || !strings.Contains(review, `name="digest" value="abc123"`) || !strings.Contains(review, "U+0435 е") {
+		t.Errorf("the review page:\n%s", review)
+	}
+	if resp, _ := b.do("POST", "/console/approvals/c-1/approve", f.srv.URL, url.Values{"csrf": {csrf}, "digest": {"stale"}}); resp.StatusCode != http.StatusSeeOther {
+		t.Fatal(resp.Status)
+	}
+	if _, page := b.do("GET", "/console", "", nil); !strings.Contains(page, "not the one shown") || len(f.act.Pending()) != 1 {
+		t.Errorf("an approval of other arguments was taken")
+	}
+	b.do("POST", "/console/approvals/c-1/approve", f.srv.URL, url.Values{"csrf": {csrf}, "digest": {"abc123"}})
+	if !<-done {
+		t.Error("the reviewed approval did not approve")
+	}
+	if resp, _ := b.do("GET", "/console/approvals/c-1", "", nil); resp.StatusCode != http.StatusSeeOther {
+		t.Errorf("a decided call's review page: %d", resp.StatusCode)
+	}
+	data, _ := os.ReadFile(f.logPath)
+	if !strings.Contains(string(data), "arguments sha256:abc123") {
+		t.Errorf("the operator's approval does not name the arguments:\n%s", data)
+	}
+}
+
+// TestLiveViewBounds: however many calls are in flight, the live view
+// lists MaxListed and counts them all.
+func TestLiveViewBounds(t *testing.T) {
+	f := testConsole(t, policy.AllowAll())
+	for i := 0; i < MaxListed+50; i++ {
+		_, end := f.act.Begin(context.Background(), activity.Call{ID: fmt.Sprint("c", i), Identity: "flood", Tool: "run_python", Code: strings.Repeat("x", 10000)})
+		defer end()
+	}
+	b := newBrowser(t, f.srv.URL)
+	b.signIn("olga-0123456789abcdef00")
+	_, body := b.do("GET", "/console/state", "", nil)
+	var st State
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Running) != MaxListed || st.RunningTotal != MaxListed+50 || len(body) > 200<<10 {
+		t.Errorf("%d listed of %d, %d bytes", len(st.Running), st.RunningTotal, len(body))
+	}
+	if resp, _ := b.do("GET", "/console/assets/", "", nil); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("the assets' directory listing: %d", resp.StatusCode)
+	}
+}
+
+// TestAuditProblems: an edited record is flagged in the list, not just
+// missing from it, and the download link keeps the filters.
+func TestAuditProblems(t *testing.T) {
+	f := testConsole(t, policy.AllowAll())
+	for _, who := range []string{"alice", "bob", "alice"} {
+		f.log.Append(&audit.Record{Event: "call", Identity: who, Tool: "run_python", Decision: "allow"})
+	}
+	data, _ := os.ReadFile(f.logPath)
+	os.WriteFile(f.logPath, []byte(strings.Replace(string(data), `"identity":"bob"`, `"identity":"eve"`, 1)), 0o600)
+	b := newBrowser(t, f.srv.URL)
+	b.signIn("olga-0123456789abcdef00")
+	_, page := b.do("GET", "/console/audit?identity=alice&decision=allow", "", nil)
+	if !strings.Contains(page, "1 line(s) that are not intact") || !strings.Contains(page, "record edited") || !strings.Contains(page, "2 matching records") {
+		t.Errorf("the list of a tampered log:\n%s", page)
+	}
+	link := regexp.MustCompile(`href="(/console/audit\.jsonl\?[^"]*)"`).FindStringSubmatch(page)
+	if link == nil {
+		t.Fatal("no download link")
+	}
+	_, jsonl := b.do("GET", html.UnescapeString(link[1]), "", nil)
+	if n := strings.Count(jsonl, "\n"); n != 2 || strings.Contains(jsonl, "operator:olga") {
+		t.Errorf("the download of the filtered records (%s): %d records\n%s", link[1], n, jsonl)
 	}
 }

@@ -524,8 +524,14 @@ func (g *governor) operatorApproval(ctx context.Context, req *mcp.CallToolReques
 			}
 		}()
 	}
-	ok, by, err := g.activity.Await(wctx, activity.Approval{ID: callIDOf(ctx), Identity: identity(req), Tool: tool, Summary: g.approvalMessage(tool, in, pkgs)})
+	facts, code := g.approvalParts(tool, in, pkgs)
+	digest := sha256.Sum256(req.Params.Arguments)
+	ok, by, err := g.activity.Await(wctx, activity.Approval{ID: callIDOf(ctx), Identity: identity(req), Tool: tool, Facts: facts,
+		Code: strings.ToValidUTF8(code, "\ufffd"), Digest: hex.EncodeToString(digest[:])})
 	switch {
+	case errors.Is(err, activity.ErrTooManyWaiting):
+		noteDecision(ctx, "deny", err.Error(), "approval")
+		return refusal(engine.StatusBusy, fmt.Sprintf("Refused: %v. Nothing was run; wait until an operator has decided your earlier calls.", err))
 	case err != nil && ctx.Err() != nil:
 		noteDecision(ctx, "declined", "the call was cancelled while it waited for an operator", "approval")
 		return refusal(engine.StatusCancelled, "The call was cancelled while it waited for an operator's approval. Nothing was run.")
@@ -624,8 +630,28 @@ const maxApprovalCode = 8 << 10
 // approvalMessage tells the user what they are approving: the tool, the
 // code or packages, and the limits it will run under.
 func (g *governor) approvalMessage(tool string, in any, pkgs []requested) string {
+	facts, code := g.approvalParts(tool, in, pkgs)
 	var b strings.Builder
 	fmt.Fprintf(&b, "An AI agent wants to call %s on pysandbox. Approve?\n", tool)
+	// The facts first: a long program cannot push them out of view.
+	b.WriteString(facts)
+	if code != "" || isRun(in) {
+		more := ""
+		if len(code) > maxApprovalCode {
+			more = fmt.Sprintf("\n... (%d more bytes not shown; SHA-256 of the code %s)", len(code)-maxApprovalCode, shortSum(code))
+			code = code[:maxApprovalCode]
+		}
+		fmt.Fprintf(&b, "\nCode:\n%s%s", strings.ToValidUTF8(code, "?"), more)
+	}
+	return b.String()
+}
+
+func isRun(in any) bool { _, ok := in.(RunPythonInput); return ok }
+
+// approvalParts are what a call will do: its facts (session, Python,
+// inputs, arguments, packages, limits), one per line, and its code.
+func (g *governor) approvalParts(tool string, in any, pkgs []requested) (facts, code string) {
+	var b strings.Builder
 	switch v := in.(type) {
 	case RunPythonInput:
 		if v.SessionID != "" {
@@ -634,13 +660,7 @@ func (g *governor) approvalMessage(tool string, in any, pkgs []requested) string
 		if v.PythonVersion != "" {
 			fmt.Fprintf(&b, "Python: %s\n", v.PythonVersion)
 		}
-		code := v.Code
-		more := ""
-		if len(code) > maxApprovalCode {
-			more = fmt.Sprintf("\n... (%d more bytes not shown; SHA-256 of the code %s)", len(code)-maxApprovalCode, shortSum(code))
-			code = code[:maxApprovalCode]
-		}
-		fmt.Fprintf(&b, "Code:\n%s%s\n", strings.ToValidUTF8(code, "?"), more)
+		code = v.Code
 		if len(v.Inputs) > 0 {
 			keys := make([]string, 0, len(v.Inputs))
 			for k := range v.Inputs {
@@ -675,7 +695,7 @@ func (g *governor) approvalMessage(tool string, in any, pkgs []requested) string
 		}
 		fmt.Fprintf(&b, "\nRate limits: %s", strings.Join(ls, "; "))
 	}
-	return b.String()
+	return b.String(), code
 }
 
 func (g *governor) limitsText(in any) string {

@@ -24,8 +24,7 @@
     const f = document.createElement("form");
     f.method = "post";
     f.action = path.replace("{id}", encodeURIComponent(id));
-    const h = document.createElement("input");
-    h.type = "hidden"; h.name = "csrf"; h.value = csrf;
+    const h = hidden("csrf", csrf);
     const b = el("button", label, danger ? "danger" : "");
     b.type = "submit";
     if (aria) b.setAttribute("aria-label", aria);
@@ -43,20 +42,53 @@
     }
     return frag;
   }
+  function hidden(name, value) {
+    const h = document.createElement("input");
+    h.type = "hidden"; h.name = name; h.value = value;
+    return h;
+  }
+  let pendingKey = null;
   function render(state, csrf) {
     const pending = document.getElementById("pending");
-    const pf = rows(pending, state.pending, 5, "No call waits for an operator.");
-    for (const a of state.pending) {
-      const tr = el("tr"); tr.dataset.id = a.id;
-      const what = el("td"); what.append(el("pre", a.summary, "code"));
-      const act = el("td");
-      act.append(killForm(a.id, csrf, "/console/approvals/{id}/approve", "Approve", false, "Approve the call of " + a.identity),
-        killForm(a.id, csrf, "/console/approvals/{id}/decline", "Decline", true, "Decline the call of " + a.identity));
-      tr.append(el("td", a.identity), el("td", a.tool), what, el("td", ago(a.created)), act);
-      pf.append(tr);
+    // Rebuilt only when the set of waiting calls changes, so a button
+    // never moves under the operator's pointer as times tick.
+    const key = state.pending.map((a) => a.id + ":" + a.digest).join(",");
+    if (key !== pendingKey) {
+      pendingKey = key;
+      const pf = rows(pending, state.pending, 5, "No call waits for an operator.");
+      for (const a of state.pending) {
+        const tr = el("tr"); tr.dataset.id = a.id;
+        const what = el("td");
+        what.append(el("pre", a.facts, "facts"));
+        if (a.code) what.append(el("pre", a.code, "code"));
+        if (a.non_ascii && a.non_ascii.length) {
+          const w = el("p", "Non-ASCII characters in the code: ", "warn");
+          for (const c of a.non_ascii) { w.append(el("code", c), " "); }
+          what.append(w);
+        }
+        const meta = el("p", "arguments sha256 ", "meta");
+        meta.append(el("code", String(a.digest).slice(0, 16)), a.code_bytes ? " · " + a.code_bytes + " bytes of code" : "");
+        what.append(meta);
+        const waited = el("td", ago(a.created)); waited.dataset.since = a.created;
+        const act = el("td");
+        if (a.code_cut || (a.non_ascii && a.non_ascii.length)) {
+          const link = el("a", "Review to approve", "button");
+          link.href = "/console/approvals/" + encodeURIComponent(a.id);
+          act.append(link);
+        } else {
+          const f = killForm(a.id, csrf, "/console/approvals/{id}/approve", "Approve", false, "Approve the call of " + a.identity);
+          f.append(hidden("digest", a.digest));
+          act.append(f);
+        }
+        act.append(killForm(a.id, csrf, "/console/approvals/{id}/decline", "Decline", true, "Decline the call of " + a.identity));
+        tr.append(el("td", a.identity), el("td", a.tool), what, waited, act);
+        pf.append(tr);
+      }
+      pending.replaceChildren(pf);
+    } else {
+      for (const td of pending.querySelectorAll("td[data-since]")) td.textContent = ago(td.dataset.since);
     }
-    pending.replaceChildren(pf);
-    document.getElementById("n-pending").textContent = state.pending.length;
+    document.getElementById("n-pending").textContent = state.pending_total;
     const runs = document.getElementById("runs");
     const rf = rows(runs, state.running, 7, "Nothing is running.");
     for (const r of state.running) {
@@ -65,12 +97,13 @@
       if (r.session) { tool.append(el("br"), el("small", r.session)); }
       const code = el("td"); code.append(el("pre", r.code, "code"));
       const act = el("td"); act.append(killForm(r.id, csrf, "/console/runs/{id}/kill", "Kill", true, "Kill the run of " + r.identity));
+      if (r.session) act.append(killForm(r.session, csrf, "/console/sessions/{id}/close", "Close session", false, "Close session " + r.session + " and every process in it"));
       tr.append(el("td", r.identity), tool, code, el("td", secs(r.elapsed_ms)),
         el("td", r.has_usage ? secs(r.cpu_ms) : "—"), el("td", r.has_usage ? mib(r.memory_bytes) : "—"), act);
       rf.append(tr);
     }
     runs.replaceChildren(rf);
-    document.getElementById("n-runs").textContent = state.running.length;
+    document.getElementById("n-runs").textContent = state.running_total;
     document.getElementById("queue").textContent = state.queue;
     document.getElementById("inflight").textContent = state.in_flight;
     const sessions = document.getElementById("sessions");
