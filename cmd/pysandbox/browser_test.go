@@ -124,7 +124,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 
 	// An agent's hostile run appears live, as text.
-	ctx := context.Background()
+	ctx, cancelCtx := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancelCtx()
 	agent, err := mcp.NewClient(&mcp.Implementation{Name: "headless", Version: "1"}, nil).Connect(ctx,
 		&mcp.StreamableClientTransport{Endpoint: base + "/mcp", HTTPClient: &http.Client{Transport: testutil.Bearer("ci-bot-0123456789abcdef", nil)}},
 		&mcp.ClientSessionOptions{ProtocolVersion: "2025-06-18"})
@@ -205,6 +206,36 @@ func TestConsoleInBrowser(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("the approved call did not end")
+	}
+
+	// Code the live view cannot show whole is approved from its review
+	// page, which shows all of it.
+	long := "# step 1\n" + strings.Repeat("print('step')\n", 8) + "import os  # the last line\n"
+	go func() {
+		res, _ := agent.CallTool(ctx, &mcp.CallToolParams{Name: "validate_script", Arguments: map[string]any{"code": long}})
+		valDone <- res
+	}()
+	if err := chromedp.Do(bctx,
+		chromedp.WaitVisible(css(`#pending tr[data-id] a.button`)),
+		chromedp.Click(css(`#pending tr[data-id] a.button`)),
+		chromedp.WaitVisible(css(`button.primary`)),
+	); err != nil {
+		t.Fatalf("review: %v", err)
+	}
+	reviewed, err := chromedp.Run(bctx, chromedp.Text(css(`pre.highlight`)))
+	if err != nil || !strings.Contains(reviewed, "import os  # the last line") {
+		t.Errorf("the review page's code: %q %v", reviewed, err)
+	}
+	if err := chromedp.Do(bctx, shot("review-desktop"), chromedp.Click(css(`button.primary`)), chromedp.WaitVisible(css(`.notice`))); err != nil {
+		t.Fatalf("approve from review: %v", err)
+	}
+	select {
+	case res := <-valDone:
+		if res == nil || res.IsError {
+			t.Errorf("the call approved from its review page: %+v", res)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the call approved from its review page did not end")
 	}
 
 	// Both in the audit browser.

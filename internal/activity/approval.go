@@ -26,6 +26,16 @@ type Approval struct {
 	// only its first lines.
 	CodeBytes int  `json:"code_bytes"`
 	CodeCut   bool `json:"code_cut,omitempty"`
+	// Detail is the values of the call's other arguments (a run's
+	// inputs, an upload's content), indented JSON; DetailCut says it was
+	// too long to show whole.
+	Detail    string `json:"detail,omitempty"`
+	DetailCut bool   `json:"detail_cut,omitempty"`
+	// DetailBytes is Detail's length (Pending leaves Detail out).
+	DetailBytes int `json:"detail_bytes,omitempty"`
+	// Group is whose share of the queue the call takes (its Identity
+	// when empty): callers without tokens share one.
+	Group string `json:"-"`
 	// Digest is the SHA-256 of the call's arguments as the client sent
 	// them: an operator's answer names it, so it applies to what they saw.
 	Digest  string    `json:"digest"`
@@ -59,7 +69,7 @@ var ErrChanged = errors.New("the call waiting under that id is not the one shown
 // Await registers a and waits for an operator's decision, or ctx's end.
 func (r *Registry) Await(ctx context.Context, a Approval) (approved bool, by string, err error) {
 	a.answer = make(chan verdict, 1)
-	a.CodeBytes = len(a.Code)
+	a.CodeBytes, a.DetailBytes = len(a.Code), len(a.Detail)
 	if a.Created.IsZero() {
 		a.Created = time.Now()
 	}
@@ -67,16 +77,19 @@ func (r *Registry) Await(ctx context.Context, a Approval) (approved bool, by str
 	if r.pending == nil {
 		r.pending = map[string]*Approval{}
 	}
+	if a.Group == "" {
+		a.Group = a.Identity
+	}
 	mine := 0
 	for _, p := range r.pending {
-		if p.Identity == a.Identity {
+		if p.Group == a.Group {
 			mine++
 		}
 	}
 	switch {
 	case mine >= MaxWaitingPerIdentity:
 		r.mu.Unlock()
-		return false, "", fmt.Errorf("%w: %d of yours already wait (at most %d)", ErrTooManyWaiting, mine, MaxWaitingPerIdentity)
+		return false, "", fmt.Errorf("%w: %d of yours (%s) already wait (at most %d)", ErrTooManyWaiting, mine, a.Group, MaxWaitingPerIdentity)
 	case len(r.pending) >= MaxWaiting:
 		r.mu.Unlock()
 		return false, "", fmt.Errorf("%w: %d wait (at most %d on this server)", ErrTooManyWaiting, len(r.pending), MaxWaiting)
@@ -148,6 +161,8 @@ func (r *Registry) Pending() []Approval {
 		if h := head(aa.Code); h != aa.Code {
 			aa.Code, aa.CodeCut = h, true
 		}
+		// The values are shown on the call's own page, whole.
+		aa.DetailBytes, aa.Detail = len(aa.Detail), ""
 		out = append(out, aa)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })

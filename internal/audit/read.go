@@ -2,7 +2,9 @@ package audit
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
+	"io"
 	"os"
 )
 
@@ -24,28 +26,71 @@ func ReadChecked(paths []string, fn func(r *Record, hash string) bool, bad func(
 		if err != nil {
 			return fmt.Errorf("audit: %w", err)
 		}
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 0, 64<<10), maxLineBytes+1)
-		line := 0
-		for sc.Scan() {
-			line++
-			r, hash, err := parseLine(sc.Bytes())
-			if err != nil {
-				if bad != nil {
-					bad(p, line, err)
-				}
-				continue
-			}
-			if !fn(r, hash) {
-				f.Close()
-				return nil
-			}
-		}
-		err = sc.Err()
+		stop, err := scanLines(f, p, fn, bad)
 		f.Close()
 		if err != nil {
 			return fmt.Errorf("audit: %w", err)
 		}
+		if stop {
+			return nil
+		}
 	}
 	return nil
+}
+
+// errTooLong is a line over maxLineBytes: no writer makes one.
+var errTooLong = fmt.Errorf("line longer than %d bytes", maxLineBytes)
+
+// scanLines reads one file's lines; one too long to be a record is
+// skipped (and reported) without being held, and reading goes on.
+func scanLines(f *os.File, path string, fn func(r *Record, hash string) bool, bad func(path string, line int, err error)) (stop bool, err error) {
+	br := bufio.NewReaderSize(f, 64<<10)
+	var buf []byte
+	line := 0
+	tooLong := false
+	for {
+		chunk, err := br.ReadSlice('\n')
+		switch {
+		case err == bufio.ErrBufferFull:
+			if !tooLong {
+				buf = append(buf, chunk...)
+				if len(buf) > maxLineBytes {
+					tooLong, buf = true, nil
+				}
+			}
+			continue
+		case err != nil && err != io.EOF:
+			return false, err
+		}
+		if len(chunk) == 0 && err == io.EOF && len(buf) == 0 && !tooLong {
+			return false, nil
+		}
+		line++
+		if tooLong {
+			if bad != nil {
+				bad(path, line, errTooLong)
+			}
+		} else {
+			buf = append(buf, chunk...)
+			text := bytes.TrimSuffix(buf, []byte("\n"))
+			if len(text) > maxLineBytes {
+				if bad != nil {
+					bad(path, line, errTooLong)
+				}
+			} else if len(text) > 0 {
+				r, hash, perr := parseLine(text)
+				if perr != nil {
+					if bad != nil {
+						bad(path, line, perr)
+					}
+				} else if !fn(r, hash) {
+					return true, nil
+				}
+			}
+		}
+		buf, tooLong = buf[:0], false
+		if err == io.EOF {
+			return false, nil
+		}
+	}
 }

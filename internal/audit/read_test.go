@@ -64,3 +64,30 @@ func TestReadChecked(t *testing.T) {
 		t.Errorf("tools %q, bad %q", tools, bad)
 	}
 }
+
+// TestReadCheckedLongLine: a line too long to be a record is reported and
+// skipped, and the records after it are read.
+func TestReadCheckedLongLine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.log")
+	w, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Append(&Record{Event: EventCall, Tool: "before"})
+	w.Close()
+	f, _ := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	f.Write([]byte("{" + strings.Repeat("x", maxLineBytes+10) + "\n"))
+	f.Close()
+	w, err = Open(path+".2", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Append(&Record{Event: EventCall, Tool: "after"})
+	w.Close()
+	var tools, bad []string
+	err = ReadChecked([]string{path, path + ".2"}, func(r *Record, _ string) bool { tools = append(tools, r.Tool); return true },
+		func(p string, line int, err error) { bad = append(bad, fmt.Sprint(filepath.Base(p), ":", line, ": ", err)) })
+	if err != nil || strings.Join(tools, ",") != "before,after" || len(bad) != 1 || !strings.Contains(bad[0], "audit.log:2: line longer") {
+		t.Errorf("err %v, tools %q, bad %q", err, tools, bad)
+	}
+}

@@ -66,7 +66,7 @@ type Console struct {
 
 	mu       sync.Mutex
 	sessions map[string]*opSession // by cookie value
-	scanned  map[string]string     // see nonASCIIOf
+	scanned  map[string]scan       // see scanOf
 }
 
 type opSession struct {
@@ -98,7 +98,7 @@ func New(cfg Config) (*Console, error) {
 	if err != nil {
 		return nil, fmt.Errorf("console: templates: %w", err)
 	}
-	return &Console{cfg: cfg, tmpl: tmpl, sessions: map[string]*opSession{}, scanned: map[string]string{}}, nil
+	return &Console{cfg: cfg, tmpl: tmpl, sessions: map[string]*opSession{}, scanned: map[string]scan{}}, nil
 }
 
 // Handler serves everything under /console.

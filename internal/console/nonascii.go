@@ -3,6 +3,7 @@ package console
 import (
 	"fmt"
 	"sort"
+	"unicode"
 )
 
 // nonASCII lists the distinct characters of s outside ASCII, at most max,
@@ -18,7 +19,23 @@ func nonASCII(s string, max int) []string {
 		seen[r] = true
 		rs = append(rs, r)
 	}
-	sort.Slice(rs, func(i, j int) bool { return rs[i] < rs[j] })
+	// Letters of other scripts than Latin first (the look-alikes of
+	// ASCII letters), then other letters, then the rest.
+	rank := func(r rune) int {
+		switch {
+		case unicode.IsLetter(r) && !unicode.Is(unicode.Latin, r):
+			return 0
+		case unicode.IsLetter(r):
+			return 1
+		}
+		return 2
+	}
+	sort.Slice(rs, func(i, j int) bool {
+		if a, b := rank(rs[i]), rank(rs[j]); a != b {
+			return a < b
+		}
+		return rs[i] < rs[j]
+	})
 	var out []string
 	for _, r := range rs {
 		if len(out) == max {

@@ -57,40 +57,70 @@ const MaxListed = 100
 // PendingView is a call waiting for an operator as the page shows it.
 type PendingView struct {
 	activity.Approval
-	// NonASCII lists the code's characters outside ASCII (at most 16),
-	// as "U+0435 е": a look-alike letter can make one name read as
-	// another.
+	// NonASCII lists the characters outside ASCII in its code, facts and
+	// values (at most 16 here, 64 on its review page), as "U+0435 е",
+	// letters of other scripts than Latin first: a look-alike letter can
+	// make one name read as another.
 	NonASCII []string `json:"non_ascii,omitempty"`
+	// Controls says the code holds control or invisible characters (a
+	// carriage return or form feed that Python reads as a line break or
+	// an indentation reset, a bidi override), shown as escapes.
+	Controls bool `json:"controls,omitempty"`
+	// Inline says the live view shows the call whole and plain, so it may
+	// be approved there; otherwise only from its review page.
+	Inline bool `json:"inline"`
 }
 
-func pendingView(a activity.Approval, whole string) PendingView {
-	a.Identity, a.Tool, a.Facts, a.Code = inert(a.Identity), inert(a.Tool), inert(a.Facts), inert(a.Code)
-	return PendingView{Approval: a, NonASCII: nonASCII(inert(whole), 16)}
+// scan is what the console found in a waiting call's whole text.
+type scan struct {
+	nonASCII string // its distinct characters outside ASCII
+	controls bool
 }
 
-// nonASCIIOf is the non-ASCII characters of a waiting call's whole code
-// (the live view lists only its first lines), read once per call.
-func (c *Console) nonASCIIOf(a activity.Approval) string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if v, ok := c.scanned[a.ID+"/"+a.Digest]; ok {
-		return v
-	}
-	whole, _ := c.cfg.Activity.Get(a.ID)
-	v := ""
-	for _, r := range whole.Code {
-		if r >= 0x80 {
-			v += string(r)
-			if len(v) > 256 {
-				break
+func scanText(texts ...string) scan {
+	var sc scan
+	seen := map[rune]bool{}
+	for _, t := range texts {
+		for _, r := range t {
+			switch {
+			case r == '\n' || r == '\t':
+			case r < 0x20 || r == 0x7f || hidden(r):
+				sc.controls = true
+			case r >= 0x80 && !seen[r] && len(seen) < 4096:
+				seen[r] = true
+				sc.nonASCII += string(r)
 			}
 		}
 	}
+	return sc
+}
+
+func pendingView(a activity.Approval, sc scan, listed int) PendingView {
+	a.Identity, a.Tool, a.Facts, a.Code, a.Detail = inert(a.Identity), inert(a.Tool), inert(a.Facts), inert(a.Code), inert(a.Detail)
+	v := PendingView{Approval: a, NonASCII: nonASCII(sc.nonASCII, listed), Controls: sc.controls}
+	v.Inline = !a.CodeCut && !a.DetailCut && a.DetailBytes == 0 && sc.nonASCII == "" && !sc.controls
+	return v
+}
+
+// scanOf scans a waiting call's whole code, facts and values (the live
+// view lists only the first lines), once per call.
+func (c *Console) scanOf(a activity.Approval) scan {
+	key := a.ID + "/" + a.Digest
+	c.mu.Lock()
+	sc, ok := c.scanned[key]
+	c.mu.Unlock()
+	if ok {
+		return sc
+	}
+	whole, _ := c.cfg.Activity.Get(a.ID)
+	sc = scanText(whole.Code, whole.Facts, whole.Detail, whole.Identity)
+	c.mu.Lock()
 	if len(c.scanned) > 4*activity.MaxWaiting {
 		clear(c.scanned)
 	}
-	c.scanned[a.ID+"/"+a.Digest] = v
-	return v
+	c.scanned[key] = sc
+	c.mu.Unlock()
+	return sc
 }
 
 func (c *Console) state(op string) State {
@@ -98,7 +128,7 @@ func (c *Console) state(op string) State {
 	pending := c.cfg.Activity.Pending()
 	st.PendingTotal = len(pending)
 	for _, a := range pending[:min(len(pending), MaxListed)] {
-		st.Pending = append(st.Pending, pendingView(a, c.nonASCIIOf(a)))
+		st.Pending = append(st.Pending, pendingView(a, c.scanOf(a), 16))
 	}
 	running := c.cfg.Activity.Running()
 	st.RunningTotal = len(running)
@@ -207,8 +237,7 @@ func (c *Console) review(w http.ResponseWriter, r *http.Request) {
 		c.back(w, r, "/console", "that call no longer waits for an operator (it was decided, or gave up)")
 		return
 	}
-	v := pendingView(a, a.Code)
-	v.NonASCII = nonASCII(inert(a.Code), 64)
+	v := pendingView(a, scanText(a.Code, a.Facts, a.Detail, a.Identity), 64)
 	c.render(w, "review.html", map[string]any{"Op": s.operator, "CSRF": s.csrf, "A": v})
 }
 

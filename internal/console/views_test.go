@@ -282,3 +282,32 @@ func TestAuditProblems(t *testing.T) {
 		t.Errorf("the download of the filtered records (%s): %d records\n%s", link[1], n, jsonl)
 	}
 }
+
+// TestInline: a waiting call may be approved from the live view only when
+// the live view shows all of it, plainly.
+func TestInline(t *testing.T) {
+	plain := activity.Approval{Code: "print(1)", Facts: "Limits: 30s"}
+	for _, tc := range []struct {
+		name string
+		a    activity.Approval
+		want bool
+	}{
+		{"plain", plain, true},
+		{"long code", activity.Approval{Code: "x", CodeCut: true}, false},
+		{"inputs", activity.Approval{Code: "run(cmd)", DetailBytes: 20}, false},
+		{"a carriage return", activity.Approval{Code: "# comment\rimport os"}, false},
+		{"a form feed", activity.Approval{Code: "if 0:\n    \x0cprint(1)"}, false},
+		{"a variation selector", activity.Approval{Code: "eval\ufe00 = print"}, false},
+		{"a Cyrillic letter", activity.Approval{Code: "еval = print"}, false},
+		{"a non-ASCII fact", activity.Approval{Code: "print(1)", Facts: "Session: ѕ-1"}, false},
+	} {
+		a := tc.a
+		if got := pendingView(a, scanText(a.Code, a.Facts, a.Detail), 16).Inline; got != tc.want {
+			t.Errorf("%s: inline %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	// The look-alike letter leads the list, whatever else there is.
+	if got := nonASCII("àáâãäåæçèéêëìíîïð"+"е", 4); len(got) != 5 || got[0] != "U+0435 е" {
+		t.Errorf("nonASCII: %q", got)
+	}
+}

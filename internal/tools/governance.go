@@ -1,6 +1,7 @@
 package tools
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -13,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -402,6 +404,12 @@ func outcome(rec *audit.Record, res *mcp.CallToolResult) {
 // authenticated HTTP, else the MCP session (one per connection), else
 // "http:anonymous" for sessionless HTTP without tokens, else "stdio" for
 // the one client of a stdio server.
+// authenticated says whether the caller presented a token.
+func authenticated(req mcp.Request) bool {
+	ex := req.GetExtra()
+	return ex != nil && ex.TokenInfo != nil && ex.TokenInfo.UserID != ""
+}
+
 func identity(req mcp.Request) string {
 	if ex := req.GetExtra(); ex != nil && ex.TokenInfo != nil && ex.TokenInfo.UserID != "" {
 		return ex.TokenInfo.UserID
@@ -449,12 +457,36 @@ func auditArgs(tool string, raw json.RawMessage) (json.RawMessage, string) {
 			args[k] = digestJSON(v)
 		}
 	}
-	b, err := json.Marshal(args)
-	if err != nil {
+	// The rest together is bounded too: many values just under the bound
+	// would make one record (and one line) of any size.
+	total := 0
+	for k, v := range args {
+		if k != "code" {
+			total += len(v)
+		}
+	}
+	for k, v := range args {
+		if total <= maxAuditArgs {
+			break
+		}
+		if k != "code" && len(v) > 256 {
+			total -= len(v)
+			args[k] = digestJSON(v)
+		}
+	}
+	// Not json.Marshal: it would escape every <, > and & six bytes over.
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(args); err != nil {
 		return digestJSON(raw), codeSum
 	}
-	return b, codeSum
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), codeSum
 }
+
+// maxAuditArgs bounds what a record keeps of a call's arguments besides
+// its code; larger values are digested.
+const maxAuditArgs = 256 << 10
 
 func digestJSON(v []byte) json.RawMessage {
 	sum := sha256.Sum256(v)
@@ -476,6 +508,10 @@ func gated[In, Out any](s *server, tool string, h mcp.ToolHandlerFor[In, Out]) m
 }
 
 func (g *governor) check(ctx context.Context, req *mcp.CallToolRequest, tool string, in any) *mcp.CallToolResult {
+	if gv, ok := in.(Governed); ok {
+		// A profile's tool is judged as the native call it amounts to.
+		in = gv.Governed()
+	}
 	pol := g.policy()
 	pkgs := requestedPackages(in)
 	for _, p := range pkgs {
@@ -524,10 +560,20 @@ func (g *governor) operatorApproval(ctx context.Context, req *mcp.CallToolReques
 			}
 		}()
 	}
-	facts, code := g.approvalParts(tool, in, pkgs)
+	facts, code, detail := g.approvalParts(tool, in, pkgs)
 	digest := sha256.Sum256(req.Params.Arguments)
-	ok, by, err := g.activity.Await(wctx, activity.Approval{ID: callIDOf(ctx), Identity: identity(req), Tool: tool, Facts: facts,
-		Code: strings.ToValidUTF8(code, "\ufffd"), Digest: hex.EncodeToString(digest[:])})
+	a := activity.Approval{ID: callIDOf(ctx), Identity: identity(req), Tool: tool, Facts: facts,
+		Code: strings.ToValidUTF8(code, "\ufffd"), Detail: strings.ToValidUTF8(detail, "\ufffd"), Digest: hex.EncodeToString(digest[:])}
+	if len(a.Detail) > maxApprovalDetail {
+		a.Detail, a.DetailCut = clip(a.Detail, maxApprovalDetail, detail), true
+	}
+	if !authenticated(req) {
+		// Callers without a token are told apart only by their MCP
+		// session, which costs nothing to open: together, they get one
+		// identity's share of the operators' queue.
+		a.Group = "unauthenticated"
+	}
+	ok, by, err := g.activity.Await(wctx, a)
 	switch {
 	case errors.Is(err, activity.ErrTooManyWaiting):
 		noteDecision(ctx, "deny", err.Error(), "approval")
@@ -630,27 +676,43 @@ const maxApprovalCode = 8 << 10
 // approvalMessage tells the user what they are approving: the tool, the
 // code or packages, and the limits it will run under.
 func (g *governor) approvalMessage(tool string, in any, pkgs []requested) string {
-	facts, code := g.approvalParts(tool, in, pkgs)
+	facts, code, detail := g.approvalParts(tool, in, pkgs)
 	var b strings.Builder
 	fmt.Fprintf(&b, "An AI agent wants to call %s on pysandbox. Approve?\n", tool)
 	// The facts first: a long program cannot push them out of view.
 	b.WriteString(facts)
+	if detail != "" {
+		b.WriteString("\n" + clip("Values:\n"+detail, maxApprovalCode, detail))
+	}
 	if code != "" || isRun(in) {
-		more := ""
-		if len(code) > maxApprovalCode {
-			more = fmt.Sprintf("\n... (%d more bytes not shown; SHA-256 of the code %s)", len(code)-maxApprovalCode, shortSum(code))
-			code = code[:maxApprovalCode]
-		}
-		fmt.Fprintf(&b, "\nCode:\n%s%s", strings.ToValidUTF8(code, "?"), more)
+		b.WriteString("\n" + clip("Code:\n"+strings.ToValidUTF8(code, "?"), maxApprovalCode, code))
 	}
 	return b.String()
 }
 
+// clip cuts text to n bytes, saying how much is not shown and the SHA-256
+// of what it stands for.
+func clip(text string, n int, of string) string {
+	if len(text) <= n {
+		return text
+	}
+	for n > 0 && !utf8.RuneStart(text[n]) {
+		n--
+	}
+	return text[:n] + fmt.Sprintf("\n... (%d more bytes not shown; SHA-256 %s)", len(text)-n, shortSum(of))
+}
+
 func isRun(in any) bool { _, ok := in.(RunPythonInput); return ok }
 
+// maxApprovalDetail bounds the values an operator is shown whole (a
+// longer one is cut, and the console says so).
+const maxApprovalDetail = 256 << 10
+
 // approvalParts are what a call will do: its facts (session, Python,
-// inputs, arguments, packages, limits), one per line, and its code.
-func (g *governor) approvalParts(tool string, in any, pkgs []requested) (facts, code string) {
+// inputs, packages, limits), one per line; its code; and the values of
+// its other arguments (a run's inputs, which become variables the code
+// uses; an upload's path and content), as indented JSON.
+func (g *governor) approvalParts(tool string, in any, pkgs []requested) (facts, code, detail string) {
 	var b strings.Builder
 	switch v := in.(type) {
 	case RunPythonInput:
@@ -667,7 +729,14 @@ func (g *governor) approvalParts(tool string, in any, pkgs []requested) (facts, 
 				keys = append(keys, k)
 			}
 			slices.Sort(keys)
-			fmt.Fprintf(&b, "Inputs: %s\n", strings.Join(keys, ", "))
+			fmt.Fprintf(&b, "Inputs (global variables of the code): %s\n", strings.Join(keys, ", "))
+			detail = indented(v.Inputs)
+		}
+	case ValidateScriptInput:
+		code = v.Code
+		b.WriteString("Checks the code without running it\n")
+		if len(v.Dependencies) > 0 {
+			fmt.Fprintf(&b, "Dependencies to check: %s\n", strings.Join(v.Dependencies, ", "))
 		}
 	case InstallPackageInput:
 		fmt.Fprintf(&b, "Session: %s\n", v.SessionID)
@@ -676,9 +745,7 @@ func (g *governor) approvalParts(tool string, in any, pkgs []requested) (facts, 
 			fmt.Fprintf(&b, "Python: %s\n", v.PythonVersion)
 		}
 	default:
-		if raw, err := json.Marshal(v); err == nil && len(raw) < 4096 {
-			fmt.Fprintf(&b, "Arguments: %s\n", raw)
-		}
+		detail = indented(v)
 	}
 	if len(pkgs) > 0 {
 		names := make([]string, len(pkgs))
@@ -695,7 +762,19 @@ func (g *governor) approvalParts(tool string, in any, pkgs []requested) (facts, 
 		}
 		fmt.Fprintf(&b, "\nRate limits: %s", strings.Join(ls, "; "))
 	}
-	return b.String(), code
+	return b.String(), code, detail
+}
+
+// indented is v as JSON indented by two spaces, without HTML escapes.
+func indented(v any) string {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if enc.Encode(v) != nil {
+		return ""
+	}
+	return strings.TrimSuffix(buf.String(), "\n")
 }
 
 func (g *governor) limitsText(in any) string {

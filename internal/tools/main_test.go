@@ -62,6 +62,16 @@ func connectFull(t testing.TB, mod func(*engine.Config), opt func(*Options), cop
 // limits; mod and opt adjust the engine's and the tools' options.
 func newServer(t testing.TB, mod func(*engine.Config), opt func(*Options)) *mcp.Server {
 	t.Helper()
+	opts := Options{Engine: newEngine(t, mod), Logger: slog.New(slog.DiscardHandler)}
+	if opt != nil {
+		opt(&opts)
+	}
+	return NewServer(opts)
+}
+
+// newEngine is the engine of newServer.
+func newEngine(t testing.TB, mod func(*engine.Config)) *engine.Engine {
+	t.Helper()
 	py, err := interp.Find(context.Background(), "")
 	if err != nil {
 		t.Fatalf("no python3: %v", err)
@@ -83,11 +93,7 @@ func newServer(t testing.TB, mod func(*engine.Config), opt func(*Options)) *mcp.
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := Options{Engine: eng, Logger: slog.New(slog.DiscardHandler)}
-	if opt != nil {
-		opt(&opts)
-	}
-	return NewServer(opts)
+	return eng
 }
 
 // call calls a tool and decodes its structured content into a map.

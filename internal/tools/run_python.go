@@ -24,6 +24,9 @@ type RunPythonInput struct {
 	SessionID      string         `json:"session_id,omitempty" jsonschema:"Run in this session (from create_session): its variables, imports and files persist between calls. Omit for a fresh sandbox."`
 	Dependencies   []string       `json:"dependencies,omitempty" jsonschema:"PEP 508 requirements to install first, e.g. [\"pandas>=2\", \"requests\"]; merged with an inline '# /// script' block in the code. Installed once and cached."`
 	PythonVersion  string         `json:"python_version,omitempty" jsonschema:"Python to run on, e.g. \"3.12\" (check_environment lists the interpreters). Default: the server's, or the newest that meets the script's requires-python."`
+	// Filename names the code in tracebacks ("<code>" when empty); tool
+	// profiles set their peer's (main.py, script.py).
+	Filename string `json:"-"`
 }
 
 const runPythonDescription = `Run Python 3 code in a fresh, isolated sandbox and return its output.
@@ -60,21 +63,32 @@ const (
 )
 
 func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (*mcp.CallToolResult, *engine.Result, error) {
+	res, refused := s.execute(ctx, req, in)
+	if refused != nil {
+		return refused, nil, nil
+	}
+	content := s.boundReply(res, in.SessionID, identity(req))
+	return &mcp.CallToolResult{IsError: res.Status != engine.StatusSuccess, Content: content}, res, nil
+}
+
+// execute runs code as run_python does (the caller's quota, its session,
+// the network the policy gives it, tools from code); when nothing ran,
+// refused is the result to return instead.
+func (s *server) execute(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (res *engine.Result, refused *mcp.CallToolResult) {
 	run, msg := s.checkRunInput(in)
 	if msg != "" {
-		return errorResult(msg), nil, nil
+		return nil, errorResult(msg)
 	}
 	run.Progress = progressFunc(ctx, req)
 	release, refused := s.takeQuota(ctx, req)
 	if refused != nil {
-		return refused, nil, nil
+		return nil, refused
 	}
 	defer release()
-	var res *engine.Result
 	var err error
 	if in.SessionID != "" {
 		if err := s.ownSession(req, in.SessionID); err != nil {
-			return sessionError(ctx, err), nil, nil
+			return nil, sessionError(ctx, err)
 		}
 		usage := s.sessionCall(ctx, req, in.SessionID)
 		tr := s.newToolRun(ctx, req, in.SessionID)
@@ -88,7 +102,7 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 			usage()
 		}
 		if err != nil && !errors.Is(err, engine.ErrBusy) {
-			return sessionError(ctx, err), nil, nil
+			return nil, sessionError(ctx, err)
 		}
 	} else {
 		var usage func() *engine.NetUsage
@@ -102,23 +116,22 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 			res.ToolCalls = tr.Usage()
 		}
 	}
-	if res, ok := deniedError(ctx, err); ok {
-		return res, nil, nil
+	if r, ok := deniedError(ctx, err); ok {
+		return nil, r
 	}
 	var reqErr *engine.RequestError
 	switch {
 	case errors.As(err, &reqErr):
-		return errorResult(reqErr.Error() + "."), nil, nil
+		return nil, errorResult(reqErr.Error() + ".")
 	case errors.Is(err, engine.ErrBusy):
-		return busyResult(err), nil, nil
+		return nil, busyResult(err)
 	case err != nil && ctx.Err() != nil:
-		return refusal(engine.StatusCancelled, "The call was cancelled before the code ran."), nil, nil
+		return nil, refusal(engine.StatusCancelled, "The call was cancelled before the code ran.")
 	case err != nil:
 		s.log.Error("run failed", "err", err)
-		return refusal(engine.StatusSandboxError, fmt.Sprintf("The sandbox could not run the code: %v. Nothing was run; run check_environment to see whether the sandbox works on this server.", err)), nil, nil
+		return nil, refusal(engine.StatusSandboxError, fmt.Sprintf("The sandbox could not run the code: %v. Nothing was run; run check_environment to see whether the sandbox works on this server.", err))
 	}
-	content := s.boundReply(res, in.SessionID, identity(req))
-	return &mcp.CallToolResult{IsError: res.Status != engine.StatusSuccess, Content: content}, res, nil
+	return res, nil
 }
 
 // checkRunInput validates everything the client sent. The message, when
@@ -164,7 +177,7 @@ func (s *server) checkRunInput(in RunPythonInput) (engine.RunRequest, string) {
 			return run, fmt.Sprintf("inputs are too large (%d bytes; the limit is %d). Pass less data.", total, MaxCodeBytes*8)
 		}
 	}
-	run.Code = in.Code
+	run.Code, run.Filename = in.Code, in.Filename
 	return run, ""
 }
 

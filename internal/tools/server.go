@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -67,7 +68,11 @@ type Options struct {
 	// replicas own are re-issued there (internal/cluster).
 	Cluster   *cluster.Cluster
 	Forwarder *cluster.Forwarder
-	Logger    *slog.Logger
+	// Profiles are tool sets with other servers' names and formats
+	// (serve --tools); NoNative leaves pysandbox's own tools out.
+	Profiles []Profile
+	NoNative bool
+	Logger   *slog.Logger
 }
 
 // Names are the tools a server offers (before the policy hides any). A
@@ -93,6 +98,9 @@ type server struct {
 	sessNets map[string]*sessionNet // by session id
 
 	maxUpload, maxInline, maxDownload, maxReply int64
+
+	profiles []Profile
+	noNative bool
 }
 
 // NewServer returns an MCP server with every pysandbox tool registered.
@@ -110,7 +118,7 @@ func NewServers(opts Options) (*mcp.Server, *mcp.Server) {
 		log = slog.Default()
 	}
 	s := &server{eng: opts.Engine, log: log, sessions: opts.Sessions, figures: newFigureStore(), quotas: opts.Quotas, net: opts.Network, up: opts.Upstreams, sessNets: map[string]*sessionNet{},
-		maxUpload: opts.MaxUploadBytes, maxInline: opts.MaxInlineBytes, maxDownload: opts.MaxDownloadBytes}
+		maxUpload: opts.MaxUploadBytes, maxInline: opts.MaxInlineBytes, maxDownload: opts.MaxDownloadBytes, profiles: opts.Profiles, noNative: opts.NoNative}
 	if s.sessions == nil {
 		s.sessions = opts.Engine.NewSessions(engine.SessionConfig{})
 	}
@@ -144,14 +152,22 @@ func NewServers(opts Options) (*mcp.Server, *mcp.Server) {
 		s.cl, s.fwd = opts.Cluster, opts.Forwarder
 		getSessionID = opts.Cluster.NewMCPSessionID
 	}
-	srv := mcp.NewServer(&mcp.Implementation{Name: "pysandbox", Title: "pysandbox: sandboxed Python", Version: Version}, &mcp.ServerOptions{
-		GetSessionID: getSessionID,
-		Instructions: "pysandbox runs Python 3 code in a fresh, isolated Linux sandbox for every call: " + s.networkWords() + ", no access to the host's files, " +
-			"limited memory, processes and time. Use run_python to compute, analyse data or test code; create_session for multi-step work that keeps " +
-			"variables and files between calls (upload_file, list_files, download_file move files in and out; plots come back as images); " +
-			"check_environment to see the sandbox's limits and Python version; validate_script to check code without running it." + s.upstreamWords(),
-		Logger: log,
-	})
+	impl := &mcp.Implementation{Name: "pysandbox", Title: "pysandbox: sandboxed Python", Version: Version}
+	instructions := "pysandbox runs Python 3 code in a fresh, isolated Linux sandbox for every call: " + s.networkWords() + ", no access to the host's files, " +
+		"limited memory, processes and time. Use run_python to compute, analyse data or test code; create_session for multi-step work that keeps " +
+		"variables and files between calls (upload_file, list_files, download_file move files in and out; plots come back as images); " +
+		"check_environment to see the sandbox's limits and Python version; validate_script to check code without running it." + s.upstreamWords()
+	if s.noNative && len(s.profiles) == 1 {
+		// Alone, a profile is the server its clients were set up for.
+		impl.Name, instructions = s.profiles[0].ServerName, s.profiles[0].Instructions
+	} else {
+		for _, p := range s.profiles {
+			if p.Instructions != "" {
+				instructions += " " + p.Instructions
+			}
+		}
+	}
+	srv := mcp.NewServer(impl, &mcp.ServerOptions{GetSessionID: getSessionID, Instructions: instructions, Logger: log})
 	s.gov = newGovernor(opts.Governance, opts.Engine, log)
 	s.gov.netWords = s.networkWords
 	if s.net != nil {
@@ -182,16 +198,26 @@ func NewServers(opts Options) (*mcp.Server, *mcp.Server) {
 // from the middleware, which sees every call. Adding a tool again replaces
 // it, so this also applies a new policy.
 func (s *server) register(srv *mcp.Server) {
-	s.addRunPython(srv)
-	s.addCheckEnvironment(srv)
-	s.addValidateScript(srv)
-	s.addSessionTools(srv)
-	s.addInstallPackage(srv)
-	s.addFileTools(srv)
-	s.addListTools(srv)
+	names := Names
+	if s.noNative {
+		names = nil
+	} else {
+		s.addRunPython(srv)
+		s.addCheckEnvironment(srv)
+		s.addValidateScript(srv)
+		s.addSessionTools(srv)
+		s.addInstallPackage(srv)
+		s.addFileTools(srv)
+		s.addListTools(srv)
+	}
 	s.addFigureResources(srv)
+	h := &Host{s: s, srv: srv}
+	for _, p := range s.profiles {
+		p.Register(h)
+		names = append(slices.Clip(names), p.Tools...)
+	}
 	pol := s.gov.policy()
-	for _, name := range Names {
+	for _, name := range names {
 		if pol.Hidden(name) {
 			srv.RemoveTools(name)
 		}

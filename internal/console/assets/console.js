@@ -61,8 +61,10 @@
         const what = el("td");
         what.append(el("pre", a.facts, "facts"));
         if (a.code) what.append(el("pre", a.code, "code"));
+        if (a.detail_bytes) what.append(el("p", "Values of " + a.detail_bytes + " bytes (inputs or other arguments) that the code or tool uses: review them.", "warn"));
+        if (a.controls) what.append(el("p", "Control or invisible characters in the code (shown as escapes): Python may read a line break or an indentation reset where none shows.", "warn"));
         if (a.non_ascii && a.non_ascii.length) {
-          const w = el("p", "Non-ASCII characters in the code: ", "warn");
+          const w = el("p", "Non-ASCII characters: ", "warn");
           for (const c of a.non_ascii) { w.append(el("code", c), " "); }
           what.append(w);
         }
@@ -71,7 +73,7 @@
         what.append(meta);
         const waited = el("td", ago(a.created)); waited.dataset.since = a.created;
         const act = el("td");
-        if (a.code_cut || (a.non_ascii && a.non_ascii.length)) {
+        if (!a.inline) {
           const link = el("a", "Review to approve", "button");
           link.href = "/console/approvals/" + encodeURIComponent(a.id);
           act.append(link);
@@ -139,7 +141,7 @@
   // Python keywords, strings and comments, by token: the code stays text.
   for (const pre of document.querySelectorAll("pre.highlight")) {
     const src = pre.textContent;
-    const re = /(#[^\n]*)|("""[\s\S]*?"""|'''[\s\S]*?'''|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')|\b(and|as|assert|async|await|break|class|continue|def|del|elif|else|except|finally|for|from|global|if|import|in|is|lambda|nonlocal|not|or|pass|raise|return|try|while|with|yield|None|True|False)\b/g;
+    const re = /(#[^\n]*)|("""[\s\S]*?"""|'''[\s\S]*?'''|"(?:\\[\s\S]|[^"\\\n])*"|'(?:\\[\s\S]|[^'\\\n])*')|\b(and|as|assert|async|await|break|class|continue|def|del|elif|else|except|finally|for|from|global|if|import|in|is|lambda|nonlocal|not|or|pass|raise|return|try|while|with|yield|None|True|False)\b/g;
     const frag = document.createDocumentFragment();
     let last = 0, m;
     while ((m = re.exec(src)) !== null) {

@@ -1,0 +1,122 @@
+package tools
+
+import (
+	"context"
+	"slices"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/engine"
+)
+
+// Profile is a set of tools with another server's names, parameters and
+// result formats (internal/profiles), served instead of or beside
+// pysandbox's own. Its tools run on the same engine, under the same
+// limits, policy, approval, rate limits, quotas and audit log: they are
+// registered through a Host, which gives them nothing else.
+type Profile struct {
+	// Name is what --tools calls it, e.g. "mcp-run-python".
+	Name string
+	// Tools are the names its tools have (the policy file names them so).
+	Tools []string
+	// ServerName and Instructions are what the server says of itself
+	// when this profile is the only one served.
+	ServerName, Instructions string
+	// Register adds the tools; it is called again when the policy
+	// changes (adding a tool again replaces it).
+	Register func(h *Host)
+}
+
+// Host is what a Profile builds its tools on.
+type Host struct {
+	s   *server
+	srv *mcp.Server
+}
+
+// AddTool registers a profile's tool behind the policy's per-call checks,
+// like pysandbox's own. An input that implements Governed is judged as
+// the native input it stands for (its packages against the package rules,
+// its code shown to whoever approves it).
+func AddTool[In, Out any](h *Host, t *mcp.Tool, fn mcp.ToolHandlerFor[In, Out]) {
+	addTool(h.s, h.srv, t, fn)
+}
+
+// Governed is implemented by a profile tool's input: the native input
+// (RunPythonInput, CreateSessionInput, InstallPackageInput) the call
+// amounts to, for the package rules and the approval prompt.
+type Governed interface{ Governed() any }
+
+// Run runs code as run_python does. When nothing ran, refused is the
+// result to return (a quota, a bad argument, a sandbox that cannot start).
+func (h *Host) Run(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (res *engine.Result, refused *mcp.CallToolResult) {
+	return h.s.execute(ctx, req, in)
+}
+
+// CreateSession is create_session; refused is set when none was created.
+func (h *Host) CreateSession(ctx context.Context, req *mcp.CallToolRequest, in CreateSessionInput) (*CreateSessionOutput, *mcp.CallToolResult) {
+	res, out, _ := h.s.createSession(ctx, req, in)
+	if out == nil {
+		return nil, res
+	}
+	return out, nil
+}
+
+// Install is install_package; the result says installed or
+// install_error, refused that nothing was tried.
+func (h *Host) Install(ctx context.Context, req *mcp.CallToolRequest, in InstallPackageInput) (*InstallPackageOutput, *mcp.CallToolResult) {
+	res, out, _ := h.s.installPackage(ctx, req, in)
+	if out == nil {
+		return nil, res
+	}
+	return out, nil
+}
+
+// Upload is upload_file (content from the client, never a host path).
+func (h *Host) Upload(ctx context.Context, req *mcp.CallToolRequest, in UploadFileInput) (*FileOutput, *mcp.CallToolResult) {
+	res, out, _ := h.s.uploadFile(ctx, req, in)
+	if out == nil {
+		return nil, res
+	}
+	return out, nil
+}
+
+// Sessions are the caller's open sessions, oldest first.
+func (h *Host) Sessions(req *mcp.CallToolRequest) []engine.SessionInfo {
+	me := identity(req)
+	var out []engine.SessionInfo
+	for _, i := range h.s.sessions.List() {
+		if i.Owner == me {
+			out = append(out, i)
+		}
+	}
+	slices.SortFunc(out, func(a, b engine.SessionInfo) int { return a.Created.Compare(b.Created) })
+	return out
+}
+
+// OwnSession reports whether the caller may use the session.
+func (h *Host) OwnSession(req *mcp.CallToolRequest, id string) bool {
+	return h.s.ownSession(req, id) == nil
+}
+
+// Identity is the caller's identity, as the audit log names it.
+func (h *Host) Identity(req *mcp.CallToolRequest) string { return identity(req) }
+
+// Posture is the sandbox as measured, with the policy in force
+// (check_environment's result), and its text.
+func (h *Host) Posture(ctx context.Context, req *mcp.CallToolRequest) (*engine.Posture, string) {
+	res, p, _ := h.s.checkEnvironment(ctx, req, CheckEnvironmentInput{})
+	return p, resultText(res)
+}
+
+// Engine is the engine the tools run on (for its limits).
+func (h *Host) Engine() *engine.Engine { return h.s.eng }
+
+// MaxReply bounds a result on the wire, as for the native tools.
+func (h *Host) MaxReply() int64 { return h.s.maxReply - replyOverhead }
+
+// NetworkOn says whether runs reach a network (through the proxy).
+func (h *Host) NetworkOn() bool { return h.s.networkOn() }
+
+// CheckPackage says whether the policy's package rules allow a package
+// (its PEP 503 name), and why not.
+func (h *Host) CheckPackage(name string) error { return h.s.gov.policy().Packages.Check(name) }
