@@ -86,7 +86,9 @@ func TestReadCheckedLongLine(t *testing.T) {
 	w.Close()
 	var tools, bad []string
 	err = ReadChecked([]string{path, path + ".2"}, func(r *Record, _ string) bool { tools = append(tools, r.Tool); return true },
-		func(p string, line int, err error) { bad = append(bad, fmt.Sprint(filepath.Base(p), ":", line, ": ", err)) })
+		func(p string, line int, err error) {
+			bad = append(bad, fmt.Sprint(filepath.Base(p), ":", line, ": ", err))
+		})
 	if err != nil || strings.Join(tools, ",") != "before,after" || len(bad) != 1 || !strings.Contains(bad[0], "audit.log:2: line longer") {
 		t.Errorf("err %v, tools %q, bad %q", err, tools, bad)
 	}
