@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"slices"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -24,6 +25,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/metrics"
 	"github.com/pysandbox/pysandbox/internal/policy"
+	"github.com/pysandbox/pysandbox/internal/profiles"
 	"github.com/pysandbox/pysandbox/internal/quota"
 	"github.com/pysandbox/pysandbox/internal/tools"
 	"github.com/pysandbox/pysandbox/internal/upstream"
@@ -55,6 +57,7 @@ func serve(args []string, stderr io.Writer) error {
 	consoleOn := fs.Bool("console", false, "with --http: serve the operator console at /console (live runs and sessions, kill, the audit trail, the policy); needs --operator-token-file")
 	operatorTokens := fs.String("operator-token-file", "", "with --console: the operators' tokens ('NAME TOKEN' lines, as --auth-token-file); an agent's token never opens the console, and an operator's never runs code")
 	insecure := fs.Bool("insecure-no-auth", false, "allow --http on a non-loopback address without --auth-token-file: ANYONE who can reach the port can run code")
+	pflags := addProfileFlags(fs, o)
 	qflags := addQuotaFlags(fs)
 	sflags := addStoreFlags(fs)
 	rflags := addReplicaFlags(fs)
@@ -109,7 +112,11 @@ func serve(args []string, stderr io.Writer) error {
 	// The upstream servers' list and then the policy are read first: a
 	// server with a broken policy must not start at all, not even its
 	// sandboxes. The policy may name the upstreams' tools.
-	toolNames := tools.Names
+	profs, native, err := pflags.selectProfiles()
+	if err != nil {
+		return usageError{err}
+	}
+	toolNames := profiles.ToolNames(profs, native)
 	var upCfg *upstream.Config
 	if *upstreamFile != "" {
 		if upCfg, err = upstream.Load(*upstreamFile); err != nil {
@@ -118,7 +125,7 @@ func serve(args []string, stderr io.Writer) error {
 		for _, w := range upCfg.Warnings {
 			log.Warn("upstream servers", "file", *upstreamFile, "warning", w)
 		}
-		toolNames = append(append([]string(nil), tools.Names...), upstreamPatterns(upCfg)...)
+		toolNames = append(slices.Clip(toolNames), upstreamPatterns(upCfg)...)
 	}
 	pol := policy.AllowAll()
 	// current is the policy in force; SIGHUP replaces it (see below).
@@ -242,7 +249,7 @@ func serve(args []string, stderr io.Writer) error {
 		}
 		gov.Audit = w
 	}
-	logPolicy(log, pol)
+	logPolicy(log, pol, toolNames)
 	if *policyFile != "" {
 		updates := make(chan *policy.Policy)
 		gov.Updates = updates
@@ -283,7 +290,7 @@ func serve(args []string, stderr io.Writer) error {
 		consoleHandler = con.Handler()
 	}
 	srv, internal := tools.NewServers(tools.Options{Engine: eng, Posture: posture, Sessions: sessions, MaxUploadBytes: int64(maxUpload), MaxReplyBytes: int64(maxReply), Quotas: quotas, Governance: gov, Network: o.proxy, Upstreams: ups,
-		Cluster: rep.cl, Forwarder: rep.fwd, Logger: log})
+		Cluster: rep.cl, Forwarder: rep.fwd, Profiles: profs, NoNative: !native, Logger: log})
 	if *httpAddr == "" {
 		log.Info("serving MCP on stdio", "backend", posture.Backend, "posture", posture.Posture, "python", posture.Python.Version)
 		// Run returns nil on a clean EOF from the client.
@@ -384,15 +391,15 @@ func reloadPolicy(ctx context.Context, hup <-chan os.Signal, path string, toolNa
 		case <-ctx.Done():
 			return
 		}
-		logPolicy(log, pol)
+		logPolicy(log, pol, toolNames)
 	}
 }
 
 // logPolicy says at startup what the policy does, so an operator can see
 // that the file they meant is in force.
-func logPolicy(log *slog.Logger, pol *policy.Policy) {
+func logPolicy(log *slog.Logger, pol *policy.Policy, names []string) {
 	var allow, deny, approve []string
-	for _, name := range tools.Names {
+	for _, name := range names {
 		switch pol.Decide(name).Action {
 		case policy.Allow:
 			allow = append(allow, name)

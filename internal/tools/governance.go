@@ -69,6 +69,9 @@ type governor struct {
 	eng      *engine.Engine
 	// netWords says what network runs have (see server.networkWords).
 	netWords func() string
+	// governed are the tools whose calls it decides, audits and counts:
+	// pysandbox's own (unless left out) and the profiles'.
+	governed map[string]bool
 
 	// broken is set once the audit log failed: from then on every call is
 	// refused, because it could not be recorded.
@@ -143,7 +146,15 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			return g.readResource(ctx, method, rr, next)
 		}
 		ctr, ok := req.(*mcp.CallToolRequest)
-		if method != "tools/call" || !ok || ctr.Params == nil || !slices.Contains(Names, ctr.Params.Name) {
+		if method != "tools/call" || !ok || ctr.Params == nil {
+			return next(ctx, method, req)
+		}
+		if a := bytes.TrimSpace(ctr.Params.Arguments); len(a) == 0 || string(a) == "null" {
+			// No arguments are an empty object: the SDK would apply a
+			// schema's defaults to a nil map and crash (go-sdk v1.8.0).
+			ctr.Params.Arguments = json.RawMessage("{}")
+		}
+		if !g.governed[ctr.Params.Name] {
 			return next(ctx, method, req)
 		}
 		tool := ctr.Params.Name

@@ -120,3 +120,7 @@ func (h *Host) NetworkOn() bool { return h.s.networkOn() }
 // CheckPackage says whether the policy's package rules allow a package
 // (its PEP 503 name), and why not.
 func (h *Host) CheckPackage(name string) error { return h.s.gov.policy().Packages.Check(name) }
+
+// FileURI is the resource URI of a session file (FileTemplate), which a
+// client reads with resources/read.
+func FileURI(sessionID, p string) string { return fileURI(sessionID, p) }

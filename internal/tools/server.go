@@ -170,6 +170,17 @@ func NewServers(opts Options) (*mcp.Server, *mcp.Server) {
 	srv := mcp.NewServer(impl, &mcp.ServerOptions{GetSessionID: getSessionID, Instructions: instructions, Logger: log})
 	s.gov = newGovernor(opts.Governance, opts.Engine, log)
 	s.gov.netWords = s.networkWords
+	s.gov.governed = map[string]bool{}
+	if !s.noNative {
+		for _, n := range Names {
+			s.gov.governed[n] = true
+		}
+	}
+	for _, p := range s.profiles {
+		for _, n := range p.Tools {
+			s.gov.governed[n] = true
+		}
+	}
 	if s.net != nil {
 		s.net.AddRecorder(s.gov.netRecord)
 	}
