@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"slices"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -12,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
