@@ -14,6 +14,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/pysandbox/pysandbox/internal/audit"
 	"github.com/pysandbox/pysandbox/internal/deps"
 	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/engine"
@@ -38,11 +39,13 @@ type serverOpts struct {
 	index   *pypi.Index
 	popts   Options
 	timeout time.Duration // the default timeout; 0: 20 s
+	audit   string        // an audit log to write, "" for none
+	output  int           // bytes kept per stream; 0: 16 KiB
 }
 
 // connect serves spec's profiles on the real native sandbox and returns a
 // real SDK client session to it.
-func connect(t *testing.T, spec string, so serverOpts) *mcp.ClientSession {
+func connect(t testing.TB, spec string, so serverOpts) *mcp.ClientSession {
 	t.Helper()
 	ctx := context.Background()
 	py, err := interp.Find(ctx, "")
@@ -58,6 +61,9 @@ func connect(t *testing.T, spec string, so serverOpts) *mcp.ClientSession {
 		MaxOutput:      16 << 10, // small: the goldens hold a cut output
 		MaxConcurrent:  8,
 		MaxQueue:       16,
+	}
+	if so.output > 0 {
+		cfg.MaxOutput = so.output
 	}
 	if so.timeout > 0 {
 		cfg.DefaultTimeout = so.timeout
@@ -86,8 +92,17 @@ func connect(t *testing.T, spec string, so serverOpts) *mcp.ClientSession {
 	}
 	sessions := eng.NewSessions(engine.SessionConfig{MaxSessions: 4})
 	t.Cleanup(sessions.Shutdown)
+	gov := tools.Governance{Policy: pol}
+	if so.audit != "" {
+		w, err := audit.Open(so.audit, audit.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { w.Close() })
+		gov.Audit = w
+	}
 	srv := tools.NewServer(tools.Options{Engine: eng, Sessions: sessions, Profiles: profs, NoNative: !native,
-		Governance: tools.Governance{Policy: pol}, Logger: slog.New(slog.DiscardHandler)})
+		Governance: gov, Logger: slog.New(slog.DiscardHandler)})
 	st, ct := mcp.NewInMemoryTransports()
 	ss, err := srv.Connect(ctx, st, nil)
 	if err != nil {
@@ -171,4 +186,10 @@ func toolsList(t *testing.T, cs *mcp.ClientSession) string {
 	}
 	b, _ := json.MarshalIndent(res.Tools, "", "  ")
 	return string(b) + "\n"
+}
+
+func connectB(b *testing.B, spec string) *mcp.ClientSession { return connect(b, spec, serverOpts{}) }
+
+func callParams(tool, arg, code string) *mcp.CallToolParams {
+	return &mcp.CallToolParams{Name: tool, Arguments: map[string]any{arg: code}}
 }

@@ -197,6 +197,9 @@ func truncateStream(s string, maxOut int) string {
 	for n > 0 && s[n]&0xC0 == 0x80 {
 		n--
 	}
+	if maxOut < 1024 {
+		return s[:n] + fmt.Sprintf("\n... [truncated at %d bytes]", maxOut)
+	}
 	return s[:n] + fmt.Sprintf("\n... [truncated at %dKB]", maxOut/1024)
 }
 

@@ -2,6 +2,8 @@ package profiles
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"path"
@@ -59,14 +61,18 @@ func (in PipInstallInput) Governed() any {
 	return tools.InstallPackageInput{Packages: []string{in.PackageName}}
 }
 
-// runFileCode runs a file of the workspace as __main__ and returns the
-// named variable's str(), or None when it is missing or None. The file
-// name and variable come in as inputs, never pasted into code.
-const runFileCode = `import runpy as _runpy, os as _os
-_path = _os.path.join("/work", _file)
-_globals = _runpy.run_path(_path, run_name="__main__")
+// runFileCode runs a file of the workspace as __main__ and writes the
+// named variable's str() after a marker line (the marker is random per
+// call, so the file's own output cannot fake it), on stdout, which is not
+// bounded like a return value; the return value says whether it was
+// found. The file name and variable come in as inputs, never pasted into
+// code.
+const runFileCode = `import runpy as _runpy, os as _os, sys as _sys
+_globals = _runpy.run_path(_os.path.join("/work", _file), run_name="__main__")
 _value = _globals.get(_var) if _var else None
-None if _value is None else str(_value)
+if _value is not None:
+    _sys.stdout.write("\n" + _marker + "\n" + str(_value))
+_value is not None
 `
 
 // sSchema is the official SDK's (pydantic's) inputSchema of a tool.
@@ -124,7 +130,7 @@ func mcpRunPythonCode(Options) tools.Profile {
 					return fail(refusalText(refused))
 				}
 				if in.Overwrite != nil && !*in.Overwrite {
-					res, refused := runIn(ctx, h, req, session, "import os\nos.path.exists(os.path.join('/work', _file))", "<check>", map[string]any{"_file": name})
+					res, refused := helperIn(ctx, h, req, session, "import os\nos.path.exists(os.path.join('/work', _file))", map[string]any{"_file": name})
 					if refused != nil {
 						return fail(refusalText(refused))
 					}
@@ -183,11 +189,15 @@ func runFile(ctx context.Context, h *tools.Host, req *mcp.CallToolRequest, sessi
 	if variable != nil {
 		v = *variable
 	}
-	res, refused := runIn(ctx, h, req, session, runFileCode, "<run_file>", map[string]any{"_file": name, "_var": v})
+	marker := "--pysandbox-value-" + randomHex() + "--"
+	res, refused := runIn(ctx, h, req, session, runFileCode, "<run_file>", map[string]any{"_file": name, "_var": v, "_marker": marker})
 	switch {
 	case refused != nil:
 		return wrappedCut(h, errPrefix+refusalText(refused))
-	case res.Status != engine.StatusSuccess:
+	case res.Status == engine.StatusTimeout:
+		msg, _, _ := strings.Cut(res.Message, ";")
+		return wrappedCut(h, errPrefix+"TimeoutError: "+msg)
+	case res.Status != engine.StatusSuccess && !(res.Status == engine.StatusOutputLimit && res.Error == nil):
 		msg := res.Message
 		if res.Error != nil {
 			msg = pyErrorText(res.Error.Type, res.Error.Message)
@@ -195,11 +205,21 @@ func runFile(ctx context.Context, h *tools.Host, req *mcp.CallToolRequest, sessi
 		return wrappedCut(h, errPrefix+msg)
 	case v == "":
 		return wrappedCut(h, "successfully ran "+path.Join("/work", name))
-	case res.ReturnValue == nil:
+	case res.ReturnValue != true:
 		return wrappedCut(h, "Variable "+v+" not found")
 	}
-	s, _ := res.ReturnValue.(string)
-	return wrappedCut(h, s)
+	i := strings.LastIndex(res.Stdout, "\n"+marker+"\n")
+	if i < 0 {
+		// Cut away by the output bound, with the head of the output.
+		return wrappedCut(h, errPrefix+"the value of "+v+" was larger than the server's output limit")
+	}
+	return wrappedCut(h, res.Stdout[i+len(marker)+2:])
+}
+
+func randomHex() string {
+	b := make([]byte, 12)
+	rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 // pyErrorText is str(exception) the way the peer shows an OSError:

@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -78,9 +81,12 @@ const accessDenied = "Access denied. You don't have permission to access this sa
 
 // terminalCode runs a shell command inside the session's sandbox, with
 // its limits: the same processes, memory and timeout as any run.
-const terminalCode = `import subprocess as _sp
-_r = _sp.run(["/bin/sh", "-c", _command], capture_output=True, cwd="/work", stdin=_sp.DEVNULL)
-{"stdout": _r.stdout.decode("utf-8", "replace"), "stderr": _r.stderr.decode("utf-8", "replace"), "exit_code": _r.returncode}
+// The command's output is the run's own (bounded like any run's), its
+// exit code the return value.
+const terminalCode = `import subprocess as _sp, sys as _sys
+_sys.stdout.flush()
+_sys.stderr.flush()
+_sp.run(["/bin/sh", "-c", _command], cwd="/work", stdin=_sp.DEVNULL).returncode
 `
 
 // versionCode is the installed version of a distribution, or None.
@@ -100,12 +106,33 @@ sorted("/work/" + e.name for e in _os.scandir("/work") if not e.name.startswith(
 
 type sandboxes struct {
 	mu    sync.Mutex
-	names map[string]string            // session id -> name
-	pkgs  map[string]map[string]string // session id -> package -> version
+	names map[string]sandboxEntry // by session id, while the session lives
+}
+
+// sandboxEntry is what the peer keeps of a sandbox that a session does
+// not: its name and the packages installed.
+type sandboxEntry struct {
+	owner, name string
+	pkgs        map[string]string // package -> version
+}
+
+// maxSandboxName bounds a sandbox's name.
+const maxSandboxName = 256
+
+// prune forgets the sandboxes whose sessions are gone, so that what is
+// kept is bounded by the sessions open.
+func (sb *sandboxes) prune(h *tools.Host) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	for id := range sb.names {
+		if !h.SessionExists(id) {
+			delete(sb.names, id)
+		}
+	}
 }
 
 func mcpSandbox(Options) tools.Profile {
-	sb := &sandboxes{names: map[string]string{}, pkgs: map[string]map[string]string{}}
+	sb := &sandboxes{names: map[string]sandboxEntry{}}
 	return tools.Profile{
 		Name: "mcp-sandbox",
 		Tools: []string{"create_sandbox", "list_sandboxes", "execute_python_code", "install_package_in_sandbox",
@@ -136,11 +163,11 @@ func (sb *sandboxes) register(h *tools.Host) {
 	// denied is the answer for a sandbox the caller cannot use: the
 	// peer's words for one that is not theirs, and what happened to one
 	// that was and has ended (it expired, or a run broke a limit).
-	denied := func(id string) (*mcp.CallToolResult, any, error) {
+	denied := func(req *mcp.CallToolRequest, id string) (*mcp.CallToolResult, any, error) {
 		sb.mu.Lock()
-		_, known := sb.names[id]
+		e, known := sb.names[id]
 		sb.mu.Unlock()
-		if known {
+		if known && e.owner == h.Identity(req) {
 			return reply(map[string]any{"error": "Sandbox " + id + " has ended (it expired, or a run exceeded a limit and took it down); create a new one with create_sandbox."})
 		}
 		return reply(map[string]any{"error": accessDenied})
@@ -150,17 +177,21 @@ func (sb *sandboxes) register(h *tools.Host) {
 		Description: "Create a new Python sandbox and return its sandbox_id. Files and installed packages persist in it between calls.",
 		InputSchema: json.RawMessage(`{"type":"object","properties":{"name":{"anyOf":[{"type":"string"},{"type":"null"}],"default":null,"title":"Name"}}}`),
 	}, func(ctx context.Context, req *mcp.CallToolRequest, in CreateSandboxInput) (*mcp.CallToolResult, any, error) {
+		if in.Name != nil && len(*in.Name) > maxSandboxName {
+			return reply(orderedMap{{"error", true}, {"message", fmt.Sprintf("The name is too long (%d bytes; at most %d).", len(*in.Name), maxSandboxName)}})
+		}
+		sb.prune(h)
 		n := len(h.Sessions(req))
 		out, refused := h.CreateSession(ctx, req, tools.CreateSessionInput{})
 		if refused != nil {
-			return reply(map[string]any{"error": true, "message": refusalText(refused)})
+			return reply(orderedMap{{"error", true}, {"message", refusalText(refused)}})
 		}
 		name := fmt.Sprintf("Sandbox %d", n+1)
 		if in.Name != nil && *in.Name != "" {
 			name = *in.Name
 		}
 		sb.mu.Lock()
-		sb.names[out.SessionID] = name
+		sb.names[out.SessionID] = sandboxEntry{owner: h.Identity(req), name: name, pkgs: map[string]string{}}
 		sb.mu.Unlock()
 		return reply(orderedMap{{"sandbox_id", out.SessionID}, {"user_id", h.Identity(req)}, {"name", name}, {"status", "active"}})
 	})
@@ -172,10 +203,11 @@ func (sb *sandboxes) register(h *tools.Host) {
 		var list []any
 		for _, s := range h.Sessions(req) {
 			sb.mu.Lock()
-			name := sb.names[s.ID]
+			e := sb.names[s.ID]
+			name := e.name
 			pkgs := []any{}
-			for p, v := range sb.pkgs[s.ID] {
-				pkgs = append(pkgs, orderedMap{{"name", p}, {"version", v}})
+			for _, p := range slices.Sorted(maps.Keys(e.pkgs)) {
+				pkgs = append(pkgs, orderedMap{{"name", p}, {"version", e.pkgs[p]}})
 			}
 			sb.mu.Unlock()
 			list = append(list, orderedMap{{"sandbox_id", s.ID}, {"name", name}, {"installed_packages", pkgs}})
@@ -192,7 +224,7 @@ func (sb *sandboxes) register(h *tools.Host) {
 		InputSchema: json.RawMessage(`{"type":"object","properties":{"sandbox_id":{"type":"string","title":"Sandbox Id"},"code":{"type":"string","title":"Code"}},"required":["sandbox_id","code"]}`),
 	}, func(ctx context.Context, req *mcp.CallToolRequest, in ExecuteCodeInput) (*mcp.CallToolResult, any, error) {
 		if !own(req, in.SandboxID) {
-			return denied(in.SandboxID)
+			return denied(req, in.SandboxID)
 		}
 		since := float64(time.Now().UnixNano()) / 1e9
 		res, refused := runIn(ctx, h, req, in.SandboxID, in.Code, "/tmp/code_to_run.py", nil)
@@ -200,7 +232,7 @@ func (sb *sandboxes) register(h *tools.Host) {
 			return reply(orderedMap{{"error", refusalText(refused)}, {"stdout", ""}, {"stderr", ""}, {"exit_code", 1}, {"files", []string{}}, {"file_links", []string{}}})
 		}
 		files, links := []string{}, []string{}
-		if fr, ref := runIn(ctx, h, req, in.SandboxID, newFilesCode, "<files>", map[string]any{"_since": since}); ref == nil && fr.Status == engine.StatusSuccess {
+		if fr, ref := helperIn(ctx, h, req, in.SandboxID, newFilesCode, map[string]any{"_since": since}); ref == nil && fr.Status == engine.StatusSuccess {
 			if l, ok := fr.ReturnValue.([]any); ok {
 				for _, f := range l {
 					if p, ok := f.(string); ok {
@@ -214,11 +246,12 @@ func (sb *sandboxes) register(h *tools.Host) {
 		if res.Status != engine.StatusSuccess && res.Status != engine.StatusError && res.Message != "" {
 			stderr += "pysandbox: " + res.Message + "\n"
 		}
-		return reply(orderedMap{{"stdout", res.Stdout}, {"stderr", stderr}, {"exit_code", res.ExitCode}, {"files", files}, {"file_links", links}})
+		field := int(h.MaxReply() / 16) // two fields, JSON escapes up to six bytes a byte
+		return reply(orderedMap{{"stdout", cutString(res.Stdout, field)}, {"stderr", cutString(stderr, field)}, {"exit_code", res.ExitCode}, {"files", files}, {"file_links", links}})
 	})
 	install := func(ctx context.Context, req *mcp.CallToolRequest, in PackageInput) (*mcp.CallToolResult, any, error) {
 		if !own(req, in.SandboxID) {
-			return denied(in.SandboxID)
+			return denied(req, in.SandboxID)
 		}
 		out, refused := h.Install(ctx, req, tools.InstallPackageInput{SessionID: in.SandboxID, Packages: []string{in.PackageName}})
 		end := float64(time.Now().UnixMilli()) / 1000
@@ -245,7 +278,7 @@ func (sb *sandboxes) register(h *tools.Host) {
 		PackageName string `json:"package_name"`
 	}) (*mcp.CallToolResult, any, error) {
 		if !own(req, in.SandboxID) {
-			return denied(in.SandboxID)
+			return denied(req, in.SandboxID)
 		}
 		v := sb.version(ctx, h, req, PackageInput(in))
 		if v == "" {
@@ -259,7 +292,7 @@ func (sb *sandboxes) register(h *tools.Host) {
 		InputSchema: json.RawMessage(`{"type":"object","properties":{"sandbox_id":{"type":"string","title":"Sandbox Id"},"command":{"type":"string","title":"Command"}},"required":["sandbox_id","command"]}`),
 	}, func(ctx context.Context, req *mcp.CallToolRequest, in TerminalInput) (*mcp.CallToolResult, any, error) {
 		if !own(req, in.SandboxID) {
-			return denied(in.SandboxID)
+			return denied(req, in.SandboxID)
 		}
 		res, refused := runIn(ctx, h, req, in.SandboxID, terminalCode, "<terminal>", map[string]any{"_command": in.Command})
 		switch {
@@ -268,8 +301,12 @@ func (sb *sandboxes) register(h *tools.Host) {
 		case res.Status != engine.StatusSuccess:
 			return reply(orderedMap{{"stdout", res.Stdout}, {"stderr", res.Stderr + res.Message}, {"exit_code", -1}})
 		}
-		m, _ := res.ReturnValue.(map[string]any)
-		return reply(orderedMap{{"stdout", m["stdout"]}, {"stderr", m["stderr"]}, {"exit_code", m["exit_code"]}})
+		field := int(h.MaxReply() / 16)
+		code, err := strconv.Atoi(fmt.Sprint(res.ReturnValue))
+		if err != nil {
+			code = -1
+		}
+		return reply(orderedMap{{"stdout", cutString(res.Stdout, field)}, {"stderr", cutString(res.Stderr, field)}, {"exit_code", code}})
 	})
 	tools.AddTool(h, &mcp.Tool{
 		Name: "upload_file_to_sandbox",
@@ -284,7 +321,7 @@ func (sb *sandboxes) register(h *tools.Host) {
 }
 
 func (sb *sandboxes) version(ctx context.Context, h *tools.Host, req *mcp.CallToolRequest, in PackageInput) string {
-	res, refused := runIn(ctx, h, req, in.SandboxID, versionCode, "<version>", map[string]any{"_name": in.PackageName})
+	res, refused := helperIn(ctx, h, req, in.SandboxID, versionCode, map[string]any{"_name": in.PackageName})
 	if refused != nil || res.Status != engine.StatusSuccess {
 		return ""
 	}
@@ -296,10 +333,9 @@ func (sb *sandboxes) noteVersion(ctx context.Context, h *tools.Host, req *mcp.Ca
 	v := sb.version(ctx, h, req, in)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if sb.pkgs[in.SandboxID] == nil {
-		sb.pkgs[in.SandboxID] = map[string]string{}
+	if e, ok := sb.names[in.SandboxID]; ok && len(e.pkgs) < 256 {
+		e.pkgs[cutString(in.PackageName, 200)] = v
 	}
-	sb.pkgs[in.SandboxID][in.PackageName] = v
 }
 
 // orderedMap is a JSON object that keeps its keys' order, as the peer's
@@ -339,4 +375,16 @@ func marshalPlain(v any) ([]byte, error) {
 		return nil, err
 	}
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// cutString shortens a string field of a result to n bytes, at a
+// character boundary, saying so: the JSON around it stays valid.
+func cutString(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n] + fmt.Sprintf("\n... [%d more bytes cut: the reply would be larger than the server's limit]", len(s)-n)
 }

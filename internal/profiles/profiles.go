@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/pysandbox/pysandbox/internal/pep"
 	"github.com/pysandbox/pysandbox/internal/tools"
 )
 
@@ -87,6 +88,14 @@ func Select(spec string, opts Options) (profiles []tools.Profile, native bool, e
 	}
 	if !native && len(profiles) == 0 {
 		return nil, false, errors.New("--tools names no profile")
+	}
+	if len(opts.Deps) > 0 && !seen["mcp-run-python"] {
+		return nil, false, errors.New("--deps is mcp-run-python's: it applies to run_python_code only; use --tools mcp-run-python, or the tools' own dependencies parameters")
+	}
+	for _, d := range opts.Deps {
+		if _, err := pep.ParseRequirement(d); err != nil {
+			return nil, false, fmt.Errorf("--deps: %w", err)
+		}
 	}
 	return profiles, native, nil
 }

@@ -1,12 +1,18 @@
 package profiles
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/pysandbox/pysandbox/internal/testutil/pypi"
+	"github.com/pysandbox/pysandbox/internal/tools"
 )
 
 // step is one call of a transcript.
@@ -178,5 +184,51 @@ func TestCombined(t *testing.T) {
 	}
 	if text, _ := callText(t, cs, "run_python_code", map[string]any{"python_code": "1 + 1"}); !strings.Contains(text, "<return_value>\n2\n</return_value>") {
 		t.Errorf("run_python_code beside run_python: %q", text)
+	}
+}
+
+// TestBoundsAndRecords: what an attack on the profiles found, held:
+// results stay valid however large the output, values beyond a return
+// value's bound come back whole, sandbox names are bounded, session files
+// linked by mcp-sandbox are readable, and the audit log records each
+// profile call's real outcome.
+func TestBoundsAndRecords(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "audit.log")
+	cs := connect(t, "mcp-sandbox,mcp-python-exec-sandbox,mcp-run-python-code", serverOpts{audit: log, timeout: 3 * time.Second, output: 1 << 20})
+	created, _ := callText(t, cs, "create_sandbox", nil)
+	id := between(created, `"sandbox_id": "`, `"`)
+	if text, _ := callText(t, cs, "create_sandbox", map[string]any{"name": strings.Repeat("n", 1<<20)}); !strings.Contains(text, "too long") {
+		t.Errorf("a 1 MiB name: %.200q", text)
+	}
+	text, _ := callText(t, cs, "execute_python_code", map[string]any{"sandbox_id": id, "code": "import sys\nsys.stdout.write('\\x01' * 1000000)"})
+	if !json.Valid([]byte(text)) {
+		t.Errorf("a large output made invalid JSON (%d bytes)", len(text))
+	}
+	text, _ = callText(t, cs, "execute_terminal_command", map[string]any{"sandbox_id": id, "command": "head -c 200000 /dev/zero | tr '\\0' 'z'; echo; echo done >&2"})
+	var term struct {
+		Stdout, Stderr string
+		ExitCode       int `json:"exit_code"`
+	}
+	if err := json.Unmarshal([]byte(text), &term); err != nil || strings.Count(term.Stdout, "z") < 100000 || term.Stderr != "done\n" {
+		t.Errorf("a large command output: %v %d z, stderr %q", err, strings.Count(term.Stdout, "z"), term.Stderr)
+	}
+	text, _ = callText(t, cs, "save_to_file_and_run", map[string]any{"file_name": "big.py", "code": "x = 'a' * 100000\nprint('noise')", "variable_to_return": "x"})
+	if text != strings.Repeat("a", 100000) {
+		t.Errorf("a 100 kB variable: %d bytes, %.40q", len(text), text)
+	}
+	callText(t, cs, "execute_python_code", map[string]any{"sandbox_id": id, "code": "open('out.txt', 'w').write('file content')"})
+	res, err := cs.ReadResource(t.Context(), &mcp.ReadResourceParams{URI: tools.FileURI(id, "out.txt")})
+	if err != nil || len(res.Contents) != 1 || res.Contents[0].Text != "file content" {
+		t.Errorf("a file link: %v %+v", err, res)
+	}
+	callText(t, cs, "execute_python", map[string]any{"script": "while True: pass", "timeout_seconds": 1})
+	callText(t, cs, "execute_python", map[string]any{"script": "b = bytearray(1 << 30)\nb[::4096] = b'x' * len(b[::4096])"})
+	cs.Close()
+	data, _ := os.ReadFile(log)
+	for _, want := range []string{`"tool":"execute_python","call_id"`, `"status":"timeout"`, `"limits_hit":["timeout"]`, `"status":"memory_limit"`,
+		`"tool":"execute_terminal_command"`, `"tool":"save_to_file_and_run"`} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("the audit log lacks %s", want)
+		}
 	}
 }

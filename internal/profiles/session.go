@@ -51,6 +51,12 @@ func runIn(ctx context.Context, h *tools.Host, req *mcp.CallToolRequest, session
 	return h.Run(ctx, req, tools.RunPythonInput{Code: code, Inputs: inputs, SessionID: session, Filename: filename})
 }
 
+// helperIn is runIn for the profile's own code (a file listing, a
+// version): its outcome is not the call's.
+func helperIn(ctx context.Context, h *tools.Host, req *mcp.CallToolRequest, session, code string, inputs map[string]any) (*engine.Result, *mcp.CallToolResult) {
+	return h.Helper(ctx, req, tools.RunPythonInput{Code: code, Inputs: inputs, SessionID: session, Filename: "<pysandbox>"})
+}
+
 // jsonText is v as JSON indented by two spaces (pydantic_core.to_json's
 // indent=2 output, which the peers' FastMCP servers send).
 func jsonText(v any) string {

@@ -109,6 +109,12 @@ func (s *server) addFileTools(srv *mcp.Server) {
 			"Every session file is also a resource: %s.", s.maxInline>>10, FileTemplate),
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 	}, s.downloadFile)
+	s.addFileResource(srv)
+}
+
+// addFileResource makes session files readable as resources
+// (FileTemplate), under download_file's rule (see readResource).
+func (s *server) addFileResource(srv *mcp.Server) {
 	srv.AddResourceTemplate(&mcp.ResourceTemplate{
 		Name:        "session-file",
 		Title:       "A file in a session's working directory",

@@ -122,6 +122,38 @@ type callInfo struct {
 	decision string // "" means the policy's plain allow
 	reason   string
 	rule     string // for the denial metric: tool, default, package, approval
+	// run is the outcome of the last run a profile's tool made through
+	// Host.Run (its result text is the peer's, not pysandbox's), and
+	// refused says Host refused one; the record is made from them.
+	run     *engine.Result
+	refused string
+	status  string // a profile's install: installed or install_error
+}
+
+// noteStatus keeps, for the call's record, the status of what a
+// profile's tool did that is not a run (an install).
+func noteStatus(ctx context.Context, status, errText string) {
+	if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
+		ci.mu.Lock()
+		ci.status = status
+		if errText != "" {
+			ci.refused = errText
+		}
+		ci.mu.Unlock()
+	}
+}
+
+// noteRun keeps, for the call's record, the outcome of a run a profile's
+// tool made.
+func noteRun(ctx context.Context, res *engine.Result, refused *mcp.CallToolResult) {
+	if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
+		ci.mu.Lock()
+		ci.run = res
+		if refused != nil {
+			ci.refused = resultText(refused)
+		}
+		ci.mu.Unlock()
+	}
 }
 
 type callInfoKey struct{}
@@ -199,7 +231,7 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		// In flight: the console shows it and an operator may stop it (its
 		// context then ends with an activity.Killed cause).
 		actx, end := g.activity.Begin(ctx, activity.Call{ID: rec.CallID, Identity: rec.Identity, Tool: tool,
-			Session: argString(ctr.Params.Arguments, "session_id"), Code: argString(ctr.Params.Arguments, "code")})
+			Session: argString(ctr.Params.Arguments, "session_id", "sandbox_id"), Code: argString(ctr.Params.Arguments, "code", "python_code", "script", "command")})
 		actx = engine.WithUsageObserver(actx, func(probe engine.UsageProbe) {
 			g.activity.SetProbe(rec.CallID, func() (time.Duration, int64) { u := probe(); return u.CPU, u.MemoryBytes })
 		})
@@ -218,6 +250,7 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		ci.mu.Lock()
 		rec.Decision, rec.Reason = ci.decision, ci.reason
 		rule := ci.rule
+		profileRun, profileRefused, profileStatus := ci.run, ci.refused, ci.status
 		ci.mu.Unlock()
 		if rec.Decision == "" {
 			rec.Decision = "allow"
@@ -245,19 +278,62 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			ran = false
 			g.metrics.Denied(tool, rule)
 		}
+		if profileStatus != "" && err == nil {
+			rec.Status, rec.Error = profileStatus, cutAt(profileRefused, 2000)
+			return g.finishRecorded(rec, result, start, ran)
+		}
+		if profileRun != nil || profileRefused != "" {
+			// A profile's result is its peer's text: record what pysandbox
+			// measured instead.
+			return g.finishProfile(rec, result, err, start, ran, profileRun, profileRefused)
+		}
 		return g.finish(rec, result, err, start, ran)
 	}
 }
 
-// argString is one string argument of a call, or "".
-func argString(raw json.RawMessage, key string) string {
+// finishProfile is finish for a profile's tool whose call made a run.
+func (g *governor) finishProfile(rec *audit.Record, result mcp.Result, callErr error, start time.Time, ran bool, run *engine.Result, refused string) (mcp.Result, error) {
+	if callErr == nil && run != nil {
+		raw, _ := json.Marshal(run)
+		synth := &mcp.CallToolResult{IsError: run.Status != engine.StatusSuccess, StructuredContent: json.RawMessage(raw)}
+		outcome(rec, synth)
+		if ran {
+			// Recorded here; finish must not overwrite it from the text.
+			return g.finishRecorded(rec, result, start, ran)
+		}
+	}
+	if callErr == nil && run == nil && refused != "" {
+		rec.Status, rec.Error = "refused", cutAt(refused, 2000)
+		return g.finishRecorded(rec, result, start, ran)
+	}
+	return g.finish(rec, result, callErr, start, ran)
+}
+
+// finishRecorded is finish once rec has its outcome.
+func (g *governor) finishRecorded(rec *audit.Record, result mcp.Result, start time.Time, ran bool) (mcp.Result, error) {
+	g.activity.Finish(activity.Done{ID: rec.CallID, Identity: rec.Identity, Tool: rec.Tool, Decision: rec.Decision,
+		Status: rec.Status, DurationMS: time.Since(start).Milliseconds()})
+	if err := g.record(rec, start, ran); err != nil {
+		return errorResult("The call could not be recorded in the server's audit log (" + err.Error() + "), so its result is withheld. Tell the server's operator."), nil
+	}
+	return result, nil
+}
+
+// argString is the first of keys a call has as a string argument, or ""
+// (profiles name code and sessions their peers' ways: python_code,
+// script, command; sandbox_id).
+func argString(raw json.RawMessage, keys ...string) string {
 	var args map[string]json.RawMessage
 	if json.Unmarshal(raw, &args) != nil {
 		return ""
 	}
-	var v string
-	json.Unmarshal(args[key], &v)
-	return v
+	for _, k := range keys {
+		var v string
+		if json.Unmarshal(args[k], &v) == nil && v != "" {
+			return v
+		}
+	}
+	return ""
 }
 
 // rateHit names a rate limit in a record's limits_hit, e.g. rate:runs/minute.

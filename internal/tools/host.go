@@ -49,7 +49,27 @@ type Governed interface{ Governed() any }
 // Run runs code as run_python does. When nothing ran, refused is the
 // result to return (a quota, a bad argument, a sandbox that cannot start).
 func (h *Host) Run(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (res *engine.Result, refused *mcp.CallToolResult) {
+	res, refused = h.s.execute(ctx, req, in)
+	// The call's audit record is made from this run (the profile's text
+	// is its peer's format, which the governor does not read).
+	noteRun(ctx, res, refused)
+	return res, refused
+}
+
+// Helper runs code of the profile's own in a session (listing files,
+// reading a version): unlike Run, its outcome is not the call's.
+func (h *Host) Helper(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (*engine.Result, *mcp.CallToolResult) {
 	return h.s.execute(ctx, req, in)
+}
+
+// SessionExists says whether a session of that id is open (anyone's).
+func (h *Host) SessionExists(id string) bool {
+	for _, i := range h.s.sessions.List() {
+		if i.ID == id {
+			return true
+		}
+	}
+	return false
 }
 
 // CreateSession is create_session; refused is set when none was created.
@@ -66,8 +86,10 @@ func (h *Host) CreateSession(ctx context.Context, req *mcp.CallToolRequest, in C
 func (h *Host) Install(ctx context.Context, req *mcp.CallToolRequest, in InstallPackageInput) (*InstallPackageOutput, *mcp.CallToolResult) {
 	res, out, _ := h.s.installPackage(ctx, req, in)
 	if out == nil {
+		noteStatus(ctx, "refused", resultText(res))
 		return nil, res
 	}
+	noteStatus(ctx, out.Status, out.Message)
 	return out, nil
 }
 

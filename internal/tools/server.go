@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -160,6 +161,12 @@ func NewServers(opts Options) (*mcp.Server, *mcp.Server) {
 	if s.noNative && len(s.profiles) == 1 {
 		// Alone, a profile is the server its clients were set up for.
 		impl.Name, instructions = s.profiles[0].ServerName, s.profiles[0].Instructions
+	} else if s.noNative {
+		var parts []string
+		for _, p := range s.profiles {
+			parts = append(parts, p.Instructions)
+		}
+		instructions = strings.Join(parts, " ")
 	} else {
 		for _, p := range s.profiles {
 			if p.Instructions != "" {
@@ -222,6 +229,11 @@ func (s *server) register(srv *mcp.Server) {
 		s.addListTools(srv)
 	}
 	s.addFigureResources(srv)
+	if s.noNative && len(s.profiles) > 0 {
+		// Profiles link to session files (mcp-sandbox's file_links): they
+		// are readable as resources, under download_file's rule.
+		s.addFileResource(srv)
+	}
 	h := &Host{s: s, srv: srv}
 	for _, p := range s.profiles {
 		p.Register(h)
