@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what the test suite needs on Debian/Ubuntu, then runs it: go vet,
-# go test, the official MCP conformance suite (scripts/conformance.sh), and
+# Installs what the test suite needs on Debian/Ubuntu, then runs it: Go
+# hygiene (scripts/hygiene.sh: gofmt, go mod tidy, go vet, staticcheck,
+# go test -race), go test, the official MCP conformance suite (scripts/conformance.sh), and
 # pysandbox on a real Kubernetes (scripts/k8s/e2e.sh).
 # Usage: scripts/test.sh [go test flags...]
 set -euo pipefail
@@ -36,7 +37,8 @@ go mod download
 # The MCP reference servers the upstream-tool tests call (pinned, from npm,
 # into ~/.cache; installs npm with apt-get when it is missing).
 scripts/refservers.sh >/dev/null
-go vet ./...
+# gofmt, go mod tidy, go vet, staticcheck and the race detector.
+scripts/hygiene.sh
 go test -count=1 -timeout 20m "$@" ./...
 
 # The official MCP conformance suite against `serve --http` (it installs

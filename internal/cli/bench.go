@@ -306,10 +306,7 @@ func benchMCP(ctx context.Context, n int, args []string, between func() error) (
 	if err != nil {
 		return nil, nil, err
 	}
-	serveArgs := []string{"serve", "--log-level", "error"}
-	for _, a := range filterBenchFlags(args) {
-		serveArgs = append(serveArgs, a)
-	}
+	serveArgs := append([]string{"serve", "--log-level", "error"}, filterBenchFlags(args)...)
 	cmd := exec.Command(self, serveArgs...)
 	cmd.Stderr = os.Stderr
 	client := mcp.NewClient(&mcp.Implementation{Name: "pysandbox-bench", Version: version}, nil)

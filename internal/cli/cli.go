@@ -74,7 +74,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "audit":
 		err = auditCmd(rest, stdout, stderr)
 	case "version", "--version":
-		fmt.Fprintln(stdout, "pysandbox", version)
+		fmt.Fprint(stdout, versionText())
 		return 0
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
@@ -100,8 +100,6 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	return 0
 }
-
-var version = "0.1.0"
 
 type usageError struct{ error }
 

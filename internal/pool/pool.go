@@ -446,13 +446,6 @@ func (p *Pool) flavorFor(imports []string) *flavor {
 	return p.light
 }
 
-// compatible reports whether spec is the pool's spec, and whether it asks
-// for a one-shot worker.
-func (p *Pool) compatible(spec *sandbox.Spec) (oneshot, ok bool) {
-	oneshot, key, ok := p.match(spec)
-	return oneshot, ok && key == p.defaultKey
-}
-
 // match reports whether the pool can serve spec, with which flavor key:
 // the same limits, environment and worker as the pool's spec, on any
 // interpreter and with any dependency environment (binds and --site

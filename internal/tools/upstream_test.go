@@ -141,7 +141,7 @@ func TestToolsFromCode(t *testing.T) {
 	if !found {
 		t.Fatal("no list_tools_in_sandbox")
 	}
-	res, out := call(t, cs, "list_tools_in_sandbox", nil)
+	res, _ := call(t, cs, "list_tools_in_sandbox", nil)
 	names := text(res)
 	if !strings.Contains(names, "everything: ") || !strings.Contains(names, "get-sum") || !strings.Contains(names, "memory: ") ||
 		strings.Contains(names, "get-env") || strings.Contains(names, "Echoes back") {
@@ -150,7 +150,7 @@ func TestToolsFromCode(t *testing.T) {
 	if !strings.Contains(names, "server broken: failed") {
 		t.Errorf("the broken upstream is not reported: %s", names)
 	}
-	res, out = call(t, cs, "list_tools_in_sandbox", map[string]any{"filter": "everything.get-sum", "detail": "full"})
+	res, out := call(t, cs, "list_tools_in_sandbox", map[string]any{"filter": "everything.get-sum", "detail": "full"})
 	if tools, _ := out["tools"].([]any); len(tools) != 1 || !strings.Contains(text(res), "tools.everything.get_sum(*, a: float, b: float)") ||
 		!strings.Contains(text(res), "Returns the sum of two numbers") {
 		t.Errorf("full: %s", text(res))

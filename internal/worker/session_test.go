@@ -47,9 +47,9 @@ func sessionCases(t *testing.T, python string) {
 		jsonEqual(t, res.ReturnValue, `"kept"`)
 
 		// A function from an earlier run appears in the traceback.
-		res, _, stderr := w.run(t, Request{Code: "def g():\n    raise KeyError('from g')\n", Filename: "cell1.py"})
+		res, _, _ = w.run(t, Request{Code: "def g():\n    raise KeyError('from g')\n", Filename: "cell1.py"})
 		wantSuccess(t, res)
-		res, _, stderr = w.run(t, Request{Code: "g()", Filename: "cell2.py"})
+		res, _, stderr := w.run(t, Request{Code: "g()", Filename: "cell2.py"})
 		wantError(t, res, "KeyError", 1)
 		if !strings.Contains(stderr, `File "cell2.py", line 1, in <module>`) || !strings.Contains(stderr, `File "cell1.py", line 2, in g`) ||
 			strings.Contains(stderr, "worker.py") {

@@ -1100,7 +1100,7 @@ send(b'{"op":"tool_call","id":"a","name":"x.y","arguments":{}}\n{"op":"tool_cata
 			["tool_catalog", "b", {"kind": "cancelled", "message": "this run cannot call tools"}, [], []]]`)
 		// Between runs, from a background thread: answered during the
 		// next exchange, and the worker drops the answer.
-		res, _, stderr = w.run(t, Request{Code: forge + `
+		res, _, _ = w.run(t, Request{Code: forge + `
 import threading, time
 def later():
     while not os.path.exists("go"):

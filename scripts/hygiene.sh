@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Go hygiene, as CI checks it (scripts/test.sh runs this first): gofmt,
+# go mod tidy, go vet, staticcheck (pinned, from the Go module proxy), and
+# the race detector on the packages whose concurrency is their point.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STATICCHECK_VERSION=v0.8.2 # honnef.co/go/tools; Go 1.26
+
+unformatted=$(gofmt -l cmd internal deploy scripts 2>/dev/null || true)
+if [ -n "$unformatted" ]; then
+	echo "gofmt: these files are not formatted (run gofmt -w):" >&2
+	echo "$unformatted" >&2
+	exit 1
+fi
+if ! go mod tidy -diff; then
+	echo "go.mod/go.sum are not tidy (run go mod tidy)" >&2
+	exit 1
+fi
+go vet ./...
+bin="$(go env GOPATH)/bin"
+if ! "$bin/staticcheck" -version 2>/dev/null | grep -q "${STATICCHECK_VERSION#v}"; then
+	GOFLAGS= go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
+fi
+"$bin/staticcheck" ./...
+go test -race -count=1 -timeout 20m \
+	./internal/activity/ ./internal/audit/ ./internal/cluster/ ./internal/console/ ./internal/egress/ \
+	./internal/httpserver/ ./internal/metrics/ ./internal/policy/ ./internal/quota/ ./internal/sharedstate/ \
+	./internal/upstream/ ./internal/tools/ ./internal/worker/
+echo "hygiene: gofmt, go mod tidy, go vet, staticcheck $STATICCHECK_VERSION and the race detector are clean"

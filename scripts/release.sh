@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds pysandbox's release: static binaries (no cgo) for linux/amd64 and
+# linux/arm64 with version information (`pysandbox version` shows the
+# version, commit and build date), their SHA-256 checksums, and a
+# CycloneDX SBOM per binary (cyclonedx-gomod, pinned, from the Go module
+# proxy). Everything lands in dist/ (or $DIST).
+# Usage: scripts/release.sh [VERSION]   (default: git describe, else 0.1.0-dev)
+#        RELEASE_TARGETS="linux/amd64" scripts/release.sh   (fewer targets)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CYCLONEDX_VERSION=v1.10.0 # github.com/CycloneDX/cyclonedx-gomod
+targets=${RELEASE_TARGETS:-"linux/amd64 linux/arm64"}
+commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+if [ -n "$(git status --porcelain 2>/dev/null)" ]; then
+	commit="$commit+dirty"
+fi
+version=${1:-$(git describe --tags --always 2>/dev/null || echo 0.1.0-dev)}
+date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+pkg=github.com/pysandbox/pysandbox/internal/cli
+ldflags="-s -w -X $pkg.version=$version -X $pkg.commit=$commit -X $pkg.buildDate=$date"
+
+dist=${DIST:-dist}
+rm -rf "$dist"
+mkdir -p "$dist"
+bin="$(go env GOPATH)/bin"
+if ! "$bin/cyclonedx-gomod" version 2>/dev/null | grep -q "${CYCLONEDX_VERSION#v}"; then
+	GOFLAGS= go install "github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@$CYCLONEDX_VERSION"
+fi
+for t in $targets; do
+	os=${t%/*} arch=${t#*/}
+	out="$dist/pysandbox-$version-$os-$arch"
+	CGO_ENABLED=0 GOOS=$os GOARCH=$arch go build -trimpath -buildvcs=false -ldflags "$ldflags" -o "$out" ./cmd/pysandbox
+	CGO_ENABLED=0 GOOS=$os GOARCH=$arch "$bin/cyclonedx-gomod" app -licenses=false -json -main cmd/pysandbox -output "$out.cdx.json" . 2>/dev/null
+	echo "built $out"
+done
+(cd "$dist" && sha256sum pysandbox-* > SHA256SUMS)
+echo "$dist/SHA256SUMS:"
+cat "$dist/SHA256SUMS"
