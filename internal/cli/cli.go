@@ -39,7 +39,11 @@ Usage:
   pysandbox cache ls|prune [flags]        list or prune the cached dependency environments
   pysandbox audit verify FILE...          check an audit log's hash chain; exit 1 naming the first bad line
   pysandbox audit tail [-n N] [-f] FILE   pretty-print the last records of an audit log
-  pysandbox version
+  pysandbox serve --tools mcp-run-python  serve another Python MCP server's tools (see the README)
+  pysandbox setup CLIENT [--write] [-- SERVE FLAGS]
+                                          print (or merge) the config entry for claude-code, claude-desktop,
+                                          cursor, vscode, codex or gemini
+  pysandbox version                       version, commit and build date
 
 Run 'pysandbox COMMAND -h' for the flags of a command.
 `
@@ -73,6 +77,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = cacheCmd(rest, stdout, stderr)
 	case "audit":
 		err = auditCmd(rest, stdout, stderr)
+	case "setup":
+		err = setupCmd(rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprint(stdout, versionText())
 		return 0

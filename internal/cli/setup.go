@@ -1,0 +1,118 @@
+package cli
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/pysandbox/pysandbox/internal/setup"
+)
+
+// setupCmd is `pysandbox setup CLIENT [--write] [-- SERVE FLAGS...]`.
+func setupCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("setup", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	write := fs.Bool("write", false, "merge the entry into the client's config file (keeping every other entry, with a backup FILE.bak) instead of only printing it")
+	name := fs.String("name", "pysandbox", "the server's name in the client")
+	file := fs.String("file", "", "the config file to write (default: the client's documented user-level file)")
+	binary := fs.String("binary", "", "the pysandbox binary the client runs (default: this one, by absolute path)")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: pysandbox setup CLIENT [--write] [--name NAME] [--file PATH] [-- SERVE FLAGS...]\n\nCLIENT is one of: %s.\n"+
+			"Prints the exact config entry that runs this binary's `serve` (with the serve flags after --), and with --write merges it into the client's file.\n\nFlags:\n",
+			strings.Join(setup.IDs(), ", "))
+		fs.PrintDefaults()
+	}
+	var serveFlags []string
+	for i, a := range args {
+		if a == "--" {
+			args, serveFlags = args[:i], args[i+1:]
+			break
+		}
+	}
+	// The client comes first or after the flags.
+	var client string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		client, args = args[0], args[1:]
+	}
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if client == "" && fs.NArg() > 0 {
+		client = fs.Arg(0)
+	}
+	c, ok := setup.Clients[client]
+	if !ok {
+		return usageError{fmt.Errorf("setup: name a client: %s", strings.Join(setup.IDs(), ", "))}
+	}
+	bin := *binary
+	if bin == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("setup: where is this binary: %w", err)
+		}
+		bin = self
+	}
+	bin, err := filepath.Abs(bin)
+	if err != nil {
+		return err
+	}
+	e := setup.Entry{Name: *name, Command: bin, Args: append([]string{"serve"}, absPaths(serveFlags)...)}
+	path := *file
+	if path == "" {
+		if path, err = c.DefaultPath(); err != nil {
+			return err
+		}
+	}
+	if !*write {
+		fmt.Fprintf(stdout, "%s: add this to %s\n\n%s", c.Title, path, c.Snippet(e))
+		if c.Command != nil {
+			fmt.Fprintf(stdout, "\nor run:\n\n  %s\n", c.Command(e))
+		}
+		fmt.Fprintf(stdout, "\n(pysandbox setup %s --write does it for you.)\n", c.ID)
+		return nil
+	}
+	r, err := c.Write(path, e)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !r.Changed:
+		fmt.Fprintf(stdout, "%s: %s already has this entry; nothing changed.\n", c.Title, path)
+	case r.Backup != "":
+		fmt.Fprintf(stdout, "%s: wrote the %q entry into %s (the old file is %s). Restart %s to use it.\n", c.Title, e.Name, path, r.Backup, c.Title)
+	default:
+		fmt.Fprintf(stdout, "%s: created %s with the %q entry. Restart %s to use it.\n", c.Title, path, e.Name, c.Title)
+	}
+	return nil
+}
+
+// absPaths makes the serve flags' file arguments absolute: the client
+// starts the server from a directory of its own.
+func absPaths(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = a
+		if strings.HasPrefix(a, "-") {
+			if k, v, ok := strings.Cut(a, "="); ok && isFile(v) {
+				abs, _ := filepath.Abs(v)
+				out[i] = k + "=" + abs
+			}
+			continue
+		}
+		if isFile(a) {
+			out[i], _ = filepath.Abs(a)
+		}
+	}
+	return out
+}
+
+func isFile(p string) bool {
+	if p == "" || filepath.IsAbs(p) {
+		return false
+	}
+	_, err := os.Stat(p)
+	return err == nil
+}
