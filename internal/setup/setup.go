@@ -40,7 +40,9 @@ type Client struct {
 	Command func(e Entry) string
 }
 
-func joinHome(home string, parts ...string) string { return filepath.Join(append([]string{home}, parts...)...) }
+func joinHome(home string, parts ...string) string {
+	return filepath.Join(append([]string{home}, parts...)...)
+}
 
 // appSupport is the per-user application directory of an app (Claude,
 // Code) on each OS.
