@@ -79,12 +79,17 @@ func (s *server) execute(ctx context.Context, req *mcp.CallToolRequest, in RunPy
 	if msg != "" {
 		return nil, errorResult(msg)
 	}
-	run.Progress = progressFunc(ctx, req)
+	nt := newNotifier(ctx, req)
+	run.Progress = nt.progressFunc()
 	release, refused := s.takeQuota(ctx, req)
 	if refused != nil {
 		return nil, refused
 	}
 	defer release()
+	// What the run prints reaches the client as it happens (live.go).
+	var stopLive func()
+	run.Stdout, run.Stderr, stopLive = nt.liveOutput()
+	defer stopLive()
 	var err error
 	if in.SessionID != "" {
 		if err := s.ownSession(req, in.SessionID); err != nil {
@@ -276,16 +281,5 @@ func (s *server) runNumber(sessionID string) int {
 // progressFunc sends MCP progress notifications when the client asked for
 // them (a progress token in the call): installs can take a while.
 func progressFunc(ctx context.Context, req *mcp.CallToolRequest) func(string) {
-	if req == nil || req.Params == nil || req.Session == nil {
-		return nil
-	}
-	tok := req.Params.GetProgressToken()
-	if tok == nil {
-		return nil
-	}
-	var n float64
-	return func(msg string) {
-		n++
-		req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: n, Message: msg})
-	}
+	return newNotifier(ctx, req).progressFunc()
 }
