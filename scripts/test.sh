@@ -13,12 +13,13 @@ cd "$(dirname "$0")/.."
 #   passwd      useradd/userdel, for the unprivileged-user test
 #   python3-pandas  the warm pool's preloading tests
 #   python3-matplotlib  figures returned as images
+#   python3-pil the rich outputs of real images (display(), _repr_png_)
 #   python3-requests  a real HTTP client inside the sandbox, through the network proxy
 #   python3-pip the installer that builds dependency environments (internal/deps)
 #   redis-server  the shared store of several replicas (internal/sharedstate), started by the tests
 #   chromium    the real browser that drives the operator console (cmd/pysandbox/browser_test.go)
 need=()
-for pkg in python3 bubblewrap passwd python3-pandas python3-matplotlib python3-pip python3-requests redis-server chromium; do
+for pkg in python3 bubblewrap passwd python3-pandas python3-matplotlib python3-pil python3-pip python3-requests redis-server chromium; do
 	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -241,6 +241,10 @@ type Result struct {
 	Figures []Figure `json:"figures,omitempty"`
 	// ReturnText is a text rendering of a pandas return value.
 	ReturnText string `json:"return_text,omitempty"`
+	// Displays are the run's rich outputs (display(), rich reprs); their
+	// data is content (images, embedded resources), not JSON.
+	Displays        []Display `json:"displays,omitempty"`
+	DisplaysOmitted int       `json:"displays_omitted,omitempty"`
 	// Resource use, for the audit trail.
 	PeakMemoryBytes int64 `json:"peak_memory_bytes,omitempty"`
 	CPUTimeMS       int64 `json:"cpu_time_ms,omitempty"`
@@ -563,6 +567,7 @@ func (e *Engine) finish(ctx, runCtx context.Context, start time.Time, stdout, st
 		for _, f := range res.Figures {
 			r.Figures = append(r.Figures, Figure{Width: f.Width, Height: f.Height, Bytes: len(f.PNG), TooLarge: f.TooLarge, PNG: f.PNG})
 		}
+		r.Displays, r.DisplaysOmitted = displaysOf(res.Displays), res.DisplaysOmitted
 	}
 	if r.Status == StatusSuccess && (r.StdoutTruncated || r.StderrTruncated) {
 		r.Status = StatusOutputLimit

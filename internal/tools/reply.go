@@ -42,7 +42,11 @@ func (s *server) boundReply(res *engine.Result, sessionID, owner string) []mcp.C
 	}
 	room := budget - size()
 	figs := s.figureContent(res, sessionID, s.runNumber(sessionID), owner, room)
-	return append([]mcp.Content{&mcp.TextContent{Text: summary(res)}}, figs...)
+	for _, f := range figs {
+		room -= encodedLen(f)
+	}
+	out := append([]mcp.Content{&mcp.TextContent{Text: summary(res)}}, figs...)
+	return append(out, displayContent(res, room)...)
 }
 
 // shrinkLargest halves the largest text field of res (stdout, stderr,

@@ -53,7 +53,7 @@ func Command(python, scriptPath string, oneshot bool, sites ...string) []string 
 // buffer without limit. The largest legitimate message is a result with
 // MaxFiguresTotalBytes of PNG in base64 (4/3 of it) and every other field at
 // its bound, JSON-escaped: just under 23 MiB.
-const maxLineBytes = MaxFiguresTotalBytes*4/3 + 2<<20
+const maxLineBytes = MaxFiguresTotalBytes*4/3 + MaxDisplaysTotalBytes + 2<<20
 
 // ErrProtocol marks a message from the worker that breaks the protocol: too
 // long, malformed, out of its bounds, or for another request. User code
@@ -184,6 +184,26 @@ func (res *Result) check(maxReturn int) error {
 	}
 	if len(res.Figures) > MaxFigures || res.FiguresOmitted < 0 {
 		return fmt.Errorf("worker: bad figure count %d (+%d omitted)", len(res.Figures), res.FiguresOmitted)
+	}
+	if len(res.Displays) > MaxDisplays || res.DisplaysOmitted < 0 {
+		return fmt.Errorf("worker: bad display count %d (+%d omitted)", len(res.Displays), res.DisplaysOmitted)
+	}
+	shown := 0
+	for i, d := range res.Displays {
+		if _, ok := d.Data["text/plain"]; !ok || len(d.Data) > len(DisplayMIMETypes) {
+			return fmt.Errorf("worker: display %d has no text/plain or too many types", i)
+		}
+		for mime, v := range d.Data {
+			if _, ok := DisplayMIMETypes[mime]; !ok {
+				return fmt.Errorf("worker: display %d has type %q", i, clip(mime))
+			}
+			// Characters, up to 4 bytes each in UTF-8 (the worker's JSON
+			// is ASCII; this is after decoding).
+			shown += len(v)
+			if shown > 4*MaxDisplaysTotalBytes {
+				return fmt.Errorf("worker: displays of more than %d bytes", 4*MaxDisplaysTotalBytes)
+			}
+		}
 	}
 	total := 0
 	for i, f := range res.Figures {

@@ -326,9 +326,34 @@ type Result struct {
 	// worker closes them, so the next run starts with none. A figure that
 	// could not be rendered is missing, with a note on stderr.
 	Figures []Figure `json:"figures,omitempty"`
+	// Displays are rich outputs, as a notebook shows them: what display()
+	// was given during the run, then the last expression's value when it
+	// has a rich representation (_repr_png_, _repr_html_, ...).
+	Displays []Display `json:"displays,omitempty"`
+	// DisplaysOmitted counts those beyond MaxDisplays or the size bound.
+	DisplaysOmitted int `json:"displays_omitted,omitempty"`
 	// FiguresOmitted counts the figures beyond MaxFigures, not rendered.
 	FiguresOmitted int `json:"figures_omitted,omitempty"`
 }
+
+// Display is one rich output: MIME type -> data, images base64-encoded,
+// always with a text/plain fallback.
+type Display struct {
+	Data map[string]string `json:"data"`
+}
+
+// DisplayMIMETypes are the types a display may carry, and whether their
+// data is base64.
+var DisplayMIMETypes = map[string]bool{
+	"text/plain": false, "image/png": true, "image/jpeg": true, "image/svg+xml": false,
+	"text/html": false, "text/markdown": false, "application/json": false, "text/latex": false,
+}
+
+// Bounds on displays (MAX_DISPLAYS, MAX_DISPLAYS_TOTAL_BYTES).
+const (
+	MaxDisplays           = 32
+	MaxDisplaysTotalBytes = 4 << 20
+)
 
 // Figure is a matplotlib figure rendered as PNG.
 type Figure struct {

@@ -381,6 +381,8 @@ def _execute(source, filename, inputs, codes, main):
         main = types.ModuleType("__main__")
     g = main.__dict__
     g["__builtins__"] = builtins
+    if getattr(builtins, "display", None) is None:
+        builtins.display = _display  # as in a notebook
     g.update(inputs)
     sys.modules["__main__"] = main
     sys.argv = [filename]
@@ -639,9 +641,18 @@ def _run(sock, req, rid, session=None):
             if ok and text is not None:
                 reply["return_text"] = text
             del text
-        del value
         if is_repr:
             reply["return_repr"] = True
+        if not out_of_memory and os.getpid() == _PID:
+            ok, taken = _guarded(_take_displays, value, reply["status"] != "success")
+            if ok:
+                displays, omitted = taken
+                if displays:
+                    reply["displays"] = displays
+                if omitted:
+                    reply["displays_omitted"] = omitted
+                del displays, taken
+        del value
         # Partial plots help debugging too, but after a MemoryError rendering
         # would only fail again.
         if not out_of_memory and os.getpid() == _PID:
@@ -763,6 +774,109 @@ def _return_text(value):
         return text
     tail = TRUNCATED.encode("utf-8")
     return data[: MAX_RETURN_TEXT_BYTES - len(tail)].decode("utf-8", "ignore") + TRUNCATED
+
+
+# ---------------------------------------------------------------- display
+
+# Rich outputs, as a notebook shows them: display(obj) during a run, and
+# the last expression's value when it has a rich representation. Each is a
+# bundle of MIME type -> data (binary types base64-encoded) with a
+# text/plain fallback. Bounded here and again on the Go side.
+MAX_DISPLAYS = 32  # worker.MaxDisplays
+MAX_DISPLAY_ITEM_BYTES = 2 << 20
+MAX_DISPLAYS_TOTAL_BYTES = 4 << 20  # worker.MaxDisplaysTotalBytes, as sent (JSON, base64)
+MAX_DISPLAY_TEXT_BYTES = 64 << 10
+_REPR_METHODS = (
+    ("_repr_png_", "image/png", True),
+    ("_repr_jpeg_", "image/jpeg", True),
+    ("_repr_svg_", "image/svg+xml", False),
+    ("_repr_html_", "text/html", False),
+    ("_repr_markdown_", "text/markdown", False),
+    ("_repr_json_", "application/json", False),
+    ("_repr_latex_", "text/latex", False),
+)
+_displays = []
+_display_state = {"bytes": 0, "omitted": 0}
+
+
+def _clip_text(text, limit):
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    return data[: limit - len(TRUNCATED)].decode("utf-8", "ignore") + TRUNCATED
+
+
+def _rich_bundle(obj):
+    """The MIME bundle of obj's rich representations (empty when it has
+    none), without text/plain."""
+    bundle = {}
+    for name, mime, binary in _REPR_METHODS:
+        method = getattr(type(obj), name, None)
+        if method is None:
+            continue
+        try:
+            data = getattr(obj, name)()
+        except Exception as e:
+            _figure_note("%s of a %s failed: %s: %s" % (name, _type_name(type(obj)), _type_name(type(e)), _safe_str(e)))
+            continue
+        if isinstance(data, tuple) and data:  # (data, metadata)
+            data = data[0]
+        if data is None:
+            continue
+        if binary:
+            if isinstance(data, str):
+                data = data.encode("latin-1", "replace")
+            if not isinstance(data, (bytes, bytearray)) or len(data) > MAX_DISPLAY_ITEM_BYTES:
+                continue
+            bundle[mime] = binascii.b2a_base64(bytes(data)).decode("ascii").strip()
+        elif mime == "application/json":
+            try:
+                text = json.dumps(data, ensure_ascii=False, default=repr)
+            except Exception:
+                continue
+            if len(text) <= MAX_DISPLAY_ITEM_BYTES:
+                bundle[mime] = text
+        elif isinstance(data, str) and len(data) <= MAX_DISPLAY_ITEM_BYTES:
+            bundle[mime] = data
+    return bundle
+
+
+def _display(*objs, **_ignored):
+    """display(obj, ...): show each object as a notebook would, with its
+    richest representations (image, SVG, HTML, Markdown, JSON, LaTeX) and
+    a text fallback."""
+    for obj in objs:
+        _add_display(obj, _rich_bundle(obj))
+
+
+def _add_display(obj, bundle):
+    if len(_displays) >= MAX_DISPLAYS:
+        _display_state["omitted"] += 1
+        return
+    try:
+        text = repr(obj)
+    except Exception as e:
+        text = "<%s: repr failed: %s>" % (_type_name(type(obj)), _type_name(type(e)))
+    bundle["text/plain"] = _clip_text(text, MAX_DISPLAY_TEXT_BYTES)
+    size = len(_dumps(bundle))  # as it goes on the wire (escapes included)
+    if _display_state["bytes"] + size > MAX_DISPLAYS_TOTAL_BYTES:
+        _display_state["omitted"] += 1
+        return
+    _display_state["bytes"] += size
+    _displays.append({"data": bundle})
+
+
+def _take_displays(value, failed):
+    """The run's displays, with the last expression's value when it has a
+    rich representation; resets them for the next run."""
+    if not failed and value is not None:
+        ok, bundle = _guarded(_rich_bundle, value)
+        if ok and bundle:
+            _add_display(value, bundle)
+    out, omitted = list(_displays), _display_state["omitted"]
+    del _displays[:]
+    _display_state["bytes"], _display_state["omitted"] = 0, 0
+    return out, omitted
 
 
 # ---------------------------------------------------------------- figures
