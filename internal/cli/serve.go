@@ -28,6 +28,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/profiles"
 	"github.com/pysandbox/pysandbox/internal/quota"
 	"github.com/pysandbox/pysandbox/internal/tools"
+	"github.com/pysandbox/pysandbox/internal/tracing"
 	"github.com/pysandbox/pysandbox/internal/upstream"
 )
 
@@ -105,6 +106,20 @@ func serve(args []string, stderr io.Writer) error {
 	}
 	if tokens != nil && tokens.Warning != "" {
 		log.Warn(tokens.Warning)
+	}
+	// OpenTelemetry traces of the tool calls, when OTEL_EXPORTER_OTLP_ENDPOINT
+	// is set; nothing otherwise.
+	stopTracing, err := tracing.Setup(context.Background(), version)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		stopTracing(ctx)
+	}()
+	if tracing.Enabled() {
+		log.Info("sending OpenTelemetry traces of tool calls over OTLP/HTTP")
 	}
 	if host, _, _ := net.SplitHostPort(*httpAddr); tokens != nil && tlsConfig == nil && !isLoopback(host) {
 		log.Warn("bearer tokens travel in clear text over plain HTTP on a non-loopback address; use --tls-cert/--tls-key or a TLS-terminating proxy")

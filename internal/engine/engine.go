@@ -27,7 +27,10 @@ import (
 	"github.com/pysandbox/pysandbox/internal/deps"
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/sandbox"
+	"github.com/pysandbox/pysandbox/internal/tracing"
 	"github.com/pysandbox/pysandbox/internal/worker"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Status is the outcome of a run.
@@ -327,7 +330,10 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 			return nil, fmt.Errorf("engine: input name %q is not a Python identifier", k)
 		}
 	}
-	if err := e.acquire(ctx); err != nil {
+	_, qspan := tracing.Tracer().Start(ctx, "queue")
+	err := e.acquire(ctx)
+	qspan.End()
+	if err != nil {
 		return nil, err
 	}
 	// teardown, when set, takes over the rest of the cleanup off the
@@ -347,7 +353,9 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 	}()
 
 	start := time.Now()
-	renv, err := e.resolve(ctx, req.Code, req.PythonVersion, req.Dependencies, req.Progress)
+	ictx, ispan := tracing.Tracer().Start(ctx, "install", trace.WithAttributes(attribute.Int("pysandbox.dependencies", len(req.Dependencies))))
+	renv, err := e.resolve(ictx, req.Code, req.PythonVersion, req.Dependencies, req.Progress)
+	ispan.End()
 	if err != nil {
 		if r, ok := e.installResult(err); ok {
 			r.DurationMS = time.Since(start).Milliseconds()
@@ -371,7 +379,9 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 	stderr := newCapture(e.cfg.MaxOutput, req.Stderr)
 	spec := e.specFor(renv, true, stdout, stderr)
 	spec.Imports = ImportsOf(req.Code)
-	sb, err := e.cfg.Backend.Start(runCtx, spec)
+	sctx, sspan := tracing.Tracer().Start(runCtx, "sandbox.start", trace.WithAttributes(attribute.String("pysandbox.backend", string(e.cfg.Backend.Kind()))))
+	sb, err := e.cfg.Backend.Start(sctx, spec)
+	sspan.End()
 	if err != nil {
 		if ctx.Err() != nil || runCtx.Err() != nil {
 			return e.finish(ctx, runCtx, start, stdout, stderr, nil, nil, sandbox.Exit{}, timeout), nil
@@ -409,6 +419,7 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 	}()
 	var res *worker.Result
 	var deadlineKill bool // the sandbox outlived its deadline (whatever its reply said)
+	_, rspan := tracing.Tracer().Start(runCtx, "run")
 	_, err = conn.Ready(runCtx)
 	if err == nil {
 		res, err = conn.Run(runCtx, worker.Request{
@@ -420,6 +431,10 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 			Tools:          req.Tools,
 		})
 	}
+	if res != nil {
+		rspan.SetAttributes(attribute.String("pysandbox.worker_status", res.Status), attribute.Int("pysandbox.exit_code", res.ExitCode))
+	}
+	rspan.End()
 	var exit sandbox.Exit
 	var early bool
 	if err != nil {

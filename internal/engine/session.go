@@ -7,6 +7,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/pysandbox/pysandbox/internal/tracing"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"io"
 	"io/fs"
 	"os"
@@ -487,6 +490,8 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	defer sess.touch()
 	cpuBefore := sessionCPU(sess)
 	observeUsage(ctx, sess.sb, cpuBefore)
+	_, rspan := tracing.Tracer().Start(ctx, "run", trace.WithAttributes(attribute.String("pysandbox.session", id)))
+	defer rspan.End()
 	// Between runs the session's processes get a thousandth of a CPU:
 	// background threads and processes it started do next to nothing until
 	// its next run (and, unlike frozen ones, still die at once if killed).

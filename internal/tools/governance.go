@@ -24,6 +24,10 @@ import (
 	"github.com/pysandbox/pysandbox/internal/metrics"
 	"github.com/pysandbox/pysandbox/internal/pep"
 	"github.com/pysandbox/pysandbox/internal/policy"
+	"github.com/pysandbox/pysandbox/internal/tracing"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Governance is what stands between a tool call and the engine: the
@@ -193,6 +197,18 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		start := time.Now()
 		rec := &audit.Record{Event: "call", Identity: identity(req), Tool: tool, CallID: newCallID()}
 		rec.Arguments, rec.CodeSHA256 = auditArgs(tool, ctr.Params.Arguments)
+		// A trace of the call (internal/tracing; a no-op without a
+		// collector): the policy, queue, sandbox, install and run spans of
+		// the layers below are its children.
+		ctx, span := tracing.Tracer().Start(ctx, "tools/call "+tool, trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(attribute.String("mcp.tool.name", tool), attribute.String("pysandbox.call_id", rec.CallID), attribute.String("pysandbox.identity", rec.Identity)))
+		defer func() {
+			span.SetAttributes(attribute.String("pysandbox.decision", rec.Decision), attribute.String("pysandbox.status", rec.Status))
+			if rec.Status == "error" || rec.Status == "protocol_error" {
+				span.SetStatus(codes.Error, rec.Status)
+			}
+			span.End()
+		}()
 
 		if err := g.brokenErr(); err != nil {
 			return errorResult("This server cannot record tool calls in its audit log (" + err.Error() + "), so it refuses them. Nothing was run; tell the server's operator."), nil
@@ -213,7 +229,10 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			res := errorResult(fmt.Sprintf("The server's policy does not allow %s: %s. Nothing was run. Do not retry; use another tool, or ask the user to change the server's policy.", tool, reason))
 			return g.finish(rec, res, nil, start, false)
 		}
-		reservation, exceeded, err := g.limiter.Reserve(ctx, d.Limits, rec.Identity)
+		// The policy's rate limits (a shared store's round trip, with --store).
+		pctx, pspan := tracing.Tracer().Start(ctx, "policy.rate_limits", trace.WithAttributes(attribute.Int("pysandbox.limits", len(d.Limits))))
+		reservation, exceeded, err := g.limiter.Reserve(pctx, d.Limits, rec.Identity)
+		pspan.End()
 		if err != nil {
 			rec.Decision, rec.Reason = "error", err.Error()
 			res := errorResult(fmt.Sprintf("Refused: %v. Nothing was run; retry in a moment, and tell the server's operator if it persists.", err))
@@ -595,6 +614,8 @@ func gated[In, Out any](s *server, tool string, h mcp.ToolHandlerFor[In, Out]) m
 }
 
 func (g *governor) check(ctx context.Context, req *mcp.CallToolRequest, tool string, in any) *mcp.CallToolResult {
+	ctx, span := tracing.Tracer().Start(ctx, "policy.check")
+	defer span.End()
 	if gv, ok := in.(Governed); ok {
 		// A profile's tool is judged as the native call it amounts to.
 		in = gv.Governed()

@@ -163,9 +163,13 @@ func (lv *live) send(stream, text string) {
 		nt.progress(stream + ": " + text)
 		return
 	}
-	level := mcp.LoggingLevel("info")
+	level := "info"
 	if stream == "stderr" {
 		level = "warning"
 	}
-	nt.sess.Log(nt.ctx, &mcp.LoggingMessageParams{Level: level, Logger: stream, Data: text})
+	// Logging is deprecated from protocol 2026-07-28 on, but the clients
+	// of older versions read output this way (the SDK sends nothing to a
+	// client that set no level).
+	//lint:ignore SA1019 log notifications are how pre-2026-07-28 clients see live output
+	nt.sess.Log(nt.ctx, &mcp.LoggingMessageParams{Level: mcp.LoggingLevel(level), Logger: stream, Data: text})
 }

@@ -35,6 +35,7 @@ func TestLiveOutput(t *testing.T) {
 				early.Store(true)
 			}
 		},
+		//lint:ignore SA1019 the live output of pre-2026-07-28 clients is log notifications
 		LoggingMessageHandler: func(_ context.Context, r *mcp.LoggingMessageRequest) {
 			mu.Lock()
 			logs = append(logs, string(r.Params.Level)+" "+r.Params.Logger+" "+r.Params.Data.(string))
@@ -66,6 +67,7 @@ func TestLiveOutput(t *testing.T) {
 	early.Store(false)
 	returned.Store(false)
 	cs = connectFull(t, nil, nil, copts, &mcp.ClientSessionOptions{ProtocolVersion: "2025-06-18"})
+	//lint:ignore SA1019 the live output of pre-2026-07-28 clients is log notifications
 	if err := cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "info"}); err != nil {
 		t.Fatal(err)
 	}

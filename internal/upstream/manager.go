@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/pysandbox/pysandbox/internal/tracing"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"io"
 	"log/slog"
 	"net/http"
@@ -285,7 +288,14 @@ func (m *Manager) Validate(full string, args json.RawMessage) error {
 
 // Call calls a tool. ctx's end cancels the call, and the upstream is told
 // so (notifications/cancelled).
-func (m *Manager) Call(ctx context.Context, full string, args json.RawMessage) (*mcp.CallToolResult, error) {
+func (m *Manager) Call(ctx context.Context, full string, args json.RawMessage) (res *mcp.CallToolResult, err error) {
+	ctx, span := tracing.Tracer().Start(ctx, "upstream "+full, trace.WithSpanKind(trace.SpanKindClient))
+	defer func() {
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}()
 	s, t, cs := m.lookup(full)
 	switch {
 	case s == nil, cs != nil && t == nil:
@@ -294,7 +304,7 @@ func (m *Manager) Call(ctx context.Context, full string, args json.RawMessage) (
 		st := s.status()
 		return nil, fmt.Errorf("%w: the upstream server %q is %s (%s)", ErrNotSent, s.cfg.Name, st.State, st.Error)
 	}
-	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: t.Name, Arguments: args})
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: t.Name, Arguments: args})
 	switch {
 	case err == nil:
 		return res, nil
