@@ -154,6 +154,11 @@ type Result struct {
 // directories when missing), leaving path+".bak" with the old content
 // when it changes anything.
 func (c Client) Write(path string, e Entry) (Result, error) {
+	// A config file that is a symbolic link (a dotfile manager's) is
+	// updated where it points, and stays a link.
+	if target, err := filepath.EvalSymlinks(path); err == nil {
+		path = target
+	}
 	r := Result{Path: path}
 	old, err := os.ReadFile(path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -167,25 +172,59 @@ func (c Client) Write(path string, e Entry) (Result, error) {
 		return r, nil
 	}
 	mode := os.FileMode(0o600)
+	dir := filepath.Dir(path)
 	if st, err := os.Stat(path); err == nil {
 		mode = st.Mode().Perm()
 		r.Backup = path + ".bak"
-		if err := os.WriteFile(r.Backup, old, mode); err != nil {
+		if err := writeNew(dir, r.Backup, old, mode); err != nil {
 			return r, fmt.Errorf("setup: backup: %w", err)
 		}
-	} else if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
 		return r, fmt.Errorf("setup: %w", err)
 	}
-	tmp := path + ".pysandbox-tmp"
-	if err := os.WriteFile(tmp, merged, mode); err != nil {
-		return r, fmt.Errorf("setup: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
+	if err := writeNew(dir, path, merged, mode); err != nil {
 		return r, fmt.Errorf("setup: %w", err)
 	}
 	r.Changed = true
 	return r, nil
+}
+
+// writeNew puts data at path through a file of its own (created
+// exclusively, with mode, in dir) renamed into place: nothing already
+// lying there (a stray temporary file, a symbolic link where the backup
+// goes) is written through or lends its mode.
+func writeNew(dir, path string, data []byte, mode os.FileMode) error {
+	f, err := os.CreateTemp(dir, ".pysandbox-setup-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			os.Remove(tmp)
+		}
+	}()
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	ok = true
+	return nil
 }
 
 // shellQuote quotes s for a POSIX shell when it needs it.

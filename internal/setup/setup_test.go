@@ -121,3 +121,54 @@ func TestPaths(t *testing.T) {
 		t.Errorf("claude-code's command: %s", got)
 	}
 }
+
+// TestWriteHostileSurroundings: a config reached through a symbolic link
+// is updated where it points; stray files beside it lend nothing (mode,
+// a link for the backup); a TOML file whose table headers hide in strings
+// is refused rather than merged wrong.
+func TestWriteHostileSurroundings(t *testing.T) {
+	dir := t.TempDir()
+	c := Clients["cursor"]
+	real := filepath.Join(dir, "dotfiles", "mcp.json")
+	os.MkdirAll(filepath.Dir(real), 0o755)
+	os.WriteFile(real, []byte(`{"mcpServers": {}}`), 0o600)
+	link := filepath.Join(dir, "mcp.json")
+	os.Symlink(real, link)
+	elsewhere := filepath.Join(dir, "elsewhere")
+	os.WriteFile(elsewhere, []byte("untouched"), 0o644)
+	os.Symlink(elsewhere, real+".bak")
+	stray := real + ".pysandbox-tmp"
+	os.WriteFile(stray, nil, 0o666)
+	if _, err := c.Write(link, entry); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Lstat(link); fi.Mode()&os.ModeSymlink == 0 {
+		t.Error("the link was replaced by a file")
+	}
+	if data, _ := os.ReadFile(real); !strings.Contains(string(data), "/usr/local/bin/pysandbox") {
+		t.Errorf("the link's target was not updated:\n%s", data)
+	}
+	if st, _ := os.Stat(real); st.Mode().Perm() != 0o600 {
+		t.Errorf("the config's mode is %v", st.Mode().Perm())
+	}
+	if data, _ := os.ReadFile(elsewhere); string(data) != "untouched" {
+		t.Error("the backup was written through a link")
+	}
+	if st, _ := os.Stat(real + ".bak"); st.Mode().Perm() != 0o600 {
+		t.Errorf("the backup's mode is %v", st.Mode().Perm())
+	}
+
+	codex := Clients["codex"]
+	for name, text := range map[string]string{
+		"header in a string": "notes = \"\"\"\n[mcp_servers.pysandbox]\n[x]\n\"\"\"\n",
+		"a server in the old entry's string": "[mcp_servers.pysandbox]\ndoc = '''\n[mcp_servers.evil]\ncommand = \"/bin/evil\"\n'''\n",
+	} {
+		p := filepath.Join(dir, "config.toml")
+		os.WriteFile(p, []byte(text), 0o600)
+		_, err := codex.Write(p, entry)
+		data, _ := os.ReadFile(p)
+		if !errors.Is(err, ErrUnparsable) || string(data) != text {
+			t.Errorf("%s: %v\n%s", name, err, data)
+		}
+	}
+}

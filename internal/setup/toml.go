@@ -3,6 +3,7 @@ package setup
 import (
 	"bytes"
 	"fmt"
+	"reflect"
 	"strings"
 
 	"github.com/BurntSushi/toml"
@@ -73,8 +74,34 @@ func mergeTOML(data []byte, e Entry) ([]byte, error) {
 		}
 		s += tomlTable(e)
 	}
-	if _, err := toml.Decode(s, &probe); err != nil {
+	// The merge works on lines: check what it means. The result must be
+	// the file as it was, with mcp_servers.NAME the entry and nothing
+	// else different (a table header inside a multi-line string would
+	// otherwise fool it).
+	var after map[string]any
+	if _, err := toml.Decode(s, &after); err != nil {
 		return nil, fmt.Errorf("the merged file would not parse: %v", err)
+	}
+	want := map[string]any{}
+	for k, v := range probe {
+		want[k] = v
+	}
+	servers := map[string]any{}
+	if old, ok := probe["mcp_servers"].(map[string]any); ok {
+		for k, v := range old {
+			servers[k] = v
+		}
+	} else if _, there := probe["mcp_servers"]; there {
+		return nil, fmt.Errorf("mcp_servers is not a table")
+	}
+	args := make([]any, len(e.Args))
+	for i, a := range e.Args {
+		args[i] = a
+	}
+	servers[e.Name] = map[string]any{"command": e.Command, "args": args}
+	want["mcp_servers"] = servers
+	if !reflect.DeepEqual(want, after) {
+		return nil, fmt.Errorf("the file's layout (a table header inside a string, or the entry split over several tables) keeps an exact merge from being sure")
 	}
 	return []byte(s), nil
 }

@@ -17,8 +17,19 @@ func displayContent(res *engine.Result, room int64) []mcp.Content {
 	var out []mcp.Content
 	for i, d := range res.Displays {
 		n := i + 1
-		out = append(out, &mcp.TextContent{Text: fmt.Sprintf("display %d: %s", n, d.Text)})
-		room -= int64(len(d.Text)) + 64
+		// The text fallback fits too (at worst six bytes a byte as JSON),
+		// cut when it must be; without room, the display is named only.
+		text := d.Text
+		if limit := (room - 256) / 6; int64(len(text)) > limit {
+			if limit < 64 {
+				out = append(out, &mcp.TextContent{Text: fmt.Sprintf("display %d was left out: the reply is at the server's limit", n)})
+				room -= 128
+				continue
+			}
+			text = cutAt(text, int(limit)) + " [cut to fit the reply limit]"
+		}
+		out = append(out, &mcp.TextContent{Text: fmt.Sprintf("display %d: %s", n, text)})
+		room -= int64(len(text))*6 + 64
 		for _, mime := range d.MIMETypes {
 			data := d.Data[mime]
 			size := int64(len(data))*6 + 256 // worst-case JSON escaping of text

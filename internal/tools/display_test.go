@@ -111,3 +111,24 @@ func TestRichOutputsBounded(t *testing.T) {
 	}
 	_ = context.Background
 }
+
+// TestRichOutputsWithinReplyLimit: displays whose text is all '<' (six
+// bytes each as JSON), legitimate or forged by code that rewrites the
+// worker's own list, never make a reply larger than the server's limit.
+func TestRichOutputsWithinReplyLimit(t *testing.T) {
+	cs := connect(t, nil)
+	for name, code := range map[string]string{
+		"many": "class X:\n    def __repr__(self): return '<' * 65000\n    def _repr_html_(self): return '<b>x</b>'\nfor i in range(40): display(X())\n",
+		"forged": "g = display.__globals__\nfor i in range(8):\n    g['_displays'].append({'data': {'text/plain': '<' * (1 << 20)}})\n",
+	} {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": code}})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		size := encodedLen(res)
+		if size > DefaultMaxReply {
+			t.Errorf("%s: a reply of %d bytes, over the %d-byte limit", name, size, DefaultMaxReply)
+		}
+		t.Logf("%s: %d bytes, isError %v, %.200s", name, size, res.IsError, text(res))
+	}
+}

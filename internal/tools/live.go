@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -84,7 +85,34 @@ type live struct {
 	mu            sync.Mutex
 	buf           [2][]byte // stdout, stderr
 	sent, dropped int
+	finishing     bool // the run is over: send everything
 	done, stopped chan struct{}
+}
+
+// pending says whether anything is left to send.
+func (lv *live) pending() bool {
+	lv.mu.Lock()
+	defer lv.mu.Unlock()
+	return len(lv.buf[0])+len(lv.buf[1]) > 0
+}
+
+// incompleteTail is the length of a UTF-8 sequence cut short at the end
+// of b (0 when b ends on a whole character, or on bytes that are not
+// UTF-8 at all, which are sent as they are).
+func incompleteTail(b []byte) int {
+	for n := 1; n <= 3 && n <= len(b); n++ {
+		c := b[len(b)-n]
+		if c < 0x80 {
+			return 0
+		}
+		if utf8.RuneStart(c) {
+			if !utf8.FullRune(b[len(b)-n:]) {
+				return n
+			}
+			return 0
+		}
+	}
+	return 0
 }
 
 type liveStream struct {
@@ -121,7 +149,12 @@ func (lv *live) loop() {
 	for {
 		select {
 		case <-lv.done:
-			lv.flush(&noticed)
+			lv.mu.Lock()
+			lv.finishing = true
+			lv.mu.Unlock()
+			for lv.pending() {
+				lv.flush(&noticed)
+			}
 			return
 		case <-lv.nt.ctx.Done():
 			return
@@ -139,16 +172,17 @@ func (lv *live) flush(noticed *bool) {
 		if len(chunk) > liveChunk {
 			chunk = chunk[:liveChunk]
 		}
-		// Whole characters only; the rest waits for the next flush.
-		for len(chunk) > 0 && !utf8.Valid(chunk) {
-			chunk = chunk[:len(chunk)-1]
+		// A character cut at the chunk's end waits for the next flush
+		// (unless the run is over); bytes that are not UTF-8 go as U+FFFD.
+		if n := incompleteTail(chunk); n > 0 && !lv.finishing {
+			chunk = chunk[:len(chunk)-n]
 		}
 		lv.buf[i] = append([]byte(nil), lv.buf[i][len(chunk):]...)
 		lv.sent += len(chunk)
 		dropped := lv.dropped
 		lv.mu.Unlock()
 		if len(chunk) > 0 {
-			lv.send(name, string(chunk))
+			lv.send(name, strings.ToValidUTF8(string(chunk), "\ufffd"))
 		}
 		if dropped > 0 && !*noticed {
 			*noticed = true

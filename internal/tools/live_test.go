@@ -108,3 +108,40 @@ func TestLiveOutputBounded(t *testing.T) {
 		t.Errorf("%d bytes of live output, notice %v", n, notice.Load())
 	}
 }
+
+// TestLiveOutputInvalidUTF8: a byte that is not UTF-8 does not stop the
+// live output; it goes as U+FFFD.
+func TestLiveOutputInvalidUTF8(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	cs := connectWith(t, nil, nil, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
+			mu.Lock()
+			got = append(got, r.Params.Message)
+			mu.Unlock()
+		},
+	})
+	params := &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "import os, time, sys\nos.write(1, b'\\xff')\nfor i in range(3):\n    print('line', i, 'é', flush=True)\n    time.sleep(0.3)\n"}}
+	params.SetProgressToken("bad")
+	if _, err := cs.CallTool(context.Background(), params); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	mu.Lock()
+	all := strings.Join(got, "")
+	mu.Unlock()
+	if !strings.Contains(all, "\ufffd") || !strings.Contains(all, "line 2 é") {
+		t.Errorf("live output after a bad byte: %q", all)
+	}
+}
+
+func TestIncompleteTail(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int
+	}{{"abc", 0}, {"ab\xc3", 1}, {"ab\xe2\x82", 2}, {"é", 0}, {"\xff", 0}, {"a\xf0\x9f\x90", 3}, {"🐍", 0}} {
+		if got := incompleteTail([]byte(tc.in)); got != tc.want {
+			t.Errorf("%q: %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}

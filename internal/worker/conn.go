@@ -188,20 +188,27 @@ func (res *Result) check(maxReturn int) error {
 	if len(res.Displays) > MaxDisplays || res.DisplaysOmitted < 0 {
 		return fmt.Errorf("worker: bad display count %d (+%d omitted)", len(res.Displays), res.DisplaysOmitted)
 	}
+	// The worker's own bounds are advice only (code in the sandbox can
+	// change any of its globals): these are the server's.
 	shown := 0
 	for i, d := range res.Displays {
-		if _, ok := d.Data["text/plain"]; !ok || len(d.Data) > len(DisplayMIMETypes) {
+		text, ok := d.Data["text/plain"]
+		if !ok || len(d.Data) > len(DisplayMIMETypes) {
 			return fmt.Errorf("worker: display %d has no text/plain or too many types", i)
+		}
+		if len(text) > 4*(MaxDisplayTextBytes+64) {
+			return fmt.Errorf("worker: display %d has a text of %d bytes", i, len(text))
 		}
 		for mime, v := range d.Data {
 			if _, ok := DisplayMIMETypes[mime]; !ok {
 				return fmt.Errorf("worker: display %d has type %q", i, clip(mime))
 			}
-			// Characters, up to 4 bytes each in UTF-8 (the worker's JSON
-			// is ASCII; this is after decoding).
+			if len(v) > MaxDisplayItemBytes*4/3+64 {
+				return fmt.Errorf("worker: display %d as %s has %d bytes", i, clip(mime), len(v))
+			}
 			shown += len(v)
-			if shown > 4*MaxDisplaysTotalBytes {
-				return fmt.Errorf("worker: displays of more than %d bytes", 4*MaxDisplaysTotalBytes)
+			if shown > MaxDisplaysTotalBytes {
+				return fmt.Errorf("worker: displays of more than %d bytes", MaxDisplaysTotalBytes)
 			}
 		}
 	}

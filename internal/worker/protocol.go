@@ -352,7 +352,9 @@ var DisplayMIMETypes = map[string]bool{
 // Bounds on displays (MAX_DISPLAYS, MAX_DISPLAYS_TOTAL_BYTES).
 const (
 	MaxDisplays           = 32
-	MaxDisplaysTotalBytes = 4 << 20
+	MaxDisplaysTotalBytes = 4 << 20 // decoded, all types of all displays
+	MaxDisplayItemBytes   = 2 << 20 // one representation, before base64
+	MaxDisplayTextBytes   = 64 << 10
 )
 
 // Figure is a matplotlib figure rendered as PNG.
