@@ -160,7 +160,7 @@ func TestWriteHostileSurroundings(t *testing.T) {
 
 	codex := Clients["codex"]
 	for name, text := range map[string]string{
-		"header in a string": "notes = \"\"\"\n[mcp_servers.pysandbox]\n[x]\n\"\"\"\n",
+		"header in a string":                 "notes = \"\"\"\n[mcp_servers.pysandbox]\n[x]\n\"\"\"\n",
 		"a server in the old entry's string": "[mcp_servers.pysandbox]\ndoc = '''\n[mcp_servers.evil]\ncommand = \"/bin/evil\"\n'''\n",
 	} {
 		p := filepath.Join(dir, "config.toml")

@@ -118,7 +118,7 @@ func TestRichOutputsBounded(t *testing.T) {
 func TestRichOutputsWithinReplyLimit(t *testing.T) {
 	cs := connect(t, nil)
 	for name, code := range map[string]string{
-		"many": "class X:\n    def __repr__(self): return '<' * 65000\n    def _repr_html_(self): return '<b>x</b>'\nfor i in range(40): display(X())\n",
+		"many":   "class X:\n    def __repr__(self): return '<' * 65000\n    def _repr_html_(self): return '<b>x</b>'\nfor i in range(40): display(X())\n",
 		"forged": "g = display.__globals__\nfor i in range(8):\n    g['_displays'].append({'data': {'text/plain': '<' * (1 << 20)}})\n",
 	} {
 		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": code}})
