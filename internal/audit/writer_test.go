@@ -262,8 +262,11 @@ func TestBrokenWriterRefusesAppends(t *testing.T) {
 	if err := w.Append(call(0)); err != nil {
 		t.Fatal(err)
 	}
-	// The descriptor goes bad underneath, as when the disk goes away.
+	// The descriptor goes bad underneath, as when the disk goes away
+	// (under the writer's lock: its background sync reads w.f).
+	w.mu.Lock()
 	w.f.Close()
+	w.mu.Unlock()
 	if err := w.Append(call(1)); err == nil {
 		t.Fatal("append to a closed file succeeded")
 	}
@@ -273,7 +276,9 @@ func TestBrokenWriterRefusesAppends(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	w.mu.Lock()
 	w.f = f
+	w.mu.Unlock()
 	err = w.Append(call(2))
 	if err == nil || !strings.Contains(err.Error(), "broken") {
 		t.Fatalf("broken writer appended: %v", err)
