@@ -2,6 +2,7 @@ package tools
 
 import (
 	"context"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -144,4 +145,36 @@ func TestIncompleteTail(t *testing.T) {
 			t.Errorf("%q: %d, want %d", tc.in, got, tc.want)
 		}
 	}
+}
+
+// BenchmarkLiveOutput compares a run that prints with and without a
+// progress token (its output then streamed as notifications), and with
+// spawning python3, in the same run.
+func BenchmarkLiveOutput(b *testing.B) {
+	cs := connectFull(b, nil, nil, &mcp.ClientOptions{ProgressNotificationHandler: func(context.Context, *mcp.ProgressNotificationClientRequest) {}}, nil)
+	code := "for i in range(20): print('line', i)"
+	for _, streamed := range []bool{false, true} {
+		name := "plain"
+		if streamed {
+			name = "streamed"
+		}
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				p := &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": code}}
+				if streamed {
+					p.SetProgressToken("b")
+				}
+				if res, err := cs.CallTool(context.Background(), p); err != nil || res.IsError {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	b.Run("python3 -c", func(b *testing.B) {
+		for b.Loop() {
+			if err := exec.Command("/usr/bin/python3", "-c", code).Run(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
