@@ -11,8 +11,9 @@ import (
 // member is one key of a JSON object, in the file's order, with its value
 // as written.
 type member struct {
-	key string
-	raw json.RawMessage
+	key    string
+	rawKey []byte // as written in the file; nil for pysandbox's own
+	raw    json.RawMessage
 	// fresh values are pysandbox's (indented when written); the others
 	// are written as the file had them.
 	fresh bool
@@ -30,16 +31,20 @@ func objectMembers(data []byte) ([]member, error) {
 	}
 	var out []member
 	for dec.More() {
+		start := dec.InputOffset()
 		tok, err := dec.Token()
 		if err != nil {
 			return nil, err
 		}
 		key, _ := tok.(string)
+		// The key as the file wrote it (escapes included), so that a
+		// merge never rewrites another entry's name.
+		rawKey := bytes.TrimLeft(data[start:dec.InputOffset()], " \t\r\n,")
 		var raw json.RawMessage
 		if err := dec.Decode(&raw); err != nil {
 			return nil, err
 		}
-		out = append(out, member{key: key, raw: raw})
+		out = append(out, member{key: key, rawKey: append([]byte(nil), rawKey...), raw: raw})
 	}
 	if _, err := dec.Token(); err != nil {
 		return nil, err
@@ -71,7 +76,10 @@ func writeObject(b *bytes.Buffer, ms []member, indent string, depth int) {
 	pad := strings.Repeat(indent, depth+1)
 	b.WriteString("{\n")
 	for i, m := range ms {
-		k, _ := json.Marshal(m.key)
+		k := m.rawKey
+		if k == nil {
+			k, _ = json.Marshal(m.key)
+		}
 		b.WriteString(pad)
 		b.Write(k)
 		b.WriteString(": ")
@@ -105,7 +113,7 @@ func mergeJSON(data []byte, c Client, e Entry) ([]byte, error) {
 		}
 	}
 	indent := indentOf(data)
-	entry := member{e.Name, jsonEntry(c, e), true}
+	entry := member{key: e.Name, raw: jsonEntry(c, e), fresh: true}
 	found := false
 	for i, m := range top {
 		if m.key != c.Key {
@@ -132,7 +140,7 @@ func mergeJSON(data []byte, c Client, e Entry) ([]byte, error) {
 	if !found {
 		var b bytes.Buffer
 		writeObject(&b, []member{entry}, indent, 1)
-		top = append(top, member{c.Key, b.Bytes(), false})
+		top = append(top, member{key: c.Key, raw: b.Bytes()})
 	}
 	var out bytes.Buffer
 	writeObject(&out, top, indent, 0)

@@ -172,3 +172,12 @@ func TestWriteHostileSurroundings(t *testing.T) {
 		}
 	}
 }
+
+// TestMergeKeepsKeys: other keys stay byte for byte, escapes included.
+func TestMergeKeepsKeys(t *testing.T) {
+	in := "{\n  \"a\\ud800b\": 1,\n  \"mcpServers\": {\"x\\u0041\": {\"command\": \"y\"}}\n}\n"
+	out, err := Clients["cursor"].Merge([]byte(in), entry)
+	if err != nil || !strings.Contains(string(out), `"a\ud800b": 1`) || !strings.Contains(string(out), `"x\u0041": {"command": "y"}`) {
+		t.Errorf("%v\n%s", err, out)
+	}
+}
