@@ -349,8 +349,5 @@ func cut(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	for n > 0 && s[n]&0xC0 == 0x80 {
-		n--
-	}
-	return s[:n] + "…"
+	return engine.Head(s, n) + "…"
 }

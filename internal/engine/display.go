@@ -30,11 +30,7 @@ func displaysOf(ds []worker.Display) []Display {
 		x := Display{Text: d.Data["text/plain"], Data: map[string]string{}}
 		x.Preview = x.Text
 		if len(x.Preview) > maxPreview {
-			n := maxPreview
-			for n > 0 && x.Preview[n]&0xC0 == 0x80 {
-				n--
-			}
-			x.Preview = x.Preview[:n] + "…"
+			x.Preview = Head(x.Preview, maxPreview) + "…"
 		}
 		for mime, v := range d.Data {
 			if mime != "text/plain" {

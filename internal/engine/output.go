@@ -102,6 +102,13 @@ func (c *capture) String() (string, bool) {
 		strings.ToValidUTF8(string(tail), "\uFFFD"), true
 }
 
+// Head is the longest start of s of at most n bytes that does not end in
+// the middle of a character: the one place text is cut to a size (what is
+// cut, and how it is marked, is the caller's).
+func Head(s string, n int) string {
+	return string(wholeHead([]byte(s[:min(max(n, 0), len(s))])))
+}
+
 // Ends returns about n bytes of s, n/2 from each end, both cut at
 // character boundaries (as a capture cuts a stream), for a caller that
 // shortens text further and marks the middle itself.

@@ -139,3 +139,20 @@ func TestEnds(t *testing.T) {
 		t.Errorf("short: %q %q", h, tl)
 	}
 }
+
+// TestHead: text cut to a size keeps whole characters, and never more than
+// the size.
+func TestHead(t *testing.T) {
+	for _, tc := range []struct {
+		s    string
+		n    int
+		want string
+	}{
+		{"hello", 10, "hello"}, {"hello", 3, "hel"}, {"héllo", 2, "h"}, {"héllo", 3, "hé"},
+		{"日本", 4, "日"}, {"🐍x", 3, ""}, {"abc", 0, ""}, {"abc", -1, ""}, {"ab\xc3", 3, "ab"},
+	} {
+		if got := Head(tc.s, tc.n); got != tc.want {
+			t.Errorf("Head(%q, %d) = %q, want %q", tc.s, tc.n, got, tc.want)
+		}
+	}
+}

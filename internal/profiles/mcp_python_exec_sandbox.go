@@ -193,14 +193,11 @@ func truncateStream(s string, maxOut int) string {
 	if len(s) <= maxOut {
 		return s
 	}
-	n := maxOut
-	for n > 0 && s[n]&0xC0 == 0x80 {
-		n--
-	}
+	head := engine.Head(s, maxOut)
 	if maxOut < 1024 {
-		return s[:n] + fmt.Sprintf("\n... [truncated at %d bytes]", maxOut)
+		return head + fmt.Sprintf("\n... [truncated at %d bytes]", maxOut)
 	}
-	return s[:n] + fmt.Sprintf("\n... [truncated at %dKB]", maxOut/1024)
+	return head + fmt.Sprintf("\n... [truncated at %dKB]", maxOut/1024)
 }
 
 // checkEnvironmentText is the peer's nine lines, with pysandbox's truth.

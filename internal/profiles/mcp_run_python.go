@@ -163,10 +163,7 @@ func cutText(s string, maxReply int64) string {
 			return s
 		}
 		limit := int(float64(len(s)) * float64(maxReply) / float64(len(enc)) * 0.95)
-		for limit > 0 && s[limit]&0xC0 == 0x80 {
-			limit--
-		}
-		s = strings.TrimSuffix(s[:limit], note) + note
+		s = strings.TrimSuffix(engine.Head(s, limit), note) + note
 	}
 	return s
 }

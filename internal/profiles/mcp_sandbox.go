@@ -383,8 +383,6 @@ func cutString(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	for n > 0 && s[n]&0xC0 == 0x80 {
-		n--
-	}
-	return s[:n] + fmt.Sprintf("\n... [%d more bytes cut: the reply would be larger than the server's limit]", len(s)-n)
+	head := engine.Head(s, n)
+	return head + fmt.Sprintf("\n... [%d more bytes cut: the reply would be larger than the server's limit]", len(s)-len(head))
 }

@@ -14,7 +14,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -804,10 +803,8 @@ func clip(text string, n int, of string) string {
 	if len(text) <= n {
 		return text
 	}
-	for n > 0 && !utf8.RuneStart(text[n]) {
-		n--
-	}
-	return text[:n] + fmt.Sprintf("\n... (%d more bytes not shown; SHA-256 %s)", len(text)-n, shortSum(of))
+	head := engine.Head(text, n)
+	return head + fmt.Sprintf("\n... (%d more bytes not shown; SHA-256 %s)", len(text)-len(head), shortSum(of))
 }
 
 func isRun(in any) bool { _, ok := in.(RunPythonInput); return ok }

@@ -7,9 +7,10 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/engine"
 )
 
 // Live output: while a run is in flight, what it prints reaches the
@@ -96,25 +97,6 @@ func (lv *live) pending() bool {
 	return len(lv.buf[0])+len(lv.buf[1]) > 0
 }
 
-// incompleteTail is the length of a UTF-8 sequence cut short at the end
-// of b (0 when b ends on a whole character, or on bytes that are not
-// UTF-8 at all, which are sent as they are).
-func incompleteTail(b []byte) int {
-	for n := 1; n <= 3 && n <= len(b); n++ {
-		c := b[len(b)-n]
-		if c < 0x80 {
-			return 0
-		}
-		if utf8.RuneStart(c) {
-			if !utf8.FullRune(b[len(b)-n:]) {
-				return n
-			}
-			return 0
-		}
-	}
-	return 0
-}
-
 type liveStream struct {
 	lv   *live
 	name string
@@ -174,8 +156,8 @@ func (lv *live) flush(noticed *bool) {
 		}
 		// A character cut at the chunk's end waits for the next flush
 		// (unless the run is over); bytes that are not UTF-8 go as U+FFFD.
-		if n := incompleteTail(chunk); n > 0 && !lv.finishing {
-			chunk = chunk[:len(chunk)-n]
+		if !lv.finishing {
+			chunk = chunk[:len(engine.Head(string(chunk), len(chunk)))]
 		}
 		lv.buf[i] = append([]byte(nil), lv.buf[i][len(chunk):]...)
 		lv.sent += len(chunk)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/engine"
 )
 
 // liveCode prints, then keeps running: what it printed first must reach
@@ -136,12 +138,14 @@ func TestLiveOutputInvalidUTF8(t *testing.T) {
 	}
 }
 
+// TestIncompleteTail: what a flush holds back of a chunk (engine.Head):
+// only a character cut at its end.
 func TestIncompleteTail(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
 		want int
 	}{{"abc", 0}, {"ab\xc3", 1}, {"ab\xe2\x82", 2}, {"é", 0}, {"\xff", 0}, {"a\xf0\x9f\x90", 3}, {"🐍", 0}} {
-		if got := incompleteTail([]byte(tc.in)); got != tc.want {
+		if got := len(tc.in) - len(engine.Head(tc.in, len(tc.in))); got != tc.want {
 			t.Errorf("%q: %d, want %d", tc.in, got, tc.want)
 		}
 	}

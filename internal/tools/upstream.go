@@ -454,13 +454,7 @@ func argsForUser(args json.RawMessage) string {
 
 // cutAt cuts s to at most n bytes at a character boundary.
 func cutAt(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && s[n]&0xC0 == 0x80 {
-		n--
-	}
-	return s[:n]
+	return engine.Head(s, n)
 }
 
 func clipText(s string, n int) string {
