@@ -1,7 +1,6 @@
 package profiles
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"strings"
@@ -123,14 +122,8 @@ func returnText(v any) string {
 	if s, ok := v.(string); ok {
 		return s
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if enc.Encode(v) != nil {
-		return ""
-	}
-	return strings.TrimSuffix(buf.String(), "\n")
+	b, _ := tools.PlainJSON(v, "  ")
+	return string(b)
 }
 
 // escapeTags keeps a section's text from closing it: the peer escapes a

@@ -1,7 +1,6 @@
 package profiles
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -352,8 +351,8 @@ func (m orderedMap) MarshalJSON() ([]byte, error) {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		k, _ := marshalPlain(kv.k)
-		v, err := marshalPlain(kv.v)
+		k, _ := tools.PlainJSON(kv.k, "")
+		v, err := tools.PlainJSON(kv.v, "")
 		if err != nil {
 			return nil, err
 		}
@@ -363,18 +362,6 @@ func (m orderedMap) MarshalJSON() ([]byte, error) {
 	}
 	b.WriteByte('}')
 	return []byte(b.String()), nil
-}
-
-// marshalPlain is json.Marshal without HTML escapes (pydantic writes <
-// as <).
-func marshalPlain(v any) ([]byte, error) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
 // cutString shortens a string field of a result to n bytes, at a

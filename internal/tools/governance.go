@@ -298,7 +298,7 @@ func (g *governor) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		}
 		if profileStatus != "" && err == nil {
 			rec.Status, rec.Error = profileStatus, cutAt(profileRefused, 2000)
-			return g.finishRecorded(rec, result, start, ran)
+			return g.finishRecorded(rec, result, nil, start, ran)
 		}
 		if profileRun != nil || profileRefused != "" {
 			// A profile's result is its peer's text: record what pysandbox
@@ -317,24 +317,26 @@ func (g *governor) finishProfile(rec *audit.Record, result mcp.Result, callErr e
 		outcome(rec, synth)
 		if ran {
 			// Recorded here; finish must not overwrite it from the text.
-			return g.finishRecorded(rec, result, start, ran)
+			return g.finishRecorded(rec, result, nil, start, ran)
 		}
 	}
 	if callErr == nil && run == nil && refused != "" {
 		rec.Status, rec.Error = "refused", cutAt(refused, 2000)
-		return g.finishRecorded(rec, result, start, ran)
+		return g.finishRecorded(rec, result, nil, start, ran)
 	}
 	return g.finish(rec, result, callErr, start, ran)
 }
 
-// finishRecorded is finish once rec has its outcome.
-func (g *governor) finishRecorded(rec *audit.Record, result mcp.Result, start time.Time, ran bool) (mcp.Result, error) {
+// finishRecorded is finish once rec has its outcome: the console is
+// told, and the record written before the client gets the result.
+func (g *governor) finishRecorded(rec *audit.Record, result mcp.Result, callErr error, start time.Time, ran bool) (mcp.Result, error) {
 	g.activity.Finish(activity.Done{ID: rec.CallID, Identity: rec.Identity, Tool: rec.Tool, Decision: rec.Decision,
 		Status: rec.Status, DurationMS: time.Since(start).Milliseconds()})
 	if err := g.record(rec, start, ran); err != nil {
+		// Fail closed: a result that could not be recorded is withheld.
 		return errorResult("The call could not be recorded in the server's audit log (" + err.Error() + "), so its result is withheld. Tell the server's operator."), nil
 	}
-	return result, nil
+	return result, callErr
 }
 
 // argString is the first of keys a call has as a string argument, or ""
@@ -422,13 +424,7 @@ func (g *governor) finish(rec *audit.Record, result mcp.Result, callErr error, s
 		// client was told.
 		rec.Error = resultText(res)
 	}
-	g.activity.Finish(activity.Done{ID: rec.CallID, Identity: rec.Identity, Tool: rec.Tool, Decision: rec.Decision,
-		Status: rec.Status, DurationMS: time.Since(start).Milliseconds()})
-	if err := g.record(rec, start, ran); err != nil {
-		// Fail closed: a result that could not be recorded is withheld.
-		return errorResult("The call could not be recorded in the server's audit log (" + err.Error() + "), so its result is withheld. Tell the server's operator."), nil
-	}
-	return result, callErr
+	return g.finishRecorded(rec, result, callErr, start, ran)
 }
 
 // record counts a call and writes its audit record, which is on disk
@@ -579,14 +575,27 @@ func auditArgs(tool string, raw json.RawMessage) (json.RawMessage, string) {
 			args[k] = digestJSON(v)
 		}
 	}
-	// Not json.Marshal: it would escape every <, > and & six bytes over.
+	b, err := PlainJSON(args, "")
+	if err != nil {
+		return digestJSON(raw), codeSum
+	}
+	return b, codeSum
+}
+
+// PlainJSON is v as JSON without HTML escapes (json.Marshal would write
+// every <, > and & of code or output as six bytes), indented by indent
+// when it is not "", without a final newline.
+func PlainJSON(v any, indent string) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(args); err != nil {
-		return digestJSON(raw), codeSum
+	if indent != "" {
+		enc.SetIndent("", indent)
 	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), codeSum
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
 // maxAuditArgs bounds what a record keeps of a call's arguments besides
@@ -872,14 +881,8 @@ func (g *governor) approvalParts(tool string, in any, pkgs []requested) (facts, 
 
 // indented is v as JSON indented by two spaces, without HTML escapes.
 func indented(v any) string {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if enc.Encode(v) != nil {
-		return ""
-	}
-	return strings.TrimSuffix(buf.String(), "\n")
+	b, _ := PlainJSON(v, "  ")
+	return string(b)
 }
 
 func (g *governor) limitsText(in any) string {
