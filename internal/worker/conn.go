@@ -69,6 +69,11 @@ var ErrProtocol = errors.New("worker: protocol violation")
 type Conn struct {
 	conn    net.Conn
 	maxLine int
+	// toolMsgs and toolBytes bound the tool messages of one run
+	// (MaxToolMessagesPerRun and MaxToolBytesPerRun unless a test sets
+	// smaller ones before the first exchange, so that it can prove the
+	// bound without sending half a gigabyte).
+	toolMsgs, toolBytes int
 
 	// turn is a one-slot semaphore that can be waited on with a context, and
 	// guards the fields below.
@@ -94,10 +99,12 @@ type Conn struct {
 // parent's end of a socketpair obtained with net.FileConn.
 func NewConn(c net.Conn) *Conn {
 	return &Conn{
-		conn:    c,
-		maxLine: maxLineBytes,
-		turn:    make(chan struct{}, 1),
-		r:       bufio.NewReaderSize(c, 64<<10),
+		conn:      c,
+		maxLine:   maxLineBytes,
+		toolMsgs:  MaxToolMessagesPerRun,
+		toolBytes: MaxToolBytesPerRun,
+		turn:      make(chan struct{}, 1),
+		r:         bufio.NewReaderSize(c, 64<<10),
 	}
 }
 
@@ -373,8 +380,8 @@ func (c *Conn) callChecked(ctx context.Context, req *Request, wantOp string, rep
 			// send.
 			toolMsgs++
 			toolBytes += len(l)
-			if toolMsgs > MaxToolMessagesPerRun || toolBytes > MaxToolBytesPerRun {
-				return violationError{fmt.Errorf("worker: the run sent more than %d tool messages or %d bytes of them, the most one run may send", MaxToolMessagesPerRun, MaxToolBytesPerRun)}
+			if toolMsgs > c.toolMsgs || toolBytes > c.toolBytes {
+				return violationError{fmt.Errorf("worker: the run sent more than %d tool messages or %d bytes of them, the most one run may send", c.toolMsgs, c.toolBytes)}
 			}
 			if err := c.toolMessage(l, env, ts, refusal); err != nil {
 				return err

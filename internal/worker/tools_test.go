@@ -986,19 +986,48 @@ func TestToolsHostile(t *testing.T) {
 	violation("a tool_result sent to Go", `b'{"op":"tool_result","id":"t1"}\n'`, "does not match")
 
 	// Refused messages cost the server CPU: a run may send only so many.
-	t.Run("a flood of refused messages", func(t *testing.T) {
+	// The bounds are proved with small ones configured on the Conn: the
+	// production ones (TestToolBoundsDefaults) would take 512 MiB through
+	// the race detector, minutes on a loaded machine.
+	t.Run("a flood of refused bytes", func(t *testing.T) {
 		t.Parallel()
 		w := startToolsWorker(t, systemPython, false)
+		w.conn.toolMsgs, w.conn.toolBytes = 2000, 8<<20
 		code := forge + `
 import threading
 threading.Thread(target=lambda: [answers(1 << 30)], daemon=True).start()  # drain the refusals
 line = b'{"op":"tool_call","id":"x","name":"a.b","arguments":{"m":"' + b"y" * (1 << 20) + b'"}}\n'
-for i in range(600):
+for i in range(16):
     send(line)
 import time
 time.sleep(60)`
 		_, err := w.conn.Run(testContext(t), Request{Code: code, Tools: newFakeTools()})
-		if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "tool messages or 536870912 bytes of them") {
+		if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "more than 2000 tool messages or 8388608 bytes of them") {
+			t.Fatalf("error %v, want a protocol violation", err)
+		}
+	})
+	t.Run("a flood of refused messages", func(t *testing.T) {
+		t.Parallel()
+		f := newFakeTools()
+		w := startToolsWorker(t, systemPython, false)
+		w.conn.toolMsgs, w.conn.toolBytes = 2000, 8<<20
+		// Up to the bound, each run afresh: the count is per run.
+		batch := forge + `
+send(b"".join(b'{"op":"tool_call","id":"r%d","name":"a.b","arguments":[]}\n' % i for i in range(n)))
+got = answers(n)
+[len(got), set(a["error"]["kind"] for a in got) == {"bad_request"}]`
+		for range 2 {
+			res, _, stderr := w.run(t, Request{Code: batch, Tools: f, Inputs: map[string]json.RawMessage{"n": json.RawMessage("2000")}})
+			wantValue(t, res, stderr, `[2000, true]`)
+		}
+		code := forge + `
+import threading
+threading.Thread(target=lambda: [answers(1 << 30)], daemon=True).start()  # drain the refusals
+send(b"".join(b'{"op":"tool_call","id":"r%d","name":"a.b","arguments":[]}\n' % i for i in range(3000)))
+import time
+time.sleep(60)`
+		_, err := w.conn.Run(testContext(t), Request{Code: code, Tools: f})
+		if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "more than 2000 tool messages") {
 			t.Fatalf("error %v, want a protocol violation", err)
 		}
 	})
@@ -1024,19 +1053,22 @@ got = answers(100 - 16)
 	})
 
 	t.Run("catalog flood", func(t *testing.T) {
+		// 500 answers are many times maxPendingAnswers and, at a few KiB
+		// each, far beyond what the socket buffers hold: the Conn has to
+		// stop reading and resume. More would only cost time.
 		t.Parallel()
 		f := newFakeTools()
 		w := startToolsWorker(t, systemPython, false)
 		res, _, stderr := toolRun(t, w, f, forge+`
 import threading
-n = 3000
+n = 500
 got = []
 reader = threading.Thread(target=lambda: got.extend(answers(n)))
 reader.start()
 send(b"".join(b'{"op":"tool_catalog","id":"k%d"}\n' % i for i in range(n)))
 reader.join()
 [len(got), sorted(int(a["id"][1:]) for a in got) == list(range(n)), set(len(a["tools"]) for a in got) == {len(got[0]["tools"])}, len(got[0]["tools"])]`)
-		wantValue(t, res, stderr, fmt.Sprintf(`[3000, true, true, %d]`, len(f.specs)))
+		wantValue(t, res, stderr, fmt.Sprintf(`[500, true, true, %d]`, len(f.specs)))
 		if _, _, catalogs, _ := f.snapshot(); catalogs != 1 {
 			t.Errorf("Catalog called %d times in one run", catalogs)
 		}
