@@ -1157,7 +1157,8 @@ threading.Thread(target=later, daemon=True).start()`})
 }
 
 // TestToolsImport: the module is there only in runs given tools, as
-// "tools" (unless the user has one) and "pysandbox_tools".
+// "tools" (unless the user has one) and "pysandbox_tools", which nothing
+// in the working directory shadows. (Dependencies: TestToolsNameReserved.)
 func TestToolsImport(t *testing.T) {
 	requirePython(t, systemPython)
 	f := newFakeTools()
@@ -1178,19 +1179,29 @@ out`})
 	res, _, stderr = toolRun(t, w, f, `
 import sys, tools, pysandbox_tools
 before = [tools._channel.demux, "threading" in sys.modules]
-[tools is pysandbox_tools, tools.__name__, type(sys.meta_path[-1]).__name__, tools.everything.echo(message="x"),
+[tools is pysandbox_tools, tools.__name__, [type(sys.meta_path[i]).__name__ for i in (0, -1)], tools.everything.echo(message="x"),
  before, [tools._channel.demux, "threading" in sys.modules]]`)
-	wantValue(t, res, stderr, `[true, "tools", "_ToolsFinder", "Echo: x", [false, false], [true, false]]`)
+	wantValue(t, res, stderr, `[true, "tools", ["_ToolsFinder", "_ToolsFinder"], "Echo: x", [false, false], [true, false]]`)
 
-	// A tools.py of the user's wins; pysandbox_tools still works.
-	w = startToolsWorker(t, systemPython, true)
-	if err := os.WriteFile(filepath.Join(w.dir, "tools.py"), []byte("NAME = 'mine'\n"), 0o644); err != nil {
-		t.Fatal(err)
+	// A tools.py of the user's wins; a pysandbox_tools.py does not, and
+	// in a run without tools it is not found either.
+	w = startToolsWorker(t, systemPython, false)
+	for name, text := range map[string]string{"tools.py": "NAME = 'mine'\n", "pysandbox_tools.py": "NAME = 'mine'\n"} {
+		if err := os.WriteFile(filepath.Join(w.dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
+	res, _, stderr = w.run(t, Request{Code: `
+try:
+    import pysandbox_tools
+except ModuleNotFoundError as e:
+    err = str(e)
+err`})
+	wantValue(t, res, stderr, `"No module named 'pysandbox_tools'"`)
 	res, _, stderr = toolRun(t, w, f, `
 import tools, pysandbox_tools
-[tools.NAME, pysandbox_tools.everything.echo(message="ours")]`)
-	wantValue(t, res, stderr, `["mine", "Echo: ours"]`)
+[tools.NAME, getattr(pysandbox_tools, "NAME", None), pysandbox_tools.everything.echo(message="ours")]`)
+	wantValue(t, res, stderr, `["mine", null, "Echo: ours"]`)
 }
 
 // moduleHarness loads sandbox_tools.py with a channel of its own and runs

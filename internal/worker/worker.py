@@ -1136,6 +1136,7 @@ def _setup(zygote=False):
     # user code cannot import this file's neighbours by accident.
     here = os.path.dirname(os.path.abspath(_WORKER_FILE))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    _tools_first()
     args = sys.argv[1:]
     global _SITES
     _SITES = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--site" and os.path.isabs(args[i + 1])]
@@ -1204,6 +1205,7 @@ def _add_site_dir(path):
     sys.path[:] = rest
     at = _stdlib_end()
     sys.path[at:at] = added
+    _tools_first()
 
 
 # ---------------------------------------------------------------- zygote
@@ -1989,8 +1991,8 @@ class _LineReader:
 # ---------------------------------------------------------------- tool calls
 #
 # Code in a run given tools ("tools": true) calls them through
-# sandbox_tools.py, which the worker makes importable as "tools" (see
-# _ToolsFinder). A call is a tool_call (or tool_catalog) message on the
+# sandbox_tools.py, which the worker makes importable as "pysandbox_tools"
+# and "tools" (see _ToolsFinder). A call is a tool_call (or tool_catalog) message on the
 # control channel and an answer with the same id, from any thread, while the
 # main thread may be in user code; between runs the main loop reads
 # requests. Until the first call of the process the main loop reads alone
@@ -2349,47 +2351,70 @@ class _Channel(object):
 
 
 class _ToolsFinder(object):
-    """Makes sandbox_tools.py, next to this file, importable as "tools" and
-    "pysandbox_tools" during a run given tools. It comes last in
-    sys.meta_path, so a tools.py of the user's or an installed package of
-    that name wins for "tools"."""
+    """Makes sandbox_tools.py, next to this file, importable during a run
+    given tools, as "pysandbox_tools" and as "tools"; one module under both
+    names, called "tools" either way.
 
-    def __init__(self):
-        self.module = None
+    "pysandbox_tools" is reserved: _TOOLS_FIRST comes first in
+    sys.meta_path, from before any path a caller controls is added, so no
+    module of that name on sys.path (a dependency's, the workspace's) is
+    ever found, nor imported by a .pth file; in a run without tools the
+    name is simply not there. "tools" is served by _TOOLS_LAST, last in
+    sys.meta_path: a tools module of the user's or of a dependency wins,
+    since a dependency that ships a top-level "tools" package imports it
+    by that name itself, and pysandbox_tools still reaches the built-in."""
+
+    module = None  # shared by both finders
+
+    def __init__(self, name, reserved):
+        self.name = name
+        self.reserved = reserved
 
     def find_spec(self, fullname, path=None, target=None):
-        if path is not None or not _tools_enabled or fullname not in ("tools", "pysandbox_tools"):
+        if path is not None or fullname != self.name:
+            return None
+        if not _tools_enabled:
+            if self.reserved:
+                raise ModuleNotFoundError("No module named %r" % fullname, name=fullname)
             return None
         from importlib.machinery import ModuleSpec
 
         return ModuleSpec(fullname, self, origin=_TOOLS_PATH)
 
     def create_module(self, spec):
-        # One module under both names, called "tools" either way.
-        if self.module is None:
+        if _ToolsFinder.module is None:
             return types.ModuleType("tools")
-        return self.module
+        return _ToolsFinder.module
 
     def exec_module(self, module):
-        if module is self.module:
+        if module is _ToolsFinder.module:
             return
         with open(_TOOLS_PATH, "rb") as f:
             source = f.read()
         module.__file__ = _TOOLS_PATH
         module._channel = _chan
         exec(compile(source, _TOOLS_PATH, "exec", dont_inherit=True), module.__dict__)
-        self.module = module
+        _ToolsFinder.module = module
 
 
-_tools_finder = _ToolsFinder()
+_TOOLS_FIRST = _ToolsFinder("pysandbox_tools", True)
+_TOOLS_LAST = _ToolsFinder("tools", False)
+
+
+def _tools_first():
+    """Put _TOOLS_FIRST back in front of sys.meta_path: a .pth file of a
+    dependency may have put a finder of its own there."""
+    if not sys.meta_path or sys.meta_path[0] is not _TOOLS_FIRST:
+        sys.meta_path[:] = [_TOOLS_FIRST] + [f for f in sys.meta_path if f is not _TOOLS_FIRST]
 
 
 def _tools_begin(sock, tools):
     """A run begins: tools says whether it may call tools."""
     global _tools_enabled
     _tools_enabled = tools
-    if tools and _tools_finder not in sys.meta_path:
-        sys.meta_path.append(_tools_finder)
+    _tools_first()
+    if tools and _TOOLS_LAST not in sys.meta_path:
+        sys.meta_path.append(_TOOLS_LAST)
     if _chan is not None and sock is _chan.sock:
         _chan.begin_run(tools)
 
