@@ -201,7 +201,7 @@ func listText(out *ListFilesOutput) string {
 	}
 	b.WriteString("\n")
 	for _, f := range out.Files {
-		fmt.Fprintf(&b, "%-7s %10d  %s  %s\n", f.Type, f.Size, f.ModTime.Format("2006-01-02T15:04:05Z07:00"), f.Path)
+		fmt.Fprintf(&b, "%-7s %10d  %s  %s\n", f.Type, f.Size, f.ModTime.Format("2006-01-02T15:04:05Z07:00"), workspace.DisplayPath(f.Path))
 	}
 	return b.String()
 }

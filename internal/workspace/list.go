@@ -6,6 +6,10 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 )
@@ -149,4 +153,78 @@ func (w *walker) names(f *os.File) ([]string, error) {
 			return names, err
 		}
 	}
+}
+
+// DisplayPath renders a path for a text listing, one entry per line. A
+// name is whatever code in the session chose, so a newline in it would
+// plant a row of its own, a carriage return or an ANSI escape would
+// overwrite what a terminal shows, and a bidi override would make a name
+// ending in "gnp.exe" read as one ending in "exe.png". A path of printable
+// characters is shown as it is; any other is quoted Go style, with each
+// control, non-printing, invisible (format, bidi, default-ignorable) rune
+// and each byte that is not UTF-8 escaped (\n, \x1b, \u202e, \xff), and
+// quotes and backslashes escaped too, so that the quoted form reads back
+// (strconv.Unquote) as exactly the path. A path that begins or ends with
+// a space, or begins with a quote, is quoted as well, where its edges
+// would otherwise be invisible or ambiguous.
+func DisplayPath(p string) string {
+	if plainPath(p) {
+		return p
+	}
+	var b strings.Builder
+	b.Grow(len(p) + 16)
+	b.WriteByte('"')
+	for i := 0; i < len(p); {
+		r, size := utf8.DecodeRuneInString(p[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, p[i])
+		case r == '"' || r == '\\':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r < 0x20 || r == 0x7f:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case !visible(r):
+			if r > 0xffff {
+				fmt.Fprintf(&b, `\U%08x`, r)
+			} else {
+				fmt.Fprintf(&b, `\u%04x`, r)
+			}
+		default:
+			b.WriteRune(r)
+		}
+		i += size
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// plainPath reports whether p can be shown without quotes.
+func plainPath(p string) bool {
+	if p == "" || p[0] == ' ' || p[0] == '"' || p[len(p)-1] == ' ' || !utf8.ValidString(p) {
+		return false
+	}
+	for _, r := range p {
+		if r == '\\' || !visible(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// visible: a rune that prints as itself. strconv.IsPrint leaves out the
+// controls, the separators other than the ASCII space and the format
+// characters (bidi overrides and isolates, zero-width joiners, the BOM);
+// Unicode's other default-ignorable code points (variation selectors,
+// the combining grapheme joiner, the Hangul fillers) print as nothing
+// although IsPrint takes them, so they are left out too.
+func visible(r rune) bool {
+	return strconv.IsPrint(r) && r != utf8.RuneError &&
+		!unicode.In(r, unicode.Variation_Selector, unicode.Other_Default_Ignorable_Code_Point)
 }

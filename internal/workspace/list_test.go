@@ -2,7 +2,9 @@ package workspace
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -135,5 +137,67 @@ func TestListDepth(t *testing.T) {
 	e, trunc, err = d.List(start, 0)
 	if err != nil || trunc || e[len(e)-1].Path != deep {
 		t.Errorf("List(%s) = %d entries, %v, %v", start, len(e), trunc, err)
+	}
+}
+
+// TestDisplayPath: names with control, invisible and bidi characters are
+// quoted with those escaped, so a listing keeps one line per entry and
+// reads in its true order; the quoted form reads back as the name.
+func TestDisplayPath(t *testing.T) {
+	d, ws, _ := newWS(t)
+	for p, want := range map[string]string{
+		"plain.txt":                    "plain.txt",
+		"dir/with space/é 日本.csv":      "dir/with space/é 日本.csv",
+		"a\n2026-01-01  fake row":      `"a\n2026-01-01  fake row"`,
+		"cr\roverwritten":              `"cr\roverwritten"`,
+		"tab\tx":                       `"tab\tx"`,
+		"esc\x1b[2J\x1b[31mred":        `"esc\x1b[2J\x1b[31mred"`,
+		"invoice\u202egnp.exe":         `"invoice\u202egnp.exe"`,
+		"zero\u200bwidth\ufe0f":        `"zero\u200bwidth\ufe0f"`,
+		"nul\x7fdel\u0085nel\u2028sep": `"nul\x7fdel\u0085nel\u2028sep"`,
+		"bad\xffutf8":                  `"bad\xffutf8"`,
+		`back\slash`:                   `"back\\slash"`,
+		`"quoted"`:                     `"\"quoted\""`,
+		`mid"quote`:                    `mid"quote`,
+		" leading":                     `" leading"`,
+		"trailing ":                    `"trailing "`,
+		"tag\U000e0041":                `"tag\U000e0041"`,
+		"replacement\ufffd":            `"replacement\ufffd"`,
+		"nbsp\u00a0x":                  `"nbsp\u00a0x"`,
+	} {
+		got := DisplayPath(p)
+		if got != want {
+			t.Errorf("DisplayPath(%q) = %s, want %s", p, got, want)
+		}
+		if back, err := strconv.Unquote(got); got != p && (err != nil || back != p) {
+			t.Errorf("%s reads back as %q (%v), not %q", got, back, err, p)
+		}
+		if strings.ContainsAny(got, "\n\r\t\x1b\u202e") {
+			t.Errorf("DisplayPath(%q) keeps a control or bidi character", p)
+		}
+		if strings.Contains(p, "/") {
+			continue
+		}
+		// Real files of these names, made as code in the session makes
+		// them (Write refuses control characters in the paths it is
+		// given), list as one line each.
+		if err := os.WriteFile(filepath.Join(ws, p), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e, _, err := d.List("", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shown []string
+	for _, f := range e {
+		shown = append(shown, DisplayPath(f.Path))
+	}
+	listing := strings.Join(shown, "\n")
+	if n := strings.Count(listing, "\n") + 1; n != len(e) || len(e) != 17 {
+		t.Errorf("%d entries shown on %d lines:\n%s", len(e), n, listing)
+	}
+	if !strings.Contains(listing, `"invoice\u202egnp.exe"`) || !strings.Contains(listing, `"a\n2026-01-01  fake row"`) {
+		t.Errorf("listing:\n%s", listing)
 	}
 }

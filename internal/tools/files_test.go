@@ -1,0 +1,61 @@
+package tools
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestListFilesEscapesNames: file names that code in a session chose are
+// shown escaped in list_files' text, one line per entry, so a newline
+// cannot plant a row, a carriage return or terminal escape cannot
+// overwrite one, and a bidi override cannot reverse a name; the
+// structured result keeps the names as they are.
+func TestListFilesEscapesNames(t *testing.T) {
+	cs := connect(t, nil)
+	id := newSession(t, cs)
+	names := map[string]string{
+		"plain.txt": "plain.txt",
+		"x\nfile          0  2026-01-01T00:00:00Z  fake": `"x\nfile          0  2026-01-01T00:00:00Z  fake"`,
+		"cr\rover":             `"cr\rover"`,
+		"tab\tx":               `"tab\tx"`,
+		"esc\x1b[31mred":       `"esc\x1b[31mred"`,
+		"invoice\u202egnp.exe": `"invoice\u202egnp.exe"`,
+	}
+	res, _ := call(t, cs, "run_python", map[string]any{"session_id": id,
+		"code": "for n in names:\n    open(n, 'w').close()", "inputs": map[string]any{"names": slices.Collect(maps.Keys(names))}})
+	if res.IsError {
+		t.Fatalf("run_python: %s", text(res))
+	}
+	res, out := call(t, cs, "list_files", map[string]any{"session_id": id})
+	if res.IsError {
+		t.Fatal(text(res))
+	}
+	listing := text(res)
+	lines := strings.Split(strings.TrimSuffix(listing, "\n"), "\n")
+	if len(lines) != 1+len(names) || lines[0] != "6 entries in /work" {
+		t.Fatalf("list_files text has %d lines for %d entries:\n%s", len(lines), len(names), listing)
+	}
+	if strings.ContainsAny(listing, "\r\t\x1b\u202e") {
+		t.Errorf("list_files text keeps a control or bidi character:\n%q", listing)
+	}
+	for _, shown := range names {
+		found := false
+		for _, l := range lines[1:] {
+			found = found || strings.HasSuffix(l, "  "+shown)
+		}
+		if !found {
+			t.Errorf("no line ends with %s:\n%s", shown, listing)
+		}
+	}
+	structured := map[string]bool{}
+	for _, f := range out["files"].([]any) {
+		structured[f.(map[string]any)["path"].(string)] = true
+	}
+	for name := range names {
+		if !structured[name] {
+			t.Errorf("structured result lacks %q: %v", name, structured)
+		}
+	}
+}
