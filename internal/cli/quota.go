@@ -4,7 +4,9 @@ import (
 	"flag"
 	"fmt"
 	"sync/atomic"
+	"time"
 
+	"github.com/pysandbox/pysandbox/internal/httpserver"
 	"github.com/pysandbox/pysandbox/internal/policy"
 	"github.com/pysandbox/pysandbox/internal/quota"
 )
@@ -12,13 +14,20 @@ import (
 // quotaFlags are the per-caller quotas of serve. -1 means "automatic":
 // over HTTP, where several tenants share the server, half of the server's
 // own cap (at least 1); over stdio, where there is one caller, none.
-type quotaFlags struct{ runs, queue, sessions int }
+type quotaFlags struct {
+	runs, queue, sessions int
+	// The MCP sessions of sessionful HTTP (httpserver.SessionLimits).
+	mcp httpserver.SessionLimits
+}
 
 func addQuotaFlags(fs *flag.FlagSet) *quotaFlags {
 	q := &quotaFlags{}
-	fs.IntVar(&q.runs, "max-runs-per-caller", -1, "runs one caller (token, or MCP session without tokens) may have executing at once; -1: half of --max-concurrent over HTTP, no bound over stdio; the policy file's quotas section overrides it")
+	fs.IntVar(&q.runs, "max-runs-per-caller", -1, "runs one caller (a token; all callers without a token together) may have executing at once; -1: half of --max-concurrent over HTTP, no bound over stdio; the policy file's quotas section overrides it")
 	fs.IntVar(&q.queue, "max-queue-per-caller", -1, "runs one caller may have waiting for those; -1: half of --max-queue over HTTP, no bound over stdio")
 	fs.IntVar(&q.sessions, "max-sessions-per-caller", -1, "sessions one caller may have open; -1: half of --max-sessions over HTTP, no bound over stdio")
+	fs.DurationVar(&q.mcp.Idle, "mcp-session-idle", 10*time.Minute, "with --http: an MCP session (protocols before 2026-07-28) without requests for this long ends (an open event stream or a call in flight keeps it)")
+	fs.IntVar(&q.mcp.PerCaller, "max-mcp-sessions-per-caller", 64, "with --http: MCP sessions one caller may have open (all callers without a token together); past it initialize is refused with HTTP 429")
+	fs.IntVar(&q.mcp.Total, "max-mcp-sessions", 1024, "with --http: MCP sessions the server keeps open at once")
 	return q
 }
 
@@ -32,6 +41,9 @@ func (q *quotaFlags) limits(http bool, maxConcurrent, maxQueue, maxSessions int)
 			return 0
 		}
 		return max(capacity/2, 1)
+	}
+	if q.mcp.Idle <= 0 || q.mcp.PerCaller <= 0 || q.mcp.Total <= 0 {
+		return quota.Limits{}, fmt.Errorf("--mcp-session-idle, --max-mcp-sessions-per-caller and --max-mcp-sessions must be positive")
 	}
 	if q.runs < -1 || q.queue < -1 || q.sessions < -1 {
 		return quota.Limits{}, fmt.Errorf("--max-runs-per-caller, --max-queue-per-caller and --max-sessions-per-caller take -1 (automatic), 0 (no bound) or a positive number")

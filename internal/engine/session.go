@@ -43,6 +43,11 @@ type SessionConfig struct {
 	// Draining, when set and true, refuses new sessions: the server is
 	// stopping, and a session made now would be lost with it.
 	Draining func() bool
+	// Detached, when set, reports whether the connection a session was
+	// last used through has ended (see CreateOptions.Holder): such a
+	// session no longer counts against its owner's quota, and it is the
+	// first to go when the server is full.
+	Detached func(holder string) bool
 }
 
 // ErrDraining refuses a session on a server that is stopping.
@@ -62,14 +67,69 @@ func (s *Sessions) ownerQuota(owner string) error {
 	}
 	n := 0
 	for _, sess := range s.live {
-		if sess.Owner == owner {
+		if sess.Owner == owner && !s.detached(sess) {
 			n++
 		}
 	}
 	if n >= limit {
-		return fmt.Errorf("%w: %s has %d sessions open, its quota; close one with close_session (list_sessions shows them)", ErrSessionQuota, owner, n)
+		return &QuotaError{Owner: owner, Open: n, IdleTTL: s.cfg.DefaultTTL}
 	}
 	return nil
+}
+
+// QuotaError says that an owner has all the sessions its quota allows.
+type QuotaError struct {
+	Owner   string
+	Open    int
+	IdleTTL time.Duration
+}
+
+func (e *QuotaError) Error() string {
+	return fmt.Sprintf("%v: %s has %d sessions open, its quota; close one with close_session (list_sessions shows them), or wait until one has been idle for %s and expires", ErrSessionQuota, e.Owner, e.Open, e.IdleTTL)
+}
+
+func (e *QuotaError) Unwrap() error { return ErrSessionQuota }
+
+// detached reports whether sess was last used through a connection that
+// has ended. s.mu is held.
+func (s *Sessions) detached(sess *Session) bool {
+	if s.cfg.Detached == nil {
+		return false
+	}
+	sess.mu.Lock()
+	h := sess.holder
+	sess.mu.Unlock()
+	return h != "" && s.cfg.Detached(h)
+}
+
+// evictDetached makes room on a full server by closing the session idle
+// longest among those whose connection has ended: nobody can name them
+// but a client that kept their id, and the server-wide cap would
+// otherwise lock everyone out until they expire. It reports whether it
+// closed one.
+func (s *Sessions) evictDetached() bool {
+	s.mu.Lock()
+	var victim *Session
+	var oldest time.Time
+	for _, sess := range s.live {
+		if !s.detached(sess) {
+			continue
+		}
+		sess.mu.Lock()
+		used := sess.lastUsed
+		sess.mu.Unlock()
+		if victim == nil || used.Before(oldest) {
+			victim, oldest = sess, used
+		}
+	}
+	s.mu.Unlock()
+	// Never one in the middle of a run.
+	if victim == nil || !victim.runMu.TryLock() {
+		return false
+	}
+	victim.runMu.Unlock()
+	s.remove(victim, fmt.Sprintf("it was closed to make room for a new session: the server had all the sessions it allows (%d), and the connection that last used this one had ended", s.cfg.MaxSessions))
+	return true
 }
 
 // Sessions manages long-lived workers that keep their state between runs:
@@ -115,6 +175,7 @@ type Session struct {
 	reqs []string
 
 	mu       sync.Mutex
+	holder   string // see CreateOptions.Holder
 	lastUsed time.Time
 	runs     int
 	dead     string // why it ended; "" while alive
@@ -131,6 +192,8 @@ type SessionInfo struct {
 	CPUTimeMS   int64     `json:"cpu_time_ms"` // all its processes, runs and between
 	Runs        int       `json:"runs"`
 	Owner       string    `json:"-"`
+	// Holder is the connection it was last used through (CreateOptions.Holder).
+	Holder string `json:"-"`
 }
 
 // Errors that tell the agent what to do next.
@@ -168,11 +231,23 @@ func (e *Engine) NewSessions(cfg SessionConfig) *Sessions {
 	return s
 }
 
+// SetDetached sets SessionConfig.Detached; call it before the first
+// session is created (the MCP server that knows the connections is made
+// after the sessions).
+func (s *Sessions) SetDetached(f func(holder string) bool) {
+	s.mu.Lock()
+	s.cfg.Detached = f
+	s.mu.Unlock()
+}
+
 // Config returns the effective configuration.
 func (s *Sessions) Config() SessionConfig { return s.cfg }
 
+// newID returns a session id: 128 random bits, since for callers without
+// a token the id is the only proof of ownership (a capability), so it
+// must be as hard to guess as a token.
 func newID() string {
-	var b [9]byte
+	var b [16]byte
 	rand.Read(b[:])
 	return "s-" + hex.EncodeToString(b[:])
 }
@@ -187,6 +262,10 @@ type CreateOptions struct {
 	// Owner is who created the session (the MCP layer's caller identity);
 	// the MCP layer lets only the owner use it.
 	Owner string
+	// Holder names the connection the session is used through, when its
+	// owner is not one caller but everyone who knows the session's id
+	// (HTTP without tokens); "" otherwise. See SessionConfig.Detached.
+	Holder string
 	// Network serves the session's proxy listener for its whole life;
 	// nil: the session has no network.
 	Network NetAttach
@@ -209,8 +288,16 @@ func (s *Sessions) Create(ctx context.Context, ttl time.Duration, opts ...Create
 	if qerr != nil {
 		return nil, qerr
 	}
+	full := func(n int) bool {
+		return n >= s.cfg.MaxSessions || int64(n+1)*s.e.cfg.Limits.MemoryBytes > s.cfg.MemoryBudget
+	}
+	if full(n) && s.evictDetached() {
+		s.mu.Lock()
+		n = len(s.live)
+		s.mu.Unlock()
+	}
 	if n >= s.cfg.MaxSessions {
-		return nil, fmt.Errorf("%w: %d of %d are open; close one with close_session (list_sessions shows them)", ErrTooManySessions, n, s.cfg.MaxSessions)
+		return nil, fmt.Errorf("%w: %d of %d are open; close one with close_session (list_sessions shows them), or wait until one has been idle for %s and expires", ErrTooManySessions, n, s.cfg.MaxSessions, s.cfg.DefaultTTL)
 	}
 	if int64(n+1)*s.e.cfg.Limits.MemoryBytes > s.cfg.MemoryBudget {
 		return nil, fmt.Errorf("%w: the sessions' memory budget (%d MiB) is used by %d sessions; close one with close_session", ErrTooManySessions, s.cfg.MemoryBudget>>20, n)
@@ -222,7 +309,7 @@ func (s *Sessions) Create(ctx context.Context, ttl time.Duration, opts ...Create
 	if s.cfg.Draining != nil && s.cfg.Draining() {
 		return nil, ErrDraining
 	}
-	sess := &Session{ID: newID() + s.cfg.IDSuffix, Created: time.Now(), TTL: ttl, Owner: o.Owner, out: newRouter(), errs: newRouter(), renv: renv}
+	sess := &Session{ID: newID() + s.cfg.IDSuffix, Created: time.Now(), TTL: ttl, Owner: o.Owner, holder: o.Holder, out: newRouter(), errs: newRouter(), renv: renv}
 	sess.lastUsed = sess.Created
 	if renv.env != nil {
 		sess.reqs = renv.env.Requirements
@@ -373,6 +460,17 @@ func (s *Sessions) CheckOwner(id, owner string) error {
 	return nil
 }
 
+// Attach records the connection a session is used through now (see
+// CreateOptions.Holder; "" for none that can end): it counts against its
+// owner's quota again, and the connection lists it.
+func (s *Sessions) Attach(id, holder string) {
+	if sess, err := s.get(id); err == nil {
+		sess.mu.Lock()
+		sess.holder = holder
+		sess.mu.Unlock()
+	}
+}
+
 // Close ends a session and deletes its workspace.
 func (s *Sessions) Close(id string) error {
 	sess, err := s.get(id)
@@ -402,7 +500,7 @@ func (s *Sessions) List() []SessionInfo {
 func (sess *Session) info() SessionInfo {
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
-	i := SessionInfo{ID: sess.ID, Created: sess.Created.UTC(), LastUsed: sess.lastUsed.UTC(), ExpiresAt: sess.lastUsed.Add(sess.TTL).UTC(), Runs: sess.runs, Owner: sess.Owner}
+	i := SessionInfo{ID: sess.ID, Created: sess.Created.UTC(), LastUsed: sess.lastUsed.UTC(), ExpiresAt: sess.lastUsed.Add(sess.TTL).UTC(), Runs: sess.runs, Owner: sess.Owner, Holder: sess.holder}
 	i.CPUTimeMS = sessionCPU(sess).Milliseconds()
 	if m, ok := sess.sb.(interface{ MemoryCurrent() int64 }); ok {
 		i.MemoryBytes = m.MemoryCurrent()

@@ -149,15 +149,7 @@ func (sb *sandboxes) register(h *tools.Host) {
 	// own answers the peer's "access denied" for a sandbox that is not
 	// the caller's (or does not exist).
 	own := func(req *mcp.CallToolRequest, id string) bool {
-		if id == "" || !h.OwnSession(req, id) {
-			return false
-		}
-		for _, s := range h.Sessions(req) {
-			if s.ID == id {
-				return true
-			}
-		}
-		return false
+		return id != "" && h.OwnSession(req, id)
 	}
 	// denied is the answer for a sandbox the caller cannot use: the
 	// peer's words for one that is not theirs, and what happened to one
@@ -166,7 +158,7 @@ func (sb *sandboxes) register(h *tools.Host) {
 		sb.mu.Lock()
 		e, known := sb.names[id]
 		sb.mu.Unlock()
-		if known && e.owner == h.Identity(req) {
+		if known && e.owner == h.CallerKey(req) && e.owner != "" {
 			return reply(map[string]any{"error": "Sandbox " + id + " has ended (it expired, or a run exceeded a limit and took it down); create a new one with create_sandbox."})
 		}
 		return reply(map[string]any{"error": accessDenied})
@@ -190,7 +182,7 @@ func (sb *sandboxes) register(h *tools.Host) {
 			name = *in.Name
 		}
 		sb.mu.Lock()
-		sb.names[out.SessionID] = sandboxEntry{owner: h.Identity(req), name: name, pkgs: map[string]string{}}
+		sb.names[out.SessionID] = sandboxEntry{owner: h.CallerKey(req), name: name, pkgs: map[string]string{}}
 		sb.mu.Unlock()
 		return reply(orderedMap{{"sandbox_id", out.SessionID}, {"user_id", h.Identity(req)}, {"name", name}, {"status", "active"}})
 	})

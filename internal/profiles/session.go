@@ -24,7 +24,13 @@ func newWorkspaces() *workspaces { return &workspaces{byID: map[string]string{}}
 // get returns the caller's session, creating it when needed; refused is
 // the result to return when none could be had.
 func (w *workspaces) get(ctx context.Context, h *tools.Host, req *mcp.CallToolRequest) (string, *mcp.CallToolResult) {
-	me := h.Identity(req)
+	me := h.CallerKey(req)
+	if me == "" {
+		// Nothing ties two calls of this caller together, and a session
+		// kept under a shared name would hand one caller's files to
+		// another.
+		return "", tools.Refusal(engine.StatusInvalidRequest, "This tool keeps your files in a workspace of your own, and on this server nothing tells you apart from other callers: you have no token, and your client uses the sessionless protocol (2026-07-28). Connect with a bearer token (the server's --auth-token-file), or with a client that keeps an MCP session.")
+	}
 	w.mu.Lock()
 	id := w.byID[me]
 	w.mu.Unlock()

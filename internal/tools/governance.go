@@ -501,32 +501,6 @@ func outcome(rec *audit.Record, res *mcp.CallToolResult) {
 	}
 }
 
-// identity is who is calling: the name of the bearer token over
-// authenticated HTTP, else the MCP session (one per connection), else
-// "http:anonymous" for sessionless HTTP without tokens, else "stdio" for
-// the one client of a stdio server.
-// authenticated says whether the caller presented a token.
-func authenticated(req mcp.Request) bool {
-	ex := req.GetExtra()
-	return ex != nil && ex.TokenInfo != nil && ex.TokenInfo.UserID != ""
-}
-
-func identity(req mcp.Request) string {
-	if ex := req.GetExtra(); ex != nil && ex.TokenInfo != nil && ex.TokenInfo.UserID != "" {
-		return ex.TokenInfo.UserID
-	}
-	if ss, ok := req.GetSession().(*mcp.ServerSession); ok && ss.ID() != "" {
-		return "session:" + ss.ID()
-	}
-	if ex := req.GetExtra(); ex != nil && ex.Header != nil {
-		// Sessionless HTTP (2026-07-28) without tokens: nothing tells one
-		// caller from another (such a server listens on loopback only,
-		// or was told --insecure-no-auth).
-		return "http:anonymous"
-	}
-	return "stdio"
-}
-
 // maxAuditValue is the largest argument recorded verbatim, apart from the
 // code; larger ones (inputs data, file contents) are recorded as their
 // size and SHA-256, which still proves what was sent.

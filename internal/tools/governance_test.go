@@ -14,7 +14,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/pysandbox/pysandbox/internal/audit"
@@ -489,21 +491,29 @@ func TestApprovalParts(t *testing.T) {
 
 // TestSessionsArePrivate: a caller cannot see, run in, read or close a
 // session another caller created, nor read the figure of another's
-// one-shot run. Without authentication each HTTP connection is its own
-// caller.
+// one-shot run, even knowing its id. Callers with tokens are told apart
+// by their token (callers without one, by capability: see
+// cmd/pysandbox's TestTenancy).
 func TestSessionsArePrivate(t *testing.T) {
 	srv := newServer(t, nil, func(o *Options) { o.MaxInlineBytes = 2048 })
-	hs := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	verify := func(_ context.Context, tok string, _ *http.Request) (*auth.TokenInfo, error) {
+		if name, ok := strings.CutSuffix(tok, "-token"); ok {
+			return &auth.TokenInfo{UserID: name, Expiration: time.Now().Add(time.Hour)}, nil
+		}
+		return nil, auth.ErrInvalidToken
+	}
+	hs := httptest.NewServer(auth.RequireBearerToken(verify, nil)(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)))
 	t.Cleanup(hs.Close)
-	connectHTTP := func() *mcp.ClientSession {
-		cs, err := mcp.NewClient(&mcp.Implementation{Name: "c", Version: "1"}, nil).Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: hs.URL}, nil)
+	connectHTTP := func(name string) *mcp.ClientSession {
+		client := &http.Client{Transport: bearer{name + "-token"}}
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "c", Version: "1"}, nil).Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: hs.URL, HTTPClient: client}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { cs.Close() })
 		return cs
 	}
-	alice, bob := connectHTTP(), connectHTTP()
+	alice, bob := connectHTTP("alice"), connectHTTP("bob")
 	res, out := call(t, alice, "create_session", nil)
 	if res.IsError {
 		t.Fatal(text(res))
@@ -610,4 +620,13 @@ func TestResourceReadsFollowDownloadFile(t *testing.T) {
 			}
 		})
 	}
+}
+
+// bearer adds a bearer token to every request.
+type bearer struct{ token string }
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return http.DefaultTransport.RoundTrip(r)
 }

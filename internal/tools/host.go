@@ -104,10 +104,10 @@ func (h *Host) Upload(ctx context.Context, req *mcp.CallToolRequest, in UploadFi
 
 // Sessions are the caller's open sessions, oldest first.
 func (h *Host) Sessions(req *mcp.CallToolRequest) []engine.SessionInfo {
-	me := identity(req)
+	me := callerOf(req)
 	var out []engine.SessionInfo
 	for _, i := range h.s.sessions.List() {
-		if i.Owner == me {
+		if me.lists(i.Owner, i.Holder) {
 			out = append(out, i)
 		}
 	}
@@ -122,6 +122,15 @@ func (h *Host) OwnSession(req *mcp.CallToolRequest, id string) bool {
 
 // Identity is the caller's identity, as the audit log names it.
 func (h *Host) Identity(req *mcp.CallToolRequest) string { return identity(req) }
+
+// Refusal is a call refused before anything ran, with its status and a
+// message saying what to do (see refusal).
+func Refusal(status engine.Status, msg string) *mcp.CallToolResult { return refusal(status, msg) }
+
+// CallerKey tells this caller apart from every other, for what a profile
+// keeps per caller: "" when nothing can (HTTP without a token on the
+// sessionless protocol), and then nothing may be kept for it.
+func (h *Host) CallerKey(req *mcp.CallToolRequest) string { return callerOf(req).key() }
 
 // Posture is the sandbox as measured, with the policy in force
 // (check_environment's result), and its text.

@@ -175,6 +175,7 @@ func NewServers(opts Options) (*mcp.Server, *mcp.Server) {
 		}
 	}
 	srv := mcp.NewServer(impl, &mcp.ServerOptions{GetSessionID: getSessionID, Instructions: instructions, Logger: log})
+	s.sessions.SetDetached(connEnded(srv.Sessions))
 	s.gov = newGovernor(opts.Governance, opts.Engine, log)
 	s.gov.netWords = s.networkWords
 	s.gov.governed = map[string]bool{}

@@ -40,6 +40,9 @@ type ListSessionsInput struct{}
 type ListSessionsOutput struct {
 	Outcome
 	Sessions []engine.SessionInfo `json:"sessions"`
+	// Note says why sessions that count against the caller's quota are
+	// not listed (callers without a token).
+	Note string `json:"note,omitempty"`
 }
 
 // CloseSessionOutput is close_session's result.
@@ -85,7 +88,7 @@ func (s *server) createSession(ctx context.Context, req *mcp.CallToolRequest, in
 	}
 	snet, attach := s.sessionNetwork(ctx, req)
 	info, err := s.sessions.Create(ctx, time.Duration(in.TTLSeconds*float64(time.Second)), engine.CreateOptions{
-		Dependencies: in.Dependencies, PythonVersion: in.PythonVersion, Progress: progressFunc(ctx, req), Owner: identity(req),
+		Dependencies: in.Dependencies, PythonVersion: in.PythonVersion, Progress: progressFunc(ctx, req), Owner: identity(req), Holder: callerOf(req).conn,
 		Network: attach,
 	})
 	if err != nil {
@@ -98,12 +101,16 @@ func (s *server) createSession(ctx context.Context, req *mcp.CallToolRequest, in
 }
 
 func (s *server) listSessions(ctx context.Context, req *mcp.CallToolRequest, _ ListSessionsInput) (*mcp.CallToolResult, *ListSessionsOutput, error) {
-	// Each caller sees only the sessions it created.
+	// Each caller sees only its own sessions (see caller.lists).
 	list := []engine.SessionInfo{}
-	me := identity(req)
+	me := callerOf(req)
+	hidden := 0
 	for _, i := range s.sessions.List() {
-		if i.Owner == me {
+		switch {
+		case me.lists(i.Owner, i.Holder):
 			list = append(list, i)
+		case i.Owner == me.id:
+			hidden++
 		}
 	}
 	var b strings.Builder
@@ -112,7 +119,12 @@ func (s *server) listSessions(ctx context.Context, req *mcp.CallToolRequest, _ L
 		fmt.Fprintf(&b, "%s: %d runs, %d MiB, last used %s, expires %s\n", i.ID, i.Runs, i.MemoryBytes>>20,
 			i.LastUsed.Format(time.RFC3339), i.ExpiresAt.Format(time.RFC3339))
 	}
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: b.String()}}}, &ListSessionsOutput{Sessions: list}, nil
+	out := &ListSessionsOutput{Sessions: list}
+	if hidden > 0 {
+		out.Note = fmt.Sprintf("%d more session(s) of callers without a token are open. Their ids are not listed: on a server without tokens an id is the only proof of whose a session is, so only the connection that made or last used a session sees it here. Use the session_id create_session returned to you (it works from any connection); a session nobody uses closes after being idle for its time to live.", hidden)
+		b.WriteString(out.Note + "\n")
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: b.String()}}}, out, nil
 }
 
 func (s *server) closeSession(ctx context.Context, req *mcp.CallToolRequest, in SessionIDInput) (*mcp.CallToolResult, *CloseSessionOutput, error) {
@@ -179,11 +191,19 @@ func (s *server) installPackage(ctx context.Context, req *mcp.CallToolRequest, i
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "installed: " + strings.Join(env.Requirements, ", ") + "; import them in the next run_python call"}}}, out, nil
 }
 
-// ownSession refuses a session another caller created: over
-// authenticated HTTP, sessions are private to the token that created them
-// (to the connection without authentication).
+// ownSession refuses a session another caller created: sessions are
+// private to the token that created them, and without a token to whoever
+// holds their id (see caller.go). Using a session from a connection
+// attaches it there.
 func (s *server) ownSession(req mcp.Request, id string) error {
-	return s.sessions.CheckOwner(id, identity(req))
+	c := callerOf(req)
+	if err := s.sessions.CheckOwner(id, c.id); err != nil {
+		return err
+	}
+	if c.anonymous() {
+		s.sessions.Attach(id, c.conn)
+	}
+	return nil
 }
 
 // sessionError turns a session failure into a message the agent can act on.
@@ -206,7 +226,11 @@ func sessionError(ctx context.Context, err error) *mcp.CallToolResult {
 	case errors.Is(err, engine.ErrBusy):
 		return busyResult(err)
 	case errors.Is(err, engine.ErrSessionQuota):
-		return refusal(engine.StatusQuota, fmt.Sprintf("Refused by your quota: %v. Nothing was created.", err))
+		msg := fmt.Sprintf("Refused by your quota: %v. Nothing was created.", err)
+		if q := (*engine.QuotaError)(nil); errors.As(err, &q) && q.Owner == anonymous {
+			msg += " Callers without a token share this quota (nothing tells them apart); a server started with --auth-token-file gives each token its own, and a session whose connection has ended stops counting."
+		}
+		return refusal(engine.StatusQuota, msg)
 	case errors.Is(err, engine.ErrDraining):
 		return refusal(engine.StatusBusy, fmt.Sprintf("Cannot create a session: %v.", err))
 	case errors.Is(err, engine.ErrTooManySessions):

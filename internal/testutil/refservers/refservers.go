@@ -123,3 +123,11 @@ func EverythingHTTP(t testing.TB) string {
 	}
 	return fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
 }
+
+// TypeScriptSDK is the directory of the official TypeScript MCP SDK's ES
+// modules (the version the reference servers depend on), for tests that
+// drive pysandbox with that SDK's client: import
+// TypeScriptSDK(t)+"/client/index.js".
+func TypeScriptSDK(t testing.TB) string {
+	return filepath.Join(dir(t), "node_modules", "@modelcontextprotocol", "sdk", "dist", "esm")
+}
