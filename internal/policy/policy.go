@@ -108,6 +108,10 @@ type Policy struct {
 	// bytes, for the audit log's start record.
 	Source string `json:"-"`
 	SHA256 string `json:"-"`
+	// Warnings name the rules that can never take effect, each as
+	// "FIELD: why" (see warnings.go): the policy is in force as written,
+	// but its author likely meant something else. The server logs them.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // AllowAll is the policy of a server started without --policy: every tool
@@ -145,7 +149,8 @@ func (p *Policy) Decide(tool string) Decision {
 func (p *Policy) Hidden(tool string) bool { return p.Decide(tool).Action == Deny }
 
 // Load reads and parses a policy file. YAML is accepted for .yaml and .yml
-// files and for any file that does not start with '{'.
+// files and for any file that does not start with '{'. The rules that can
+// never take effect are in the policy's Warnings, for the caller to log.
 func Load(path string, tools []string) (*Policy, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -182,7 +187,8 @@ func (e *Error) Error() string {
 }
 
 // Parse parses a policy. name labels errors; tools are the tool names this
-// server has, which the policy may name.
+// server has, which the policy may name. Rules that parse but can never
+// take effect are not errors: they are listed in the policy's Warnings.
 func Parse(data []byte, name string, tools []string) (*Policy, error) {
 	sum := sha256.Sum256(data)
 	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf"))
@@ -215,6 +221,7 @@ func Parse(data []byte, name string, tools []string) (*Policy, error) {
 	if v.err != nil {
 		return nil, v.err
 	}
+	p.Warnings = p.warnings()
 	return p, nil
 }
 
