@@ -986,23 +986,24 @@ func TestToolsHostile(t *testing.T) {
 	violation("a tool_result sent to Go", `b'{"op":"tool_result","id":"t1"}\n'`, "does not match")
 
 	// Refused messages cost the server CPU: a run may send only so many.
-	// The bounds are proved with small ones configured on the Conn: the
-	// production ones (TestToolBoundsDefaults) would take 512 MiB through
-	// the race detector, minutes on a loaded machine.
+	// The bounds are proved with small ones configured on the Conn (2 MiB
+	// sent against 1 MiB, 3000 messages against 2000): the production
+	// ones (TestToolBoundsDefaults) would take 512 MiB through the race
+	// detector, minutes on a loaded machine.
 	t.Run("a flood of refused bytes", func(t *testing.T) {
 		t.Parallel()
 		w := startToolsWorker(t, systemPython, false)
-		w.conn.toolMsgs, w.conn.toolBytes = 2000, 8<<20
+		w.conn.toolMsgs, w.conn.toolBytes = 2000, 1<<20
 		code := forge + `
 import threading
 threading.Thread(target=lambda: [answers(1 << 30)], daemon=True).start()  # drain the refusals
-line = b'{"op":"tool_call","id":"x","name":"a.b","arguments":{"m":"' + b"y" * (1 << 20) + b'"}}\n'
+line = b'{"op":"tool_call","id":"x","name":"a.b","arguments":["' + b"y" * (128 << 10) + b'"]}\n'
 for i in range(16):
     send(line)
 import time
 time.sleep(60)`
 		_, err := w.conn.Run(testContext(t), Request{Code: code, Tools: newFakeTools()})
-		if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "more than 2000 tool messages or 8388608 bytes of them") {
+		if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "more than 2000 tool messages or 1048576 bytes of them") {
 			t.Fatalf("error %v, want a protocol violation", err)
 		}
 	})
