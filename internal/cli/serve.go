@@ -52,11 +52,12 @@ func serve(args []string, stderr io.Writer) error {
 	auditSyncEach := fs.Bool("audit-sync-each", false, "make each audit record durable (fdatasync) before its call's result is returned, rather than in the background right after (costs a disk flush per call)")
 	auditMaxSize := size(100 << 20)
 	fs.Var(&auditMaxSize, "audit-max-size", "rotate the audit log to FILE.1, FILE.2, ... when it would grow past this size (the chain continues across files); 0 never rotates")
-	tokenFile := fs.String("auth-token-file", "", "require a bearer token on /mcp and /metrics: a file of 'NAME TOKEN' lines; NAME becomes the caller's identity in the audit log and rate limits")
+	tokenFile := fs.String("auth-token-file", "", "require a bearer token on /mcp (and /metrics, unless --metrics-token-file): a file of 'NAME TOKEN' lines; NAME becomes the caller's identity in the audit log and rate limits. SIGHUP rereads every token file (a broken one changes nothing)")
 	tlsCert := fs.String("tls-cert", "", "with --http: serve HTTPS with this PEM certificate (chain) file; needs --tls-key")
 	tlsKey := fs.String("tls-key", "", "with --http: the PEM private key of --tls-cert")
 	consoleOn := fs.Bool("console", false, "with --http: serve the operator console at /console (live runs and sessions, kill, the audit trail, the policy); needs --operator-token-file")
-	operatorTokens := fs.String("operator-token-file", "", "with --console: the operators' tokens ('NAME TOKEN' lines, as --auth-token-file); an agent's token never opens the console, and an operator's never runs code")
+	operatorTokens := fs.String("operator-token-file", "", "with --console: the operators' tokens ('NAME TOKEN' lines, as --auth-token-file); an agent's token never opens the console, and an operator's never runs code. SIGHUP reloads it: a removed operator's console sessions end")
+	metricsTokens := fs.String("metrics-token-file", "", "with --http: the tokens that open /metrics ('NAME TOKEN' lines, as --auth-token-file) and nothing else; with it, agents' tokens no longer open /metrics. SIGHUP reloads it")
 	insecure := fs.Bool("insecure-no-auth", false, "allow --http on a non-loopback address without --auth-token-file: ANYONE who can reach the port can run code")
 	pflags := addProfileFlags(fs, o)
 	qflags := addQuotaFlags(fs)
@@ -70,8 +71,8 @@ func serve(args []string, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("serve takes no arguments, got %q", fs.Args())}
 	}
-	if *httpAddr == "" && (*tokenFile != "" || *insecure || len(allowedHosts) > 0 || *tlsCert != "" || *tlsKey != "") {
-		return usageError{errors.New("--auth-token-file, --insecure-no-auth, --allowed-host, --tls-cert and --tls-key apply to --http only")}
+	if *httpAddr == "" && (*tokenFile != "" || *metricsTokens != "" || *insecure || len(allowedHosts) > 0 || *tlsCert != "" || *tlsKey != "") {
+		return usageError{errors.New("--auth-token-file, --metrics-token-file, --insecure-no-auth, --allowed-host, --tls-cert and --tls-key apply to --http only")}
 	}
 	if *consoleOn && (*httpAddr == "" || *operatorTokens == "") || !*consoleOn && *operatorTokens != "" {
 		return usageError{errors.New("--console needs --http and --operator-token-file (and --operator-token-file goes with --console)")}
@@ -87,14 +88,13 @@ func serve(args []string, stderr io.Writer) error {
 		}
 		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
-	var tokens *httpserver.Tokens
-	if *tokenFile != "" {
-		t, err := httpserver.LoadTokens(*tokenFile)
-		if err != nil {
-			return err
-		}
-		tokens = t
+	// Every token file, read together: a bad one, or a token in two of
+	// them, stops the server. SIGHUP reads them again (below).
+	keys, keyWarnings, err := httpserver.OpenKeyring(httpserver.TokenFiles{Agents: *tokenFile, Operators: *operatorTokens, Metrics: *metricsTokens})
+	if err != nil {
+		return err
 	}
+	tokens := keys.Agents
 	if *httpAddr != "" {
 		if err := checkExposure(*httpAddr, tokens != nil, *insecure); err != nil {
 			return usageError{err}
@@ -104,8 +104,8 @@ func serve(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if tokens != nil && tokens.Warning != "" {
-		log.Warn(tokens.Warning)
+	for _, w := range keyWarnings {
+		log.Warn(w)
 	}
 	// OpenTelemetry traces of the tool calls, when OTEL_EXPORTER_OTLP_ENDPOINT
 	// is set; nothing otherwise.
@@ -273,6 +273,14 @@ func serve(args []string, stderr io.Writer) error {
 		defer signal.Stop(hup)
 		go reloadPolicy(ctx, hup, *policyFile, toolNames, gov.Audit, &current, updates, log)
 	}
+	if *tokenFile != "" || *operatorTokens != "" || *metricsTokens != "" {
+		// A channel of its own: every channel notified of SIGHUP gets it,
+		// so one signal reloads the policy and the tokens.
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		go reloadTokens(ctx, hup, keys, gov.Audit, log)
+	}
 	var ups *upstream.Manager
 	if upCfg != nil {
 		// They connect in the background: one that is slow or fails to
@@ -284,20 +292,13 @@ func serve(args []string, stderr io.Writer) error {
 	var act *activity.Registry
 	var consoleHandler http.Handler
 	if *consoleOn {
-		ops, err := httpserver.LoadTokens(*operatorTokens)
-		if err != nil {
-			return fmt.Errorf("--operator-token-file: %w", err)
-		}
-		if tokens != nil && tokens.Overlaps(ops) {
-			return usageError{errors.New("a token is both an agent's (--auth-token-file) and an operator's (--operator-token-file); give operators tokens of their own")}
-		}
 		act = activity.New()
 		gov.Activity = act
 		if gov.Limiter == nil {
 			// One limiter, shared with the console, which shows its counts.
 			gov.Limiter = policy.NewLimiter(nil)
 		}
-		con, err := console.New(console.Config{Operators: ops, Activity: act, Sessions: sessions, Engine: eng, AuditPath: *auditLog,
+		con, err := console.New(console.Config{Operators: keys.Operators, Activity: act, Sessions: sessions, Engine: eng, AuditPath: *auditLog,
 			Audit: gov.Audit, Policy: current.Load, Limiter: gov.Limiter, Log: log})
 		if err != nil {
 			return err
@@ -333,6 +334,7 @@ func serve(args []string, stderr io.Writer) error {
 		Cluster:         rep.cl,
 		Ready:           func() bool { return !rep.draining.Load() },
 		Console:         consoleHandler,
+		MetricsTokens:   keys.Metrics,
 	})
 	if err != nil {
 		ln.Close()
@@ -407,6 +409,38 @@ func reloadPolicy(ctx context.Context, hup <-chan os.Signal, path string, toolNa
 			return
 		}
 		logPolicy(log, pol, toolNames)
+	}
+}
+
+// reloadTokens reads every token file again when the server gets SIGHUP.
+// A removed token stops opening anything from the next request on, and
+// a removed operator's console sessions end. A file that does not parse,
+// or a token in two files, changes nothing: the tokens in force stay, and
+// the error is logged.
+func reloadTokens(ctx context.Context, hup <-chan os.Signal, keys *httpserver.Keyring, w *audit.Writer, log *slog.Logger) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+		}
+		warnings, err := keys.Reload()
+		if err != nil {
+			log.Error("token reload refused; the tokens in force stay", "err", err)
+			continue
+		}
+		for _, warning := range warnings {
+			log.Warn(warning)
+		}
+		names := keys.Names()
+		log.Info("tokens reloaded", "agents", names["agents"], "operators", names["operators"], "metrics", names["metrics"])
+		// Unlike a policy, new tokens are in force before the record is
+		// written: a revocation must not wait on the audit log.
+		if w != nil {
+			if err := w.Append(&audit.Record{Event: "tokens", Detail: names}); err != nil {
+				log.Error("tokens reloaded, but the audit log cannot record it", "err", err)
+			}
+		}
 	}
 }
 

@@ -39,7 +39,9 @@ var files embed.FS
 
 // Config is what the console shows and acts on.
 type Config struct {
-	// Operators are the operators' tokens (--operator-token-file).
+	// Operators are the operators' tokens (--operator-token-file). A
+	// sign-in lasts while the token it was made with is one of them: a
+	// reload that removes it ends the sign-in's session.
 	Operators *httpserver.Tokens
 	Activity  *activity.Registry
 	Sessions  *engine.Sessions
@@ -71,8 +73,14 @@ type Console struct {
 
 type opSession struct {
 	operator string
-	csrf     string
-	expires  time.Time
+	// cred is the token the operator signed in with, checked on every
+	// request: removing it from the file ends the session.
+	cred    httpserver.Credential
+	csrf    string
+	expires time.Time
+	// ended is set when the operator signs out or their token is found
+	// revoked, so an event stream the session opened ends too.
+	ended bool
 	// notice is what the last action said, shown once by the next page
 	// (kept here rather than in the URL, so nobody can put words in the
 	// console's mouth with a crafted link).
@@ -90,10 +98,12 @@ func New(cfg Config) (*Console, error) {
 		"rfc":     func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 		"short":   func(s string, n int) string { return cut(s, n) },
 		"inert":   inert,
+		"line":    inertLine,
 		"secs":    secs,
 		"mul1000": func(n int64) int64 { return n * 1000 },
 		"cutat":   func(s string, n int) bool { return len(s) > n },
 		"pair":    func(a any, csrf string) map[string]any { return map[string]any{"A": a, "CSRF": csrf} },
+		"seg":     seg,
 	}).ParseFS(files, "templates/*.html")
 	if err != nil {
 		return nil, fmt.Errorf("console: templates: %w", err)
@@ -175,11 +185,26 @@ func (c *Console) session(r *http.Request) *opSession {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.sessions[ck.Value]
-	if s == nil || time.Now().After(s.expires) {
+	if s == nil || !c.validLocked(s) {
 		delete(c.sessions, ck.Value)
 		return nil
 	}
 	return s
+}
+
+// valid reports whether a signed-in session still stands: not signed
+// out, not expired, and its operator's token still in the file in force.
+func (c *Console) valid(s *opSession) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.validLocked(s)
+}
+
+func (c *Console) validLocked(s *opSession) bool {
+	if !s.ended && (time.Now().After(s.expires) || !c.cfg.Operators.Holds(s.cred)) {
+		s.ended = true
+	}
+	return !s.ended
 }
 
 // page requires a signed-in operator; the login page otherwise.
@@ -264,17 +289,17 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	token := strings.TrimSpace(r.PostFormValue("token"))
-	info, err := c.cfg.Operators.Verify(r.Context(), token, r)
-	if err != nil || token == "" {
+	cred, ok := c.cfg.Operators.Find(token)
+	if !ok || token == "" {
 		c.cfg.Log.Warn("console: a sign-in with a token that is not an operator's", "remote", r.RemoteAddr)
 		http.Redirect(w, r, "/console/login?error=1", http.StatusSeeOther)
 		return
 	}
-	s := &opSession{operator: info.UserID, csrf: randomHex(32), expires: time.Now().Add(SessionTTL)}
+	s := &opSession{operator: cred.Name, cred: cred, csrf: randomHex(32), expires: time.Now().Add(SessionTTL)}
 	id := randomHex(32)
 	c.mu.Lock()
 	for k, old := range c.sessions {
-		if time.Now().After(old.expires) {
+		if !c.validLocked(old) {
 			delete(c.sessions, k)
 		}
 	}
@@ -289,6 +314,9 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 	if ck, err := r.Cookie(cookieName); err == nil {
 		c.mu.Lock()
+		if s := c.sessions[ck.Value]; s != nil {
+			s.ended = true
+		}
 		delete(c.sessions, ck.Value)
 		c.mu.Unlock()
 	}
@@ -342,6 +370,30 @@ func secs(ms int64) string {
 	default:
 		return fmt.Sprintf("%dm%02ds", ms/60000, ms/1000%60)
 	}
+}
+
+// seg is a value as one segment of a URL path: every byte but letters,
+// digits, '-' and '_' percent-encoded, so no value can add a segment
+// ('/'), a query ('?') or a fragment ('#') to a form's action and send the
+// operator's click to another action. html/template escapes quotes and
+// markup in a URL but leaves those alone. A value of dots alone ("..")
+// cannot be made a segment at all, since browsers read "%2E%2E" as ".."
+// too: it becomes "-", which names nothing (the console's own IDs never
+// are dots).
+func seg(s string) string {
+	if strings.Trim(s, ".") == "" {
+		return "-"
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '_':
+			b.WriteByte(c)
+		default:
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
 }
 
 // cut shortens s to at most n bytes at a character boundary.

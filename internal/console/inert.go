@@ -15,15 +15,23 @@ import (
 // reads in the order it runs, an RTL override cannot make "evil" read
 // "live", and a terminal sequence cannot pretend to be output. Newlines
 // and tabs stay.
-func inert(s string) string {
-	if !needsInert(s) {
+func inert(s string) string { return inertText(s, false) }
+
+// inertLine is inert for a value that is one line (an identity, a tool's
+// name, an id): a line break or tab in one is shown as an escape too, so
+// that no value can pass for two, nor read differently in a table cell,
+// where the line break would show as a space.
+func inertLine(s string) string { return inertText(s, true) }
+
+func inertText(s string, line bool) string {
+	if !needsInert(s) && (!line || !strings.ContainsAny(s, "\n\t")) {
 		return s
 	}
 	var b strings.Builder
 	b.Grow(len(s) + 16)
 	for _, r := range s {
 		switch {
-		case r == '\n' || r == '\t':
+		case (r == '\n' || r == '\t') && !line:
 			b.WriteRune(r)
 		case r == unicode.ReplacementChar:
 			b.WriteRune(r)

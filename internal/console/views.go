@@ -96,7 +96,7 @@ func scanText(texts ...string) scan {
 }
 
 func pendingView(a activity.Approval, sc scan, listed int) PendingView {
-	a.Identity, a.Tool, a.Facts, a.Code, a.Detail = inert(a.Identity), inert(a.Tool), inert(a.Facts), inert(a.Code), inert(a.Detail)
+	a.ID, a.Identity, a.Tool, a.Facts, a.Code, a.Detail = inertLine(a.ID), inertLine(a.Identity), inertLine(a.Tool), inert(a.Facts), inert(a.Code), inert(a.Detail)
 	v := PendingView{Approval: a, NonASCII: nonASCII(sc.nonASCII, listed), Controls: sc.controls}
 	v.Inline = !a.CodeCut && !a.DetailCut && a.DetailBytes == 0 && sc.nonASCII == "" && !sc.controls
 	return v
@@ -133,14 +133,14 @@ func (c *Console) state(op string) State {
 	running := c.cfg.Activity.Running()
 	st.RunningTotal = len(running)
 	for _, call := range running[:min(len(running), MaxListed)] {
-		call.Identity, call.Tool, call.Session, call.Code = inert(call.Identity), inert(call.Tool), inert(call.Session), inert(call.Code)
+		call.ID, call.Identity, call.Tool, call.Session, call.Code = inertLine(call.ID), inertLine(call.Identity), inertLine(call.Tool), inertLine(call.Session), inert(call.Code)
 		st.Running = append(st.Running, RunView{Call: call, ElapsedMS: time.Since(call.Started).Milliseconds()})
 	}
 	if c.cfg.Sessions != nil {
 		list := c.cfg.Sessions.List()
 		sort.Slice(list, func(i, j int) bool { return list[i].Created.Before(list[j].Created) })
 		for _, si := range list[:min(len(list), MaxListed)] {
-			st.Sessions = append(st.Sessions, SessionView{SessionInfo: si, Owner: inert(si.Owner), AgeSec: int64(time.Since(si.Created).Seconds())})
+			st.Sessions = append(st.Sessions, SessionView{SessionInfo: si, Owner: inertLine(si.Owner), AgeSec: int64(time.Since(si.Created).Seconds())})
 		}
 		sort.Slice(st.Sessions, func(i, j int) bool { return st.Sessions[i].Created.Before(st.Sessions[j].Created) })
 	}
@@ -150,7 +150,7 @@ func (c *Console) state(op string) State {
 	st.Recent = c.cfg.Activity.RecentCalls(50)
 	for i := range st.Recent {
 		d := &st.Recent[i]
-		d.Identity, d.Tool = inert(d.Identity), inert(d.Tool)
+		d.ID, d.Identity, d.Tool = inertLine(d.ID), inertLine(d.Identity), inertLine(d.Tool)
 	}
 	return st
 }
@@ -179,9 +179,14 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request) {
 	defer stop()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	op := operator(r).operator
+	s := operator(r)
 	for {
-		data, _ := json.Marshal(c.state(op))
+		// A session signed out, expired or revoked (its token removed
+		// and the file reloaded) ends its stream too, within a tick.
+		if !c.valid(s) {
+			return
+		}
+		data, _ := json.Marshal(c.state(s.operator))
 		fmt.Fprintf(w, "event: state\ndata: %s\n\n", data)
 		flusher.Flush()
 		select {
@@ -555,7 +560,7 @@ func (c *Console) policyPage(w http.ResponseWriter, r *http.Request) {
 					for i, used := range n {
 						row := counterRow{Used: used, Percent: int(min(100, used*100/max(l.Max, 1)))}
 						if l.Scope != policy.ScopeGlobal {
-							row.Identity = inert(ids[i])
+							row.Identity = inertLine(ids[i])
 						}
 						lv.Counters = append(lv.Counters, row)
 					}

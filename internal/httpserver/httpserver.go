@@ -21,6 +21,9 @@ type Config struct {
 	// Tokens, when set, are required on /mcp and /metrics; nil serves
 	// them without authentication.
 	Tokens *Tokens
+	// MetricsTokens, when set, are the only tokens that open /metrics
+	// (agents' tokens no longer do), and they open nothing else.
+	MetricsTokens *Tokens
 	// Listen is the address the server listens on; with AllowedHosts it
 	// decides which Host and Origin headers are accepted.
 	Listen       net.Addr
@@ -70,12 +73,17 @@ func Handler(cfg Config) (http.Handler, error) {
 	metrics := cfg.Metrics
 	if cfg.Tokens != nil {
 		// Tokens carry no expiry: they are valid until removed from the
-		// file (and the server restarted).
+		// file (and the file reloaded: Keyring.Reload, on SIGHUP).
 		requireToken := auth.RequireBearerToken(cfg.Tokens.Verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})
 		mcpHandler = challenge(requireToken(mcpHandler))
-		if metrics != nil {
+		if metrics != nil && cfg.MetricsTokens == nil {
 			metrics = challenge(requireToken(metrics))
 		}
+	}
+	if metrics != nil && cfg.MetricsTokens != nil {
+		// A scraper's credential that can do nothing else; an agent's token,
+		// which can run code, need not sit in the scraper's configuration.
+		metrics = challenge(auth.RequireBearerToken(cfg.MetricsTokens.Verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(metrics))
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", mcpHandler)

@@ -20,10 +20,18 @@
     if (isNaN(ms)) return "";
     return ms < 1000 ? "just now" : secs(Math.round(ms / 1000) * 1000) + " ago";
   }
+  // seg is a value as one segment of a URL path, as the server's seg
+  // (console.go) makes it: encodeURIComponent leaves "." alone, and a
+  // value of dots alone would climb the path.
+  function seg(v) {
+    const s = String(v);
+    if (/^\.*$/.test(s)) return "-";
+    return encodeURIComponent(s).replace(/[.!'()*~]/g, (c) => "%" + c.charCodeAt(0).toString(16).toUpperCase());
+  }
   function killForm(id, csrf, path, label, danger, aria) {
     const f = document.createElement("form");
     f.method = "post";
-    f.action = path.replace("{id}", encodeURIComponent(id));
+    f.action = path.replace("{id}", seg(id));
     const h = hidden("csrf", csrf);
     const b = el("button", label, danger ? "danger" : "");
     b.type = "submit";
@@ -75,7 +83,7 @@
         const act = el("td");
         if (!a.inline) {
           const link = el("a", "Review to approve", "button");
-          link.href = "/console/approvals/" + encodeURIComponent(a.id);
+          link.href = "/console/approvals/" + seg(a.id);
           act.append(link);
         } else {
           const f = killForm(a.id, csrf, "/console/approvals/{id}/approve", "Approve", false, "Approve the call of " + a.identity);
