@@ -493,6 +493,9 @@ func (o *options) buildProxy(log *slog.Logger) error {
 			o.flagRules.Allow = append(o.flagRules.Allow, r)
 		}
 	}
+	for _, w := range o.flagRules.Warnings("--allow-net") {
+		log.Warn("network rule that never takes effect", "warning", w)
+	}
 	o.proxy = egress.New(egress.Config{Rules: o.networkRules, Log: log})
 	if r := o.networkRules(); r.Enabled() {
 		var hosts []string

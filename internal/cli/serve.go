@@ -334,6 +334,7 @@ func serve(args []string, stderr io.Writer) error {
 		Cluster:         rep.cl,
 		Ready:           func() bool { return !rep.draining.Load() },
 		Console:         consoleHandler,
+		Sessions:        qflags.mcp,
 		MetricsTokens:   keys.Metrics,
 	})
 	if err != nil {
@@ -460,6 +461,11 @@ func logPolicy(log *slog.Logger, pol *policy.Policy, names []string) {
 	}
 	log.Info("policy", "source", pol.Source, "allow", strings.Join(allow, ","), "approve", strings.Join(approve, ","), "deny", strings.Join(deny, ","),
 		"package_rules", !pol.Packages.Empty())
+	// Rules that parse but can never take effect: most likely not what
+	// the policy's author meant.
+	for _, w := range pol.Warnings {
+		log.Warn("policy rule that never takes effect", "source", pol.Source, "warning", w)
+	}
 }
 
 // checkExposure refuses an address other machines could reach unless
