@@ -402,3 +402,20 @@ func TestServeTLS(t *testing.T) {
 		t.Fatalf("run over HTTPS: %v %+v", err, res)
 	}
 }
+
+// TestRulesThatNeverMatchAreFlagged: a rule that parses but can never
+// take effect is logged when the server starts (policy file and
+// --allow-net alike), and the server still starts.
+func TestRulesThatNeverMatchAreFlagged(t *testing.T) {
+	_, stderr, code := runBin(t, "print('ran')", "run", "--allow-net", "*", "--allow-net", "api.example.com=127.0.0.1", "-")
+	if code != 0 || !strings.Contains(stderr, "network rule that never takes effect") || !strings.Contains(stderr, "its pin to 127.0.0.1 is never used") {
+		t.Errorf("--allow-net: exit %d, %s", code, stderr)
+	}
+	pol := filepath.Join(t.TempDir(), "policy.yaml")
+	os.WriteFile(pol, []byte("version: \"1\"\ndefault: allow\nnetwork:\n  allow: [\"*\", \"pypi.example=127.0.0.1\"]\n"), 0o600)
+	addr := freePort(t)
+	_, log := startServe(t, addr, "http://"+addr, nil, "--policy", pol, "--log-level", "warn")
+	if !strings.Contains(log.String(), "policy rule that never takes effect") || !strings.Contains(log.String(), "network.allow[1]") {
+		t.Errorf("the server's log: %s", log.String())
+	}
+}
