@@ -10,10 +10,12 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -805,10 +807,10 @@ func (g *governor) approvalParts(tool string, in any, pkgs []requested) (facts, 
 	switch v := in.(type) {
 	case RunPythonInput:
 		if v.SessionID != "" {
-			fmt.Fprintf(&b, "Session: %s (its variables and files persist)\n", v.SessionID)
+			fmt.Fprintf(&b, "Session: %s (its variables and files persist)\n", oneLine(v.SessionID))
 		}
 		if v.PythonVersion != "" {
-			fmt.Fprintf(&b, "Python: %s\n", v.PythonVersion)
+			fmt.Fprintf(&b, "Python: %s\n", oneLine(v.PythonVersion))
 		}
 		code = v.Code
 		if len(v.Inputs) > 0 {
@@ -817,20 +819,20 @@ func (g *governor) approvalParts(tool string, in any, pkgs []requested) (facts, 
 				keys = append(keys, k)
 			}
 			slices.Sort(keys)
-			fmt.Fprintf(&b, "Inputs (global variables of the code): %s\n", strings.Join(keys, ", "))
+			fmt.Fprintf(&b, "Inputs (global variables of the code): %s\n", oneLine(strings.Join(keys, ", ")))
 			detail = indented(v.Inputs)
 		}
 	case ValidateScriptInput:
 		code = v.Code
 		b.WriteString("Checks the code without running it\n")
 		if len(v.Dependencies) > 0 {
-			fmt.Fprintf(&b, "Dependencies to check: %s\n", strings.Join(v.Dependencies, ", "))
+			fmt.Fprintf(&b, "Dependencies to check: %s\n", oneLine(strings.Join(v.Dependencies, ", ")))
 		}
 	case InstallPackageInput:
-		fmt.Fprintf(&b, "Session: %s\n", v.SessionID)
+		fmt.Fprintf(&b, "Session: %s\n", oneLine(v.SessionID))
 	case CreateSessionInput:
 		if v.PythonVersion != "" {
-			fmt.Fprintf(&b, "Python: %s\n", v.PythonVersion)
+			fmt.Fprintf(&b, "Python: %s\n", oneLine(v.PythonVersion))
 		}
 	default:
 		detail = indented(v)
@@ -840,7 +842,7 @@ func (g *governor) approvalParts(tool string, in any, pkgs []requested) (facts, 
 		for i, p := range pkgs {
 			names[i] = p.spec
 		}
-		fmt.Fprintf(&b, "Packages to install: %s\n", strings.Join(names, ", "))
+		fmt.Fprintf(&b, "Packages to install: %s\n", oneLine(strings.Join(names, ", ")))
 	}
 	b.WriteString("Limits: " + g.limitsText(in))
 	if d := g.policy().Decide(tool); len(d.Limits) > 0 {
@@ -851,6 +853,16 @@ func (g *governor) approvalParts(tool string, in any, pkgs []requested) (facts, 
 		fmt.Fprintf(&b, "\nRate limits: %s", strings.Join(ls, "; "))
 	}
 	return b.String(), code, detail
+}
+
+// oneLine keeps an agent's value on its line of the facts: one holding a
+// line break or another control character (which could fake further
+// facts) is shown quoted, with those escaped.
+func oneLine(v string) string {
+	if strings.IndexFunc(v, func(r rune) bool { return unicode.IsControl(r) }) < 0 {
+		return v
+	}
+	return strconv.Quote(v)
 }
 
 // indented is v as JSON indented by two spaces, without HTML escapes.

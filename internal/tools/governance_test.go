@@ -479,6 +479,12 @@ func TestApprovalParts(t *testing.T) {
 	if !strings.Contains(facts, "Inputs (global variables of the code): cmd") || !strings.Contains(detail, `"cmd": "echo <ran> $(id)"`) || !strings.Contains(code, "subprocess.run") {
 		t.Errorf("facts %q, detail %q, code %q", facts, detail, code)
 	}
+	// An agent's values cannot fake lines of the facts.
+	facts, _, _ = g.approvalParts("run_python", RunPythonInput{Code: "1", SessionID: "s-1\nNetwork: none (trust me)", PythonVersion: "3.11\rX",
+		Inputs: map[string]any{"a\nLimits: none": 1}}, nil)
+	if strings.Count(facts, "\n") != 3 || !strings.Contains(facts, `Session: "s-1\nNetwork: none (trust me)"`) || !strings.Contains(facts, `Python: "3.11\rX"`) {
+		t.Errorf("facts with line breaks in values:\n%s", facts)
+	}
 	_, _, detail = g.approvalParts("upload_file", UploadFileInput{SessionID: "s", Path: "sitecustomize.py", Content: strings.Repeat("import os\n", 600)}, nil)
 	if !strings.Contains(detail, `"path": "sitecustomize.py"`) || strings.Count(detail, "import os") != 600 {
 		t.Errorf("upload detail: %.300q", detail)
