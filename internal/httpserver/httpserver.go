@@ -42,6 +42,9 @@ type Config struct {
 	// Ready is what GET /readyz reports (nil: always ready): false while
 	// the server drains.
 	Ready func() bool
+	// Sessions bound the MCP sessions of protocols before 2026-07-28
+	// (mcpsessions.go); the zero value means the defaults.
+	Sessions SessionLimits
 	// Console, when set, serves /console with its own (operators')
 	// authentication: agents' tokens do not open it.
 	Console http.Handler
@@ -56,15 +59,16 @@ func Handler(cfg Config) (http.Handler, error) {
 	if cfg.MaxRequestBytes <= 0 {
 		cfg.MaxRequestBytes = 32 << 20
 	}
+	caps := newSessionCaps(cfg.Server, cfg.Sessions)
 	opts := func(stateless bool) *mcp.StreamableHTTPOptions {
-		return &mcp.StreamableHTTPOptions{MaxRequestBodyBytes: cfg.MaxRequestBytes, Logger: cfg.Logger, Stateless: stateless,
+		return &mcp.StreamableHTTPOptions{MaxRequestBodyBytes: cfg.MaxRequestBytes, Logger: cfg.Logger, Stateless: stateless, SessionTimeout: caps.lim.Idle,
 			// The SDK refuses any non-loopback Host on a loopback
 			// connection; names the operator allowed (a reverse proxy on
 			// this machine) are checked by our guard instead.
 			DisableLocalhostProtection: len(cfg.AllowedHosts) > 0}
 	}
 	get := func(*http.Request) *mcp.Server { return cfg.Server }
-	var mcpHandler http.Handler = sessionless(mcp.NewStreamableHTTPHandler(get, opts(false)), mcp.NewStreamableHTTPHandler(get, opts(true)))
+	var mcpHandler http.Handler = sessionless(caps.wrap(mcp.NewStreamableHTTPHandler(get, opts(false))), mcp.NewStreamableHTTPHandler(get, opts(true)))
 	if cfg.Cluster != nil {
 		// After authentication (below): no request of a caller without a
 		// token costs a lookup; the owner authenticates the caller again.
