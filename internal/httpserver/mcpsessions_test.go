@@ -105,7 +105,7 @@ func TestSessionCapsPerCaller(t *testing.T) {
 // an idle session ends by itself; aborted initialize requests leave no
 // reservation behind.
 func TestSessionCapsAnonymousAndIdle(t *testing.T) {
-	url := startCapped(t, nil, SessionLimits{PerCaller: 4, Total: 100, Idle: time.Second})
+	url := startCapped(t, nil, SessionLimits{PerCaller: 4, Total: 100})
 	// Requests abandoned mid-way (the body cut short), many at once:
 	// none may keep a place.
 	host := strings.TrimPrefix(url, "http://")
@@ -143,8 +143,19 @@ func TestSessionCapsAnonymousAndIdle(t *testing.T) {
 	if code != http.StatusTooManyRequests || !strings.Contains(body, "callers without a token") {
 		t.Errorf("past the shared cap: %d %s", code, body)
 	}
-	// Idle for a second, they end: the cap frees up (a hang guard only).
+	// Idle sessions end by themselves: fill a cap, then wait for a place
+	// (the deadlines are hang guards only).
+	url = startCapped(t, nil, SessionLimits{PerCaller: 2, Total: 100, Idle: 2 * time.Second})
 	deadline = time.Now().Add(time.Minute)
+	for {
+		code, _, body := open(t, context.Background(), url, "")
+		if code == http.StatusTooManyRequests {
+			break
+		}
+		if code != http.StatusOK || time.Now().After(deadline) {
+			t.Fatalf("filling the cap: %d %s", code, body)
+		}
+	}
 	for {
 		code, _, body := open(t, context.Background(), url, "")
 		if code == http.StatusOK {
