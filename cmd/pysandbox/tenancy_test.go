@@ -379,7 +379,7 @@ func TestMCPSessionBounds(t *testing.T) {
 	// A smaller server: a cap per caller, idle sessions ending.
 	addr = freePort(t)
 	url = "http://" + addr
-	startServe(t, addr, url, nil, "--auth-token-file", tokens, "--max-mcp-sessions-per-caller", "3", "--mcp-session-idle", "2s", "--pool-size", "0")
+	startServe(t, addr, url, nil, "--auth-token-file", tokens, "--max-mcp-sessions-per-caller", "3", "--mcp-session-idle", "5s", "--pool-size", "0")
 	var ids []string
 	for i := 0; i < 3; i++ {
 		code, id, body, err := initialize(client, url, "flood-0123456789abcdef")
@@ -409,7 +409,7 @@ func TestMCPSessionBounds(t *testing.T) {
 	if code, _, body, _ := initialize(client, url, "flood-0123456789abcdef"); code != http.StatusOK {
 		t.Errorf("after a DELETE: %d %s", code, body)
 	}
-	// Idle sessions end by themselves (2 s here): the cap frees up.
+	// Idle sessions end by themselves (5 s here): the cap frees up.
 	deadline := time.Now().Add(time.Minute)
 	for {
 		code, _, body, _ := initialize(client, url, "flood-0123456789abcdef")
