@@ -4,12 +4,13 @@ import (
 	"context"
 	"crypto/subtle"
 	"errors"
-	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"golang.org/x/sync/semaphore"
 )
@@ -158,28 +159,113 @@ func (f *Forwarder) Call(ctx context.Context, m Member, p *mcp.CallToolParams, i
 	defer f.bytes.Release(size)
 	params := *p
 	params.Meta = mcp.Meta{MetaIdentity: identity, MetaCallID: callID}
-	for attempt := 0; ; attempt++ {
-		cs, err := f.session(ctx, m)
-		if err != nil {
-			return nil, fmt.Errorf("%w (%v)", ErrUnreachable, err)
+	var res *mcp.CallToolResult
+	err := f.do(ctx, m, "tools/call", func(cs *mcp.ClientSession) (err error) {
+		res, err = cs.CallTool(ctx, &params)
+		return err
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
 		}
-		res, err := cs.CallTool(ctx, &params)
-		if err == nil {
-			return res, nil
+		if !errors.Is(err, ErrUnreachable) {
+			err = f.unreachable(m, "tools/call", err)
+		}
+		return nil, err
+	}
+	res.Meta = ownMeta(res.Meta)
+	return res, nil
+}
+
+// ReadResource reads uri at m for identity. An error the owner answered
+// with (the resource not found, too large) is returned as it came, a
+// *jsonrpc.Error, for this replica to answer with in turn.
+func (f *Forwarder) ReadResource(ctx context.Context, m Member, uri, identity string) (*mcp.ReadResourceResult, error) {
+	params := &mcp.ReadResourceParams{URI: uri, Meta: mcp.Meta{MetaIdentity: identity}}
+	var res *mcp.ReadResourceResult
+	err := f.do(ctx, m, "resources/read", func(cs *mcp.ClientSession) (err error) {
+		res, err = cs.ReadResource(ctx, params)
+		return err
+	})
+	if err != nil {
+		if answer := ownerAnswer(err); answer != nil {
+			return nil, answer
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		// The connection is shared by every call to that replica: close it
-		// only when it is the connection that failed, not one request.
-		if !errors.Is(err, mcp.ErrConnectionClosed) {
-			return nil, fmt.Errorf("%w (%v)", ErrUnreachable, err)
+		if !errors.Is(err, ErrUnreachable) {
+			err = f.unreachable(m, "resources/read", err)
+		}
+		return nil, err
+	}
+	res.Meta = ownMeta(res.Meta)
+	return res, nil
+}
+
+// do runs call on the connection to m, and once more on a new connection
+// when that one turned out closed. The connection is shared by every call
+// to that replica: it is closed only when it is the connection that
+// failed, not one request. A connection that cannot be made is
+// ErrUnreachable; call's own errors are returned as they are.
+func (f *Forwarder) do(ctx context.Context, m Member, method string, call func(*mcp.ClientSession) error) error {
+	for attempt := 0; ; attempt++ {
+		cs, err := f.session(ctx, m)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return f.unreachable(m, method, err)
+		}
+		err = call(cs)
+		if err == nil || ctx.Err() != nil || !errors.Is(err, mcp.ErrConnectionClosed) {
+			return err
 		}
 		f.drop(m, cs)
 		if attempt > 0 {
-			return nil, fmt.Errorf("%w (%v)", ErrUnreachable, err)
+			return err
 		}
 	}
+}
+
+// rejected is the code of the SDK's own error for a request that failed on
+// its way (jsonrpc2.ErrRejected, internal to the SDK).
+const rejected = -32005
+
+// ownerAnswer is the error the owner answered a request with, nil when
+// the request failed otherwise. The SDK wraps both in its errors: an
+// answer that came with an HTTP error status (an invalid-params one, "not
+// found" among them) is its error followed by ErrRejected, a request that
+// failed on its way ErrRejected first.
+func ownerAnswer(err error) *jsonrpc.Error {
+	var answer *jsonrpc.Error
+	if !errors.As(err, &answer) || answer.Code == rejected {
+		return nil
+	}
+	return answer
+}
+
+// unreachable is the error a client gets for a request to m that failed
+// on the way: the cause names the owner's internal endpoint, so it is
+// logged here, not shown.
+func (f *Forwarder) unreachable(m Member, method string, err error) error {
+	f.c.log.Warn("cluster: a request forwarded to another replica failed", "replica", m.Name, "method", method, "err", err)
+	return ErrUnreachable
+}
+
+// ownMeta is a forwarded result's _meta without what the owner's internal
+// server put there for this hop (the protocol's keys: its serverInfo names
+// it, "pysandbox-internal"). The server answering the client adds its own.
+func ownMeta(meta mcp.Meta) mcp.Meta {
+	for k := range meta {
+		if strings.HasPrefix(k, "io.modelcontextprotocol/") {
+			delete(meta, k)
+		}
+	}
+	if len(meta) == 0 {
+		return nil
+	}
+	return meta
 }
 
 // Close closes the clients.
