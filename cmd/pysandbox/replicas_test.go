@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -15,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/pysandbox/pysandbox/internal/testutil"
@@ -212,6 +215,148 @@ func TestReplicas(t *testing.T) {
 	t.Logf("the session was reported lost %v after its replica died", time.Since(start).Round(time.Millisecond))
 	if _, err := moving.CallTool(ctx, &mcp.CallToolParams{Name: "list_sessions", Arguments: map[string]any{}}); err == nil {
 		t.Error("the MCP session of the dead replica still answers")
+	}
+}
+
+// TestReplicaResources: resources/read of a session's files and of a
+// one-shot run's figure links is served through either replica, for the
+// caller who owns them; another caller gets "Resource not found" through
+// either, exactly as for a resource that does not exist. Nothing a client
+// gets back through the other replica names the internal endpoint.
+func TestReplicaResources(t *testing.T) {
+	rs := startReplicas(t, 2)
+	ctx := context.Background()
+	alice := []*mcp.ClientSession{connectHTTP(ctx, t, rs.urls[0], "alice-0123456789abcdef"), connectHTTP(ctx, t, rs.urls[1], "alice-0123456789abcdef")}
+	bob := []*mcp.ClientSession{connectHTTP(ctx, t, rs.urls[0], "bob-0123456789abcdef00"), connectHTTP(ctx, t, rs.urls[1], "bob-0123456789abcdef00")}
+	// A client of the sessionful protocol too, whose MCP session is the
+	// other replica's own (so only the resource's owner routes it).
+	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	old, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: rs.urls[1] + "/mcp", HTTPClient: &http.Client{Transport: testutil.Bearer("alice-0123456789abcdef", nil)}}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-06-18"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+
+	// Everything that came back through replica 1 from replica 0, checked
+	// at the end for what is internal.
+	var forwarded []any
+	_, out := callTool(t, alice[0], "create_session", nil)
+	id, _ := out["session_id"].(string)
+	if !strings.Contains(id, ".replica-0.") {
+		t.Fatalf("session id %q does not name its replica", id)
+	}
+	res, _ := callTool(t, alice[1], "upload_file", map[string]any{"session_id": id, "path": "notes/hello.txt", "content": "hello from alice"})
+	forwarded = append(forwarded, res)
+	// Larger than download_file returns inline (1 MiB): a link.
+	res, _ = callTool(t, alice[1], "run_python", map[string]any{"session_id": id, "code": "open('big.bin', 'wb').write(bytes(range(256)) * 8192)"})
+	forwarded = append(forwarded, res)
+	res, out = callTool(t, alice[1], "download_file", map[string]any{"session_id": id, "path": "big.bin"})
+	forwarded = append(forwarded, res)
+	bigURI := ""
+	for _, c := range res.Content {
+		if l, ok := c.(*mcp.ResourceLink); ok {
+			bigURI = l.URI
+		}
+	}
+	if bigURI == "" || out["inline"] != false {
+		t.Fatalf("download_file of a 2 MiB file through the other replica gave no link: %s", toolText(res))
+	}
+	res, _ = callTool(t, alice[1], "list_files", map[string]any{"session_id": id})
+	forwarded = append(forwarded, res)
+
+	// A one-shot run at replica 0 whose figures do not all fit the reply
+	// (4 MiB): the rest are links into replica 0's memory.
+	figs := "import matplotlib.pyplot as plt, numpy as np\nrng = np.random.default_rng(1)\n" +
+		"for i in range(12):\n    plt.figure(figsize=(6, 4), dpi=100)\n    plt.imshow(rng.random((400, 600)), interpolation='nearest')\n"
+	res, _ = callTool(t, alice[0], "run_python", map[string]any{"code": figs})
+	figURI := ""
+	for _, c := range res.Content {
+		if l, ok := c.(*mcp.ResourceLink); ok {
+			figURI = l.URI
+		}
+	}
+	if !strings.HasPrefix(figURI, "pysandbox://figures/") || !strings.Contains(figURI, ".replica-0.") {
+		t.Fatalf("no figure link naming its replica: %q (%s)", figURI, toolText(res))
+	}
+
+	smallURI := "pysandbox://sessions/" + id + "/files/notes%2Fhello.txt"
+	read := func(cs *mcp.ClientSession, uri string) (*mcp.ReadResourceResult, error) {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		return cs.ReadResource(rctx, &mcp.ReadResourceParams{URI: uri})
+	}
+	for name, cs := range map[string]*mcp.ClientSession{"2026-07-28": alice[1], "2025-06-18": old} {
+		rr, err := read(cs, smallURI)
+		if err != nil || len(rr.Contents) != 1 || rr.Contents[0].Text != "hello from alice" {
+			t.Fatalf("%s: the small file through the other replica: %v %+v", name, err, rr)
+		}
+		forwarded = append(forwarded, rr)
+		rr, err = read(cs, bigURI)
+		if err != nil || len(rr.Contents) != 1 || len(rr.Contents[0].Blob) != 2<<20 || rr.Contents[0].Blob[257] != 1 {
+			t.Fatalf("%s: the large file's link through the other replica: %v", name, err)
+		}
+		forwarded = append(forwarded, rr)
+		rr, err = read(cs, figURI)
+		if err != nil || len(rr.Contents) != 1 || rr.Contents[0].MIMEType != "image/png" || !strings.HasPrefix(string(rr.Contents[0].Blob), "\x89PNG") {
+			t.Fatalf("%s: the figure through the other replica: %v", name, err)
+		}
+		forwarded = append(forwarded, rr)
+	}
+	if rr, err := read(alice[0], figURI); err != nil || len(rr.Contents) != 1 {
+		t.Errorf("the figure at its own replica: %v", err)
+	}
+
+	// Bob knows the links but owns none of it: through either replica he
+	// gets what anyone gets for a resource that does not exist.
+	notFound := func(err error) bool {
+		var we *jsonrpc.Error
+		return errors.As(err, &we) && we.Code == mcp.CodeResourceNotFound && we.Message == "Resource not found"
+	}
+	for _, uri := range []string{"pysandbox://sessions/" + id + "/files/missing.txt", "pysandbox://figures/00112233445566778899aabbccddeeff" + strings.TrimPrefix(id, strings.Split(id, ".")[0]) + ".png"} {
+		if _, err := read(alice[1], uri); !notFound(err) {
+			t.Errorf("%s, which does not exist: %v", uri, err)
+		}
+	}
+	for i, cs := range bob {
+		for _, uri := range []string{smallURI, bigURI, figURI} {
+			if _, err := read(cs, uri); !notFound(err) {
+				t.Errorf("bob read %s through replica %d: %v", uri, i, err)
+			}
+		}
+	}
+
+	// Forwarded tool results too, and an error of the owner's.
+	res, _ = callTool(t, alice[1], "run_python", map[string]any{"session_id": id, "code": "1 + 1"})
+	forwarded = append(forwarded, res)
+	res, _ = callTool(t, bob[1], "download_file", map[string]any{"session_id": id, "path": "big.bin"})
+	forwarded = append(forwarded, res)
+	for i, r := range forwarded {
+		data, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, internal := range []string{"pysandbox-internal", "/internal/mcp", strings.TrimPrefix(rs.internal[0], "http://")} {
+			if strings.Contains(string(data), internal) {
+				t.Errorf("forwarded result %d names %q: %.400s", i, internal, data)
+			}
+		}
+	}
+	// The sessionless protocol's results name their server: the one the
+	// client talks to.
+	for _, r := range forwarded {
+		var meta mcp.Meta
+		switch r := r.(type) {
+		case *mcp.CallToolResult:
+			meta = r.Meta
+		case *mcp.ReadResourceResult:
+			meta = r.Meta
+		}
+		if info, ok := meta["io.modelcontextprotocol/serverInfo"].(map[string]any); ok && info["name"] != "pysandbox" {
+			t.Errorf("a forwarded result names the server %v", info["name"])
+		}
+	}
+	if info, _ := forwarded[0].(*mcp.CallToolResult).Meta["io.modelcontextprotocol/serverInfo"].(map[string]any); info["name"] != "pysandbox" {
+		t.Errorf("a forwarded result does not name the public server: %v", forwarded[0].(*mcp.CallToolResult).Meta)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/pysandbox/pysandbox/internal/cluster"
@@ -20,7 +21,8 @@ import (
 // owner's internal endpoint with the caller's identity; the owner runs it
 // after checking that the session is that identity's. The owner's own
 // governance does not run again: the internal endpoint serves only the
-// replicas, which hold its token.
+// replicas, which hold its token. Reads of session files and of figures
+// (resources/read) go the same way.
 
 // sessionRef is implemented by inputs that name a session.
 type sessionRef interface{ sessionRef() string }
@@ -116,8 +118,9 @@ func internalCall[In, Out any](h mcp.ToolHandlerFor[In, Out]) mcp.ToolHandlerFor
 	}
 }
 
-// registerInternal adds the tools other replicas forward to: those of
-// sessions, without governance (the forwarding replica's decided).
+// registerInternal adds what other replicas forward to: the tools of
+// sessions and the reads of session files and figures, without governance
+// (the forwarding replica's decided).
 func (s *server) registerInternal(srv *mcp.Server) {
 	add := func(name string) *mcp.Tool {
 		return &mcp.Tool{Name: name, Description: "internal: forwarded by another replica"}
@@ -129,6 +132,75 @@ func (s *server) registerInternal(srv *mcp.Server) {
 	mcp.AddTool(srv, add("upload_file"), withRefusal(internalCall(s.uploadFile)))
 	mcp.AddTool(srv, add("list_files"), withRefusal(internalCall(s.listFiles)))
 	mcp.AddTool(srv, add("download_file"), withRefusal(internalCall(s.downloadFile)))
+	// Reads of this replica's session files and figures, which only it
+	// holds.
+	srv.AddResourceTemplate(&mcp.ResourceTemplate{Name: "session-file", URITemplate: FileTemplate, Description: "internal: forwarded by another replica"}, internalResource(s.readFileResource))
+	srv.AddResourceTemplate(&mcp.ResourceTemplate{Name: "figure", URITemplate: FigureTemplate, Description: "internal: forwarded by another replica"}, internalResource(s.readFigure))
+}
+
+// routedResource sends a resources/read of what another replica holds to
+// that replica, with the caller's identity; ref names the id the URI
+// carries (a session's, or a figure's), "" when it carries none. The owner
+// checks that the resource is the caller's, so a caller without it gets
+// "Resource not found" there, as for one that does not exist. The policy's
+// rule on reads (the governor's middleware) was applied here already,
+// where the client's request arrived.
+func routedResource(s *server, ref func(uri string) string, h mcp.ResourceHandler) mcp.ResourceHandler {
+	if s.cl == nil {
+		return h
+	}
+	return func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+		uri := req.Params.URI
+		id := ref(uri)
+		if id == "" {
+			return h(ctx, req)
+		}
+		m, local, err := s.cl.Owner(ctx, id, false)
+		if local {
+			return h(ctx, req)
+		}
+		if err == nil {
+			var res *mcp.ReadResourceResult
+			res, err = s.fwd.ReadResource(ctx, m, uri, identity(req))
+			var answered *jsonrpc.Error
+			if err == nil || errors.As(err, &answered) || ctx.Err() != nil {
+				return res, err
+			}
+			// The owner may have stopped between the lookup and the read.
+			if _, _, again := s.cl.Owner(ctx, id, false); errors.Is(again, cluster.ErrLost) {
+				err = again
+			}
+		}
+		if errors.Is(err, cluster.ErrLost) {
+			// Said of a figure as of a session file: ErrLost's own words
+			// speak of sessions.
+			return nil, fmt.Errorf("%s is lost: the server that held it stopped", uri)
+		}
+		return nil, fmt.Errorf("%s: %v", uri, err)
+	}
+}
+
+// internalResource serves a read another replica forwarded, for the
+// identity that came with it.
+func internalResource(h mcp.ResourceHandler) mcp.ResourceHandler {
+	return func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+		id, _ := req.Params.GetMeta()[cluster.MetaIdentity].(string)
+		if id == "" {
+			return nil, errors.New("a forwarded read without the caller's identity")
+		}
+		if req.Extra == nil {
+			req.Extra = &mcp.RequestExtra{}
+		}
+		req.Extra.TokenInfo = &auth.TokenInfo{UserID: id, Expiration: time.Now().Add(time.Hour)}
+		res, err := h(ctx, req)
+		if res != nil {
+			// The forwarding replica's client would cache a read with a
+			// time to live by its URI alone, on the connection every
+			// caller shares: nothing read for one may be kept for another.
+			res.Cacheable = mcp.Cacheable{}
+		}
+		return res, err
+	}
 }
 
 // listAllSessions is list_sessions across the replicas: this one's and
