@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -282,7 +283,16 @@ func TestKubernetes(t *testing.T) {
 		if len(chains) < 2 {
 			t.Fatalf("chains %v", chains)
 		}
-		out, errOut, code := runBin(t, "", append([]string{"audit", "verify", "--store", e.store}, chains...)...)
+		// The anchors are signed with the replicas' token: the Secret's.
+		enc := e.kubectl(t, "get", "secret", "pysandbox-secrets", "-o", "jsonpath={.data.replica-token}")
+		token, err := base64.StdEncoding.DecodeString(strings.TrimSpace(enc))
+		if err != nil {
+			t.Fatalf("the replica token in the Secret: %v", err)
+		}
+		tokenFile := filepath.Join(t.TempDir(), "replica-token")
+		os.WriteFile(tokenFile, token, 0o600)
+		verify := []string{"audit", "verify", "--store", e.store, "--replica-token-file", tokenFile}
+		out, errOut, code := runBin(t, "", append(verify, chains...)...)
 		if code != 0 || !strings.Contains(out, fmt.Sprintf("ok: %d chains match", len(chains))) {
 			t.Fatalf("audit verify: %d\n%s%s", code, out, errOut)
 		}
@@ -292,7 +302,7 @@ func TestKubernetes(t *testing.T) {
 		lines := strings.SplitAfter(string(data), "\n")
 		cut := filepath.Join(t.TempDir(), "audit.log")
 		os.WriteFile(cut, []byte(strings.Join(lines[:len(lines)/2], "")), 0o600)
-		_, errOut, code = runBin(t, "", append([]string{"audit", "verify", "--store", e.store, cut}, chains[1:]...)...)
+		_, errOut, code = runBin(t, "", append(append(verify, cut), chains[1:]...)...)
 		if code == 0 || !strings.Contains(errOut, "cut from its end") {
 			t.Errorf("a truncated chain: %d %s", code, errOut)
 		}

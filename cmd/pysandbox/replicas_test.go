@@ -19,6 +19,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/pysandbox/pysandbox/internal/testutil"
 	"github.com/pysandbox/pysandbox/internal/testutil/redisserver"
@@ -32,6 +33,8 @@ type replicaSet struct {
 	cmds     []*exec.Cmd
 	logs     []*testutil.SyncBuffer
 	store    string
+	redis    *redisserver.Server
+	token    string // the replicas' token file
 }
 
 func startReplicas(t *testing.T, n int, extra ...string) *replicaSet {
@@ -49,7 +52,7 @@ func startReplicasEach(t *testing.T, n int, each func(i int) []string) *replicaS
 	os.WriteFile(replicaToken, []byte("0123456789abcdef0123456789abcdef-replicas\n"), 0o600)
 	key := filepath.Join(dir, "approval.key")
 	os.WriteFile(key, []byte("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n"), 0o600)
-	rs := &replicaSet{store: r.URL()}
+	rs := &replicaSet{store: r.URL(), redis: r, token: replicaToken}
 	for i := 0; i < n; i++ {
 		addr := freePort(t)
 		// The internal port is the kernel's pick (a second freePort could
@@ -445,20 +448,86 @@ func TestReplicaAuditChains(t *testing.T) {
 		cmd.Process.Signal(syscall.SIGTERM)
 		waitExit(t, cmd)
 	}
-	out, errOut, code := runBin(t, "", "audit", "verify", "--store", rs.store, logs[0], logs[1])
-	if code != 0 || !strings.Contains(out, "ok: 2 chains match their anchors") || !strings.Contains(out, "replica-0: anchored seq") {
+	verify := func(chains ...string) (string, string, int) {
+		return runBin(t, "", append([]string{"audit", "verify", "--store", rs.store, "--replica-token-file", rs.token}, chains...)...)
+	}
+	out, errOut, code := verify(logs[0], logs[1])
+	if code != 0 || !strings.Contains(out, "ok: 2 chains match their anchors") || !strings.Contains(out, "replica-0: the anchored head matches (seq ") {
 		t.Fatalf("audit verify --store: %d\n%s%s", code, out, errOut)
 	}
-	_, errOut, code = runBin(t, "", "audit", "verify", "--store", rs.store, logs[0])
+	_, errOut, code = verify(logs[0])
 	if code == 0 || !strings.Contains(errOut, "no chain was given for replica-1") {
 		t.Errorf("a chain left out: %d %s", code, errOut)
 	}
+	// Its anchor deleted too: the other replica's anchor still names it.
+	raw := redis.NewClient(&redis.Options{Addr: rs.redis.Addr})
+	defer raw.Close()
+	saved, err := raw.HGet(ctx, "{pysandbox}:audit-anchors", "replica-1").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw.HDel(ctx, "{pysandbox}:audit-anchors", "replica-1")
+	_, errOut, code = verify(logs[0])
+	if code != 1 || !strings.Contains(errOut, "replica replica-1 has no anchor in the store, but the anchors of replica-0 name it") {
+		t.Errorf("a chain left out, its anchor deleted: %d %s", code, errOut)
+	}
+	raw.HSet(ctx, "{pysandbox}:audit-anchors", "replica-1", saved)
 	data, _ := os.ReadFile(logs[1])
 	lines := strings.SplitAfter(string(data), "\n")
 	os.WriteFile(logs[1], []byte(strings.Join(lines[:len(lines)-2], "")), 0o600)
-	_, errOut, code = runBin(t, "", "audit", "verify", "--store", rs.store, logs[0], logs[1])
+	_, errOut, code = verify(logs[0], logs[1])
 	if code == 0 || !strings.Contains(errOut, "cut from its end") {
 		t.Errorf("a chain cut short: %d %s", code, errOut)
+	}
+	// And its anchor replaced by one of the shorter head, not signed.
+	rep := lines[len(lines)-3]
+	seq := regexp.MustCompile(`^\{"seq":([0-9]+),`).FindStringSubmatch(rep)
+	hash := regexp.MustCompile(`"hash":"([0-9a-f]{64})"\}`).FindStringSubmatch(rep)
+	if seq == nil || hash == nil {
+		t.Fatalf("the last line left: %s", rep)
+	}
+	raw.HSet(ctx, "{pysandbox}:audit-anchors", "replica-1", fmt.Sprintf(`{"seq":%s,"head":%q}`, seq[1], hash[1]))
+	_, errOut, code = verify(logs[0], logs[1])
+	if code != 1 || !strings.Contains(errOut, "the audit anchor of replica-1 in the store: the anchor is not signed") {
+		t.Errorf("a forged anchor of the shorter head: %d %s", code, errOut)
+	}
+}
+
+// TestReplicaForgedGoneMarker: a gone marker written into the store by
+// anyone but the replica (here unsigned) does not make a live replica's
+// session answer "lost" through the other; it is logged and ignored.
+func TestReplicaForgedGoneMarker(t *testing.T) {
+	rs := startReplicas(t, 2)
+	ctx := context.Background()
+	alice0 := connectHTTP(ctx, t, rs.urls[0], "alice-0123456789abcdef")
+	alice1 := connectHTTP(ctx, t, rs.urls[1], "alice-0123456789abcdef")
+	_, out := callTool(t, alice0, "create_session", nil)
+	id, _ := out["session_id"].(string)
+	_, tag, ok := strings.Cut(id, ".")
+	if !ok || !strings.HasPrefix(tag, "replica-0.") {
+		t.Fatalf("session id %q does not name its replica", id)
+	}
+	callTool(t, alice0, "run_python", map[string]any{"session_id": id, "code": "x = 41"})
+	raw := redis.NewClient(&redis.Options{Addr: rs.redis.Addr})
+	defer raw.Close()
+	if err := raw.Set(ctx, "{pysandbox}:gone:"+tag, "1", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// A "retry" answer (the owner's entry not refreshed in time on a
+	// loaded machine) is asked again; "lost" is the failure.
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		res, out := callTool(t, alice1, "run_python", map[string]any{"session_id": id, "code": "x + 1"})
+		if out["return_value"] == float64(42) {
+			break
+		}
+		if !strings.Contains(toolText(res), "retry in a few seconds") || time.Now().After(deadline) {
+			t.Fatalf("the live replica's session through the other, after a forged gone marker: %s", toolText(res))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !strings.Contains(rs.logs[1].String(), "a gone marker not signed with the replicas' token is ignored") {
+		t.Errorf("no warning in the other replica's log:\n%s", rs.logs[1].String())
 	}
 }
 

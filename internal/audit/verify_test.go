@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -223,4 +224,134 @@ func FuzzVerify(f *testing.F) {
 			Format(l)
 		}
 	})
+}
+
+// TestCheckCuts: a chain consistent in itself but missing records at its
+// front, in its middle or at its end fails Check, in one file and across
+// rotated files; a start after rotated files removed on purpose passes
+// when allowed (FromSeq), and only then.
+func TestCheckCuts(t *testing.T) {
+	single := func(t *testing.T) []string {
+		path := filepath.Join(t.TempDir(), "audit.log")
+		writeLog(t, path, 8, Options{})
+		return []string{path}
+	}
+	rotated := func(t *testing.T) []string {
+		path := filepath.Join(t.TempDir(), "audit.log")
+		writeLog(t, path, 30, Options{MaxSize: 2000})
+		files, _ := Files(path)
+		if len(files) < 3 {
+			t.Fatalf("files %v: want rotation", files)
+		}
+		return files
+	}
+	// head is the chain's last record before any cut.
+	head := func(t *testing.T, files []string) Expect {
+		rep := verifyOK(t, files...)
+		return Expect{Head: rep.Head}
+	}
+	tests := []struct {
+		name  string
+		make  func(*testing.T) []string
+		cut   func(t *testing.T, files []string) []string // returns the files to check
+		allow func(files []string) int64                  // FromSeq to pass, if any
+		want  error
+		msg   string
+	}{
+		{"front, one file", single, func(t *testing.T, f []string) []string {
+			writeLines(t, f[0], readLines(t, f[0])[2:])
+			return f
+		}, nil, ErrFrontCut, `audit.log:1 (seq 3): the chain starts at seq 3 with a "call" record, not at seq 1 nor with the rotate record a rotated file starts with: the 2 records before it were cut from the front of the file`},
+		{"middle, one file", single, func(t *testing.T, f []string) []string {
+			writeLines(t, f[0], slices.Delete(readLines(t, f[0]), 3, 5))
+			return f
+		}, nil, nil, "audit.log:4 (seq 6): chain broken: seq 6 follows seq 3"},
+		{"end, one file", single, func(t *testing.T, f []string) []string {
+			l := readLines(t, f[0])
+			writeLines(t, f[0], l[:len(l)-1])
+			return f
+		}, nil, ErrEndCut, "audit.log:7 (seq 7): the chain ends at seq 7, and no record of it has the expected head"},
+		{"oldest file removed", rotated, func(t *testing.T, f []string) []string {
+			os.Remove(f[0])
+			return f[1:]
+		}, func(f []string) int64 { return verifyOK(t, f...).FirstSeq }, ErrFrontCut,
+			"the rotate record that follows audit.log.1, which was not checked"},
+		{"front of the oldest file", rotated, func(t *testing.T, f []string) []string {
+			writeLines(t, f[0], readLines(t, f[0])[1:])
+			return f
+		}, nil, ErrFrontCut, `audit.log.1:1 (seq 2): the chain starts at seq 2 with a "call" record`},
+		{"middle file removed", rotated, func(t *testing.T, f []string) []string {
+			os.Remove(f[1])
+			return slices.Delete(slices.Clone(f), 1, 2)
+		}, nil, nil, "chain broken"},
+		{"newest file removed", rotated, func(t *testing.T, f []string) []string {
+			os.Remove(f[len(f)-1])
+			return f[:len(f)-1]
+		}, nil, ErrEndCut, "records were cut from its end, or the chain was rewritten"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			files := tt.make(t)
+			exp := head(t, files)
+			files = tt.cut(t, files)
+			_, err := Check(files, exp)
+			var ve *VerifyError
+			if !errors.As(err, &ve) || !strings.Contains(err.Error(), tt.msg) {
+				t.Fatalf("Check: %v\nwant a *VerifyError with %q", err, tt.msg)
+			}
+			if tt.want != nil && !errors.Is(err, tt.want) {
+				t.Errorf("%v: want %v", err, tt.want)
+			}
+			if tt.allow != nil {
+				from := tt.allow(files)
+				exp.FromSeq = from
+				if rep, err := Check(files, exp); err != nil || rep.FirstSeq != from {
+					t.Errorf("allowed to start at seq %d: %v %+v", from, err, rep)
+				}
+				// One seq too strict still fails, naming what is missing.
+				exp.FromSeq = from - 1
+				if _, err := Check(files, exp); !errors.Is(err, ErrFrontCut) || !strings.Contains(err.Error(), fmt.Sprintf("it may start at seq %d at the latest: record %d is missing", from-1, from-1)) {
+					t.Errorf("allowed to start at seq %d: %v", from-1, err)
+				}
+				exp.FromSeq = from - 2
+				if _, err := Check(files, exp); !errors.Is(err, ErrFrontCut) || !strings.Contains(err.Error(), fmt.Sprintf("records %d..%d are missing", from-2, from-1)) {
+					t.Errorf("allowed to start at seq %d: %v", from-2, err)
+				}
+			}
+		})
+	}
+}
+
+// TestCheckWhole: a whole chain passes Check, with or without the head
+// expected, and a head the chain grew past is found where it is.
+func TestCheckWhole(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.log")
+	writeLog(t, path, 30, Options{MaxSize: 2000})
+	files, _ := Files(path)
+	rep, err := Check(files, Expect{})
+	if err != nil || rep.FirstSeq != 1 || rep.FirstEvent != EventCall {
+		t.Fatalf("%v %+v", err, rep)
+	}
+	// The head of seq 10, given with or without its seq.
+	var at string
+	Read(files, func(r *Record, hash string) bool {
+		if r.Seq == 10 {
+			at = hash
+		}
+		return r.Seq < 10
+	})
+	for _, e := range []Expect{{Head: at}, {Head: at, HeadSeq: 10}} {
+		if rep, err := Check(files, e); err != nil || rep.ExpectedAt != 10 {
+			t.Errorf("%+v: %v %+v", e, err, rep)
+		}
+	}
+	// An empty log expected to hold a head was emptied.
+	empty := filepath.Join(t.TempDir(), "empty.log")
+	os.WriteFile(empty, nil, 0o600)
+	if _, err := Check([]string{empty}, Expect{Head: at}); !errors.Is(err, ErrEndCut) || !strings.Contains(err.Error(), "empty.log:1: the chain holds no record") {
+		t.Errorf("emptied: %v", err)
+	}
+	if _, err := Check([]string{empty}, Expect{}); err != nil {
+		t.Errorf("a new, empty log: %v", err)
+	}
 }

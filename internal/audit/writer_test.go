@@ -112,7 +112,7 @@ func TestAppendVerify(t *testing.T) {
 	}
 	seq, head := w.Head()
 	rep := verifyOK(t, path)
-	want := Report{Files: 1, Records: 5, FirstSeq: 1, LastSeq: 5, Head: head}
+	want := Report{Files: 1, Records: 5, FirstSeq: 1, LastSeq: 5, Head: head, FirstEvent: EventStart}
 	if !reflect.DeepEqual(*rep, want) || seq != 5 {
 		t.Errorf("report %+v, head seq %d; want %+v", *rep, seq, want)
 	}

@@ -2,12 +2,16 @@ package cli
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
-	"sort"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -16,7 +20,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/sharedstate"
 )
 
-const auditUsage = "usage: pysandbox audit verify [--store URL] FILE... | pysandbox audit tail [-n N] [-f] [--json] FILE"
+const auditUsage = "usage: pysandbox audit verify [--from-seq N] [--head HASH] [--store URL --replica-token-file FILE] FILE... | pysandbox audit tail [-n N] [-f] [--json] FILE"
 
 // auditCmd verifies or shows an audit log.
 func auditCmd(args []string, stdout, stderr io.Writer) error {
@@ -44,15 +48,30 @@ func auditFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
+const auditVerifySynopsis = `audit verify [--from-seq N] [--head HASH] FILE...
+       pysandbox audit verify --store URL --replica-token-file FILE [--from-seq N] CHAIN...
+
+Checks every record's hash and the chain between them; with one FILE,
+its rotated predecessors FILE.1, FILE.2, ... too. The chain must start
+at seq 1 (or, with --from-seq, where its older files were removed on
+purpose) and, with --head, hold the head kept elsewhere (the server logs
+it when it stops). With --store (several replicas), each CHAIN is one
+replica's chain, checked against the head that replica anchored, signed,
+in the store; a chain cut short, rewritten or missing, or an anchor
+forged or deleted, fails.`
+
 // auditVerify checks the hash chain. One FILE means the whole chain that
 // ends in it, rotated files included; several mean exactly those, in order.
 // With --store, each FILE is the chain of one replica, checked against the
 // anchor its replica wrote in the shared store, and every anchored
 // replica's chain must be among them.
 func auditVerify(args []string, stdout, stderr io.Writer) error {
-	fs := auditFlagSet("audit verify", "audit verify [--store URL] FILE...\n\nChecks every record's hash and the chain between them; with one FILE,\nits rotated predecessors FILE.1, FILE.2, ... too. With --store (several\nreplicas), each FILE is one replica's chain, checked against the head\nthat replica anchored in the store; a chain cut short, rewritten or\nmissing fails.", stderr)
+	fs := auditFlagSet("audit verify", auditVerifySynopsis, stderr)
 	storeURL := fs.String("store", "", "the replicas' shared store (redis://...; or $PYSANDBOX_STORE_URL): check each FILE's chain against its replica's anchor")
 	namespace := fs.String("store-namespace", "pysandbox", "with --store: the deployment's namespace in it")
+	tokenFile := fs.String("replica-token-file", "", "with --store: the replicas' token (serve's --replica-token-file), which signs the anchors")
+	fromSeq := fs.Int64("from-seq", 0, "let the chain start at this seq (or before) instead of seq 1: the records before it were removed on purpose (rotated files past their retention)")
+	head := fs.String("head", "", "the SHA-256 head kept elsewhere (the server logs head_sha256 when it stops): the chain must hold that record")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -61,12 +80,32 @@ func auditVerify(args []string, stdout, stderr io.Writer) error {
 		fs.Usage()
 		return usageError{fmt.Errorf("audit verify takes at least one FILE")}
 	}
+	if *fromSeq < 0 {
+		return usageError{fmt.Errorf("audit verify: --from-seq %d: want a seq, 1 or more", *fromSeq)}
+	}
+	exp := audit.Expect{FromSeq: *fromSeq, Head: strings.ToLower(*head)}
+	if exp.Head != "" && !isSHA256Hex(exp.Head) {
+		return usageError{fmt.Errorf("audit verify: --head %q: want the 64 hex digits of a SHA-256 (head_sha256 in the server's log)", *head)}
+	}
 	url := *storeURL
 	if url == "" {
 		url = os.Getenv("PYSANDBOX_STORE_URL")
 	}
 	if url != "" {
-		return auditVerifyAnchored(url, *namespace, paths, stdout)
+		if exp.Head != "" {
+			return usageError{errors.New("audit verify: --head checks one chain; with --store each chain is checked against its replica's anchor")}
+		}
+		if *tokenFile == "" {
+			return usageError{errors.New("audit verify: --store needs --replica-token-file: the anchors are signed with the replicas' token, and an anchor that cannot be checked proves nothing")}
+		}
+		token, err := readSecretFile(*tokenFile, "--replica-token-file")
+		if err != nil {
+			return err
+		}
+		return auditVerifyAnchored(url, *namespace, []byte(token), exp.FromSeq, paths, stdout)
+	}
+	if *tokenFile != "" {
+		return usageError{errors.New("audit verify: --replica-token-file goes with --store")}
 	}
 	if len(paths) == 1 {
 		files, err := chainFiles(paths[0])
@@ -75,12 +114,30 @@ func auditVerify(args []string, stdout, stderr io.Writer) error {
 		}
 		paths = files
 	}
-	rep, err := audit.Verify(paths)
+	rep, err := audit.Check(paths, exp)
 	if err != nil {
-		return fmt.Errorf("audit verify: %w", err)
+		return fmt.Errorf("audit verify: %w%s", err, fromSeqHint(err))
 	}
 	printReport(stdout, "", rep)
+	if exp.Head != "" {
+		printExpected(stdout, "", rep, "the expected head")
+	}
 	return nil
+}
+
+func isSHA256Hex(s string) bool {
+	b, err := hex.DecodeString(s)
+	return err == nil && len(b) == sha256.Size
+}
+
+// fromSeqHint tells how to pass a chain whose first records were removed
+// on purpose: the only cut the user can allow.
+func fromSeqHint(err error) string {
+	var ve *audit.VerifyError
+	if !errors.Is(err, audit.ErrFrontCut) || !errors.As(err, &ve) || ve.Seq < 2 {
+		return ""
+	}
+	return fmt.Sprintf("; if the records before seq %d were removed on purpose (rotated files past their retention), pass --from-seq %d", ve.Seq, ve.Seq)
 }
 
 func chainFiles(path string) ([]string, error) {
@@ -105,12 +162,26 @@ func printReport(stdout io.Writer, prefix string, rep *audit.Report) {
 	}
 	fmt.Fprintf(stdout, "%sok: %d records (seq %d..%d) in %d %s, head sha256 %s\n", prefix, rep.Records, rep.FirstSeq, rep.LastSeq, rep.Files, files, rep.Head)
 	if rep.FirstSeq > 1 {
-		fmt.Fprintf(stdout, "%snote: the chain starts at seq %d; the records before it are in files not checked (removed, or not given)\n", prefix, rep.FirstSeq)
+		fmt.Fprintf(stdout, "%snote: the chain starts at seq %d, as --from-seq allows; the records before it were not checked\n", prefix, rep.FirstSeq)
 	}
 }
 
-// auditVerifyAnchored checks each replica's chain against its anchor.
-func auditVerifyAnchored(url, namespace string, chains []string, stdout io.Writer) error {
+// printExpected says where the expected head (what) was found.
+func printExpected(stdout io.Writer, prefix string, rep *audit.Report, what string) {
+	switch {
+	case rep.ExpectedAt == 0:
+		fmt.Fprintf(stdout, "%snote: %s is in the records before seq %d, which were not checked\n", prefix, what, rep.FirstSeq)
+	case rep.ExpectedAt == rep.LastSeq:
+		fmt.Fprintf(stdout, "%s%s matches (seq %d, the last record)\n", prefix, what, rep.ExpectedAt)
+	default:
+		fmt.Fprintf(stdout, "%s%s matches (seq %d; %d records were written after it)\n", prefix, what, rep.ExpectedAt, rep.LastSeq-rep.ExpectedAt)
+	}
+}
+
+// auditVerifyAnchored checks each replica's chain against its anchor, and
+// that the anchors themselves hold: signed with the replicas' token, none
+// deleted (the others name it), none without its chain.
+func auditVerifyAnchored(url, namespace string, key []byte, fromSeq int64, chains []string, stdout io.Writer) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	st, err := sharedstate.Open(ctx, url, sharedstate.Options{Namespace: namespace})
@@ -118,50 +189,110 @@ func auditVerifyAnchored(url, namespace string, chains []string, stdout io.Write
 		return fmt.Errorf("audit verify: %w", err)
 	}
 	defer st.Close()
-	anchors, err := st.Anchors(ctx)
+	st.UseReplicaKey(key)
+	anchors, bad, err := st.Anchors(ctx)
 	if err != nil {
 		return fmt.Errorf("audit verify: read the anchors: %w", err)
 	}
-	seen := map[string]bool{}
-	for _, chain := range chains {
-		files, err := chainFiles(chain)
-		if err != nil {
-			return err
-		}
-		rep, err := audit.Verify(files)
-		if err != nil {
-			return fmt.Errorf("audit verify: %w", err)
-		}
-		if len(rep.Replicas) != 1 {
-			return fmt.Errorf("audit verify: %s: want the chain of one replica, and its start records name %d (%v)", chain, len(rep.Replicas), rep.Replicas)
-		}
-		name := rep.Replicas[0]
-		if seen[name] {
-			return fmt.Errorf("audit verify: %s: a second chain of replica %s", chain, name)
-		}
-		seen[name] = true
-		a, ok := anchors[name]
-		if !ok {
-			return fmt.Errorf("audit verify: %s: replica %s anchored no head in the store", chain, name)
-		}
-		if err := audit.CheckAnchor(files, rep, a); err != nil {
-			return fmt.Errorf("audit verify: %s (replica %s): %w", chain, name, err)
-		}
-		printReport(stdout, name+": ", rep)
-		fmt.Fprintf(stdout, "%s: anchored seq %d matches\n", name, a.Seq)
+	var problems []string
+	// expected are the replicas whose chain must be given: every one
+	// with an entry, good or bad, and every one a good anchor names.
+	expected := map[string]string{}
+	for _, b := range bad {
+		problems = append(problems, b.Error()+"; it cannot be relied on")
+		expected[b.Replica] = "its entry is not a valid anchor"
 	}
-	var missing []string
 	for name, a := range anchors {
-		if !seen[name] {
-			missing = append(missing, fmt.Sprintf("%s (anchored at seq %d)", name, a.Seq))
+		expected[name] = fmt.Sprintf("anchored at seq %d", a.Seq)
+	}
+	namedBy := map[string][]string{}
+	for name, a := range anchors {
+		for _, n := range a.Replicas {
+			if _, ok := expected[n]; !ok {
+				namedBy[n] = append(namedBy[n], name)
+			}
 		}
 	}
-	if len(missing) > 0 {
-		sort.Strings(missing)
-		return fmt.Errorf("audit verify: no chain was given for %s", strings.Join(missing, ", "))
+	for _, n := range slices.Sorted(maps.Keys(namedBy)) {
+		by := namedBy[n]
+		slices.Sort(by)
+		problems = append(problems, fmt.Sprintf("replica %s has no anchor in the store, but the anchors of %s name it: its anchor was deleted", n, strings.Join(by, ", ")))
+		expected[n] = "its anchor deleted"
 	}
-	fmt.Fprintf(stdout, "ok: %d chains match their anchors\n", len(chains))
-	return nil
+	seen := map[string]bool{}
+	passed := 0
+	for _, chain := range chains {
+		name, problem := verifyReplicaChain(chain, anchors, fromSeq, seen, stdout)
+		if name != "" {
+			seen[name] = true
+		}
+		if problem != "" {
+			problems = append(problems, problem)
+		} else {
+			passed++
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(expected)) {
+		if !seen[name] {
+			problems = append(problems, fmt.Sprintf("no chain was given for %s (%s)", name, expected[name]))
+		}
+	}
+	switch len(problems) {
+	case 0:
+		fmt.Fprintf(stdout, "ok: %d chains match their anchors\n", passed)
+		return nil
+	case 1:
+		return fmt.Errorf("audit verify: %s", problems[0])
+	}
+	return fmt.Errorf("audit verify: %d problems:\n  %s", len(problems), strings.Join(problems, "\n  "))
+}
+
+// verifyReplicaChain checks one replica's chain against its anchor,
+// printing what passed; it returns the replica's name (once known) and
+// what is wrong, if anything.
+func verifyReplicaChain(chain string, anchors map[string]audit.Anchor, fromSeq int64, seen map[string]bool, stdout io.Writer) (name, problem string) {
+	files, err := chainFiles(chain)
+	if err != nil {
+		return "", err.Error()
+	}
+	// The replica is the one the first start record names; the anchor
+	// to check against depends on it.
+	err = audit.Read(files, func(r *audit.Record, _ string) bool {
+		if r.Event == audit.EventStart && r.Detail["replica"] != "" {
+			name = r.Detail["replica"]
+		}
+		return name == ""
+	})
+	if err != nil {
+		return "", err.Error()
+	}
+	if name == "" {
+		// Its start records cut away, perhaps: say so rather than only
+		// that its replica is unknown.
+		if _, err := audit.Check(files, audit.Expect{FromSeq: fromSeq}); err != nil {
+			return "", fmt.Sprintf("%v%s", err, fromSeqHint(err))
+		}
+		return "", fmt.Sprintf("%s: no start record names the replica whose chain it is", chain)
+	}
+	if seen[name] {
+		return name, fmt.Sprintf("%s: a second chain of replica %s", chain, name)
+	}
+	a, ok := anchors[name]
+	if !ok {
+		return name, fmt.Sprintf("%s: replica %s has no valid anchor in the store, so its chain cannot be checked against one", chain, name)
+	}
+	exp := a.Expect()
+	exp.FromSeq = fromSeq
+	rep, err := audit.Check(files, exp)
+	if err != nil {
+		return name, fmt.Sprintf("%s (replica %s, anchored at seq %d): %v%s", chain, name, a.Seq, err, fromSeqHint(err))
+	}
+	if len(rep.Replicas) != 1 {
+		return name, fmt.Sprintf("%s: want the chain of one replica, and its start records name %d (%v)", chain, len(rep.Replicas), rep.Replicas)
+	}
+	printReport(stdout, name+": ", rep)
+	printExpected(stdout, name+": ", rep, "the anchored head")
+	return name, ""
 }
 
 // auditTail shows the last records, and with -f the ones that follow.

@@ -79,6 +79,8 @@ func (f replicaFlags) join(ctx context.Context, sh *shared, httpAddr string, log
 	if len(token) < 32 {
 		return nil, fmt.Errorf("--replica-token-file: the token has %d characters; use at least 32 (openssl rand -hex 32)", len(token))
 	}
+	// The token also signs the audit anchors this replica writes there.
+	sh.store.UseReplicaKey([]byte(token))
 	name := *f.name
 	if name == "" {
 		name = os.Getenv("POD_NAME")
@@ -232,6 +234,9 @@ func anchorAudit(st *sharedstate.Store, replica string, w *audit.Writer, log *sl
 	}
 	go func() {
 		defer close(done)
+		// At once too: a replica killed before its first tick would
+		// otherwise leave a chain no anchor asks for.
+		anchor()
 		t := time.NewTicker(anchorEvery)
 		defer t.Stop()
 		for {

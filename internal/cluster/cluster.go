@@ -103,10 +103,11 @@ type Directory interface {
 	Lookup(ctx context.Context, name string) (Member, bool, error)
 	// Members lists the replicas listed now.
 	Members(ctx context.Context) ([]Member, error)
-	// Gone records that a replica's incarnation left for good;
-	// WasGone reports it.
-	Gone(ctx context.Context, m Member) error
-	WasGone(ctx context.Context, tag string) (bool, error)
+	// Gone records that the incarnation tag left for good, with mark
+	// (GoneMark, signed); WasGone returns the mark recorded for tag, ""
+	// when there is none.
+	Gone(ctx context.Context, tag, mark string) error
+	WasGone(ctx context.Context, tag string) (mark string, err error)
 }
 
 // Timing of the directory: a replica refreshes its entry every
@@ -141,6 +142,8 @@ type Cluster struct {
 	done    chan struct{}
 	// missing notes since when an owner was not listed (by tag).
 	missing map[string]time.Time
+	// warned notes when a warning of each kind was last logged.
+	warned map[string]time.Time
 }
 
 // Errors of Owner lookups.
@@ -164,7 +167,7 @@ func Join(ctx context.Context, dir Directory, replica, mcpURL, internalURL strin
 	}
 	c := &Cluster{
 		self: Member{Name: replica, Incarnation: hex.EncodeToString(b[:]), MCP: strings.TrimRight(mcpURL, "/"), Internal: strings.TrimRight(internalURL, "/")},
-		dir:  dir, log: log, stop: make(chan struct{}), done: make(chan struct{}), key: key, missing: map[string]time.Time{},
+		dir:  dir, log: log, stop: make(chan struct{}), done: make(chan struct{}), key: key, missing: map[string]time.Time{}, warned: map[string]time.Time{},
 	}
 	if !c.self.signed(key, EntryTTL).valid(key) {
 		return nil, fmt.Errorf("cluster: %q is not an address the other replicas can reach this one at", internalURL)
@@ -218,7 +221,7 @@ func (c *Cluster) Leave() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	// Its sessions are lost from now on, at once, not after a grace.
-	c.dir.Gone(ctx, c.self)
+	c.dir.Gone(ctx, c.self.Tag(), GoneMark(c.key, c.self.Tag()))
 	c.dir.Deregister(ctx, c.self)
 }
 
@@ -269,7 +272,7 @@ func (c *Cluster) Owner(ctx context.Context, id string, mcpSession bool) (m Memb
 		return Member{}, false, fmt.Errorf("the shared store did not answer where this session is (%v); retry in a few seconds", err)
 	}
 	if found && (!m.valid(c.key) || m.Name != name) {
-		c.log.Warn("cluster: a directory entry not signed with the replicas' token, or expired, is ignored", "name", name)
+		c.warn("entry", "cluster: a directory entry not signed with the replicas' token, or expired, is ignored", "name", name)
 		found = false
 	}
 	tag := name + "." + inc
@@ -278,7 +281,7 @@ func (c *Cluster) Owner(ctx context.Context, id string, mcpSession bool) (m Memb
 	}
 	// An incarnation that left for good stays lost, whatever the
 	// directory says (an old entry written back).
-	if gone, err := c.dir.WasGone(ctx, tag); err == nil && gone {
+	if c.left(ctx, tag) {
 		return Member{}, false, ErrLost
 	}
 	c.mu.Lock()

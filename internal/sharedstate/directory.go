@@ -97,12 +97,17 @@ func (d directory) Members(ctx context.Context) ([]cluster.Member, error) {
 func (d directory) goneKey(tag string) string { return d.s.prefix + "gone:" + tag }
 
 // Gone marks an incarnation as left for good, for a day: ids of it are
-// lost from then on.
-func (d directory) Gone(ctx context.Context, m cluster.Member) error {
-	return d.s.c.Set(ctx, d.goneKey(m.Tag()), 1, 24*time.Hour).Err()
+// lost from then on. mark is the marker's signature (cluster checks it:
+// anyone who can write the store could otherwise have a live replica's
+// sessions taken for lost).
+func (d directory) Gone(ctx context.Context, tag, mark string) error {
+	return d.s.c.Set(ctx, d.goneKey(tag), mark, 24*time.Hour).Err()
 }
 
-func (d directory) WasGone(ctx context.Context, tag string) (bool, error) {
-	n, err := d.s.c.Exists(ctx, d.goneKey(tag)).Result()
-	return n > 0, err
+func (d directory) WasGone(ctx context.Context, tag string) (string, error) {
+	mark, err := d.s.c.Get(ctx, d.goneKey(tag)).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	return mark, err
 }

@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -34,6 +35,13 @@ type Store struct {
 	// hash slot, as the scripts (which name keys they build) need on a
 	// Redis Cluster.
 	prefix string
+
+	mu sync.Mutex
+	// key is the replicas' token (UseReplicaKey): it signs the audit
+	// anchors.
+	key []byte
+	// known are the replicas this process saw anchor a chain (SetAnchor).
+	known map[string]bool
 }
 
 // Options configure Open.
