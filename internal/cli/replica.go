@@ -19,6 +19,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/audit"
 	"github.com/pysandbox/pysandbox/internal/cluster"
 	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/httpserver"
 	"github.com/pysandbox/pysandbox/internal/sharedstate"
 )
 
@@ -129,7 +130,7 @@ func (r *replica) serveInternal(public http.Handler, internal *mcp.Server, maxRe
 	mux.Handle("/mcp", public)
 	mux.Handle(cluster.InternalPath, cluster.InternalAuth(r.token, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return internal },
 		&mcp.StreamableHTTPOptions{Stateless: true, Logger: log, MaxRequestBodyBytes: maxRequestBytes})))
-	r.srv = &http.Server{Handler: r.count(mux), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
+	r.srv = &http.Server{Handler: r.count(mux), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: httpserver.IdleTimeout, MaxHeaderBytes: 64 << 10}
 	go func() {
 		if err := r.srv.Serve(r.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("internal endpoint stopped", "err", err)

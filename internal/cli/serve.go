@@ -341,7 +341,9 @@ func serve(args []string, stderr io.Writer) error {
 		ln.Close()
 		return usageError{err}
 	}
-	hs := &http.Server{Handler: rep.count(handler), ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsConfig, MaxHeaderBytes: 64 << 10}
+	ln, maxConns := httpserver.LimitConnections(ln)
+	log.Debug("connections open at once", "max", maxConns)
+	hs := &http.Server{Handler: rep.count(handler), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: httpserver.IdleTimeout, TLSConfig: tlsConfig, MaxHeaderBytes: 64 << 10}
 	scheme := "http"
 	if tlsConfig != nil {
 		ln = tls.NewListener(ln, tlsConfig)

@@ -14,6 +14,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -66,26 +67,33 @@ func (s *Sessions) ownerQuota(owner string) error {
 		return nil
 	}
 	n := 0
+	var next time.Time
 	for _, sess := range s.live {
 		if sess.Owner == owner && !s.detached(sess) {
 			n++
+			sess.mu.Lock()
+			if exp := sess.lastUsed.Add(sess.TTL); next.IsZero() || exp.Before(next) {
+				next = exp
+			}
+			sess.mu.Unlock()
 		}
 	}
 	if n >= limit {
-		return &QuotaError{Owner: owner, Open: n, IdleTTL: s.cfg.DefaultTTL}
+		return &QuotaError{Owner: owner, Open: n, NextExpiry: next}
 	}
 	return nil
 }
 
 // QuotaError says that an owner has all the sessions its quota allows.
 type QuotaError struct {
-	Owner   string
-	Open    int
-	IdleTTL time.Duration
+	Owner string
+	Open  int
+	// NextExpiry is when the first of them expires unless it is used.
+	NextExpiry time.Time
 }
 
 func (e *QuotaError) Error() string {
-	return fmt.Sprintf("%v: %s has %d sessions open, its quota; close one with close_session (list_sessions shows them), or wait until one has been idle for %s and expires", ErrSessionQuota, e.Owner, e.Open, e.IdleTTL)
+	return fmt.Sprintf("%v: %s has %d sessions open, its quota; close one with close_session (list_sessions shows them), or wait: the first expires at %s unless used", ErrSessionQuota, e.Owner, e.Open, e.NextExpiry.UTC().Format(time.RFC3339))
 }
 
 func (e *QuotaError) Unwrap() error { return ErrSessionQuota }
@@ -109,27 +117,29 @@ func (s *Sessions) detached(sess *Session) bool {
 // closed one.
 func (s *Sessions) evictDetached() bool {
 	s.mu.Lock()
-	var victim *Session
-	var oldest time.Time
+	var detached []*Session
 	for _, sess := range s.live {
-		if !s.detached(sess) {
-			continue
-		}
-		sess.mu.Lock()
-		used := sess.lastUsed
-		sess.mu.Unlock()
-		if victim == nil || used.Before(oldest) {
-			victim, oldest = sess, used
+		if s.detached(sess) {
+			detached = append(detached, sess)
 		}
 	}
 	s.mu.Unlock()
-	// Never one in the middle of a run.
-	if victim == nil || !victim.runMu.TryLock() {
-		return false
+	lastUsed := func(sess *Session) time.Time {
+		sess.mu.Lock()
+		defer sess.mu.Unlock()
+		return sess.lastUsed
 	}
-	victim.runMu.Unlock()
-	s.remove(victim, fmt.Sprintf("it was closed to make room for a new session: the server had all the sessions it allows (%d), and the connection that last used this one had ended", s.cfg.MaxSessions))
-	return true
+	slices.SortFunc(detached, func(a, b *Session) int { return lastUsed(a).Compare(lastUsed(b)) })
+	for _, victim := range detached {
+		// Never one in the middle of a run.
+		if !victim.runMu.TryLock() {
+			continue
+		}
+		victim.runMu.Unlock()
+		s.remove(victim, fmt.Sprintf("it was closed to make room for a new session: the server had all the sessions it allows (%d), and the connection that last used this one had ended", s.cfg.MaxSessions))
+		return true
+	}
+	return false
 }
 
 // Sessions manages long-lived workers that keep their state between runs:
@@ -145,8 +155,8 @@ type Sessions struct {
 
 	mu    sync.Mutex
 	live  map[string]*Session
-	gone  map[string]string // id → why it ended, for clear errors (bounded)
-	order []string          // gone ids, oldest first
+	gone  map[string]goneSession // id → why it ended, for clear errors (bounded)
+	order []string               // gone ids, oldest first
 	quit  chan struct{}
 	wg    sync.WaitGroup
 }
@@ -205,6 +215,7 @@ var (
 // SessionGoneError says why a session no longer exists.
 type SessionGoneError struct {
 	ID, Why string
+	owner   string
 }
 
 func (e *SessionGoneError) Error() string {
@@ -225,7 +236,7 @@ func (e *Engine) NewSessions(cfg SessionConfig) *Sessions {
 	if cfg.MemoryBudget <= 0 {
 		cfg.MemoryBudget = int64(cfg.MaxSessions) * max(e.cfg.Limits.MemoryBytes, 1)
 	}
-	s := &Sessions{e: e, cfg: cfg, live: map[string]*Session{}, gone: map[string]string{}, quit: make(chan struct{})}
+	s := &Sessions{e: e, cfg: cfg, live: map[string]*Session{}, gone: map[string]goneSession{}, quit: make(chan struct{})}
 	s.wg.Add(1)
 	go s.reaper()
 	return s
@@ -401,7 +412,7 @@ func (s *Sessions) remove(sess *Session, why string) {
 	s.mu.Lock()
 	if s.live[sess.ID] == sess {
 		delete(s.live, sess.ID)
-		s.gone[sess.ID] = why
+		s.gone[sess.ID] = goneSession{why: why, owner: sess.Owner}
 		s.order = append(s.order, sess.ID)
 		if len(s.order) > 1024 {
 			delete(s.gone, s.order[0])
@@ -436,11 +447,15 @@ func (s *Sessions) get(id string) (*Session, error) {
 	if sess, ok := s.live[id]; ok {
 		return sess, nil
 	}
-	if why, ok := s.gone[id]; ok {
-		return nil, &SessionGoneError{ID: id, Why: why}
+	if g, ok := s.gone[id]; ok {
+		return nil, &SessionGoneError{ID: id, Why: g.why, owner: g.owner}
 	}
 	return nil, noSession(id)
 }
+
+// goneSession is what is kept of an ended session: why it ended, told
+// only to its owner.
+type goneSession struct{ why, owner string }
 
 func noSession(id string) error {
 	return fmt.Errorf("%w %q (it never existed, or ended long ago)", ErrNoSession, id)
@@ -451,6 +466,9 @@ func noSession(id string) error {
 // there.
 func (s *Sessions) CheckOwner(id, owner string) error {
 	sess, err := s.get(id)
+	if gone := (*SessionGoneError)(nil); errors.As(err, &gone) && gone.owner != owner {
+		return noSession(id)
+	}
 	if err != nil {
 		return err
 	}

@@ -64,12 +64,14 @@ func hostOnly(hostport string) string {
 func (g *hostGuard) wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !g.allowed[hostOnly(r.Host)] {
+			w.Header().Set("Connection", "close")
 			http.Error(w, fmt.Sprintf("Forbidden: Host %q is not a name this server answers to (see --allowed-host)", r.Host), http.StatusForbidden)
 			return
 		}
 		if origin := r.Header.Get("Origin"); origin != "" {
 			u, err := url.Parse(origin)
 			if err != nil || u.Host == "" || !g.allowed[hostOnly(u.Host)] {
+				w.Header().Set("Connection", "close")
 				http.Error(w, fmt.Sprintf("Forbidden: Origin %q is not allowed", origin), http.StatusForbidden)
 				return
 			}

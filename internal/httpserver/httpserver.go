@@ -61,14 +61,15 @@ func Handler(cfg Config) (http.Handler, error) {
 	}
 	caps := newSessionCaps(cfg.Server, cfg.Sessions)
 	opts := func(stateless bool) *mcp.StreamableHTTPOptions {
-		return &mcp.StreamableHTTPOptions{MaxRequestBodyBytes: cfg.MaxRequestBytes, Logger: cfg.Logger, Stateless: stateless, SessionTimeout: caps.lim.Idle,
+		return &mcp.StreamableHTTPOptions{MaxRequestBodyBytes: cfg.MaxRequestBytes, Logger: cfg.Logger, Stateless: stateless,
 			// The SDK refuses any non-loopback Host on a loopback
 			// connection; names the operator allowed (a reverse proxy on
 			// this machine) are checked by our guard instead.
 			DisableLocalhostProtection: len(cfg.AllowedHosts) > 0}
 	}
 	get := func(*http.Request) *mcp.Server { return cfg.Server }
-	var mcpHandler http.Handler = sessionless(caps.wrap(mcp.NewStreamableHTTPHandler(get, opts(false))), mcp.NewStreamableHTTPHandler(get, opts(true)))
+	var mcpHandler http.Handler = sessionless(caps.wrap(mcp.NewStreamableHTTPHandler(get, opts(false))), caps.streams.wrap(mcp.NewStreamableHTTPHandler(get, opts(true))))
+	mcpHandler = newBodies(cfg.MaxRequestBytes).wrap(mcpHandler)
 	if cfg.Cluster != nil {
 		// After authentication (below): no request of a caller without a
 		// token costs a lookup; the owner authenticates the caller again.
@@ -146,6 +147,10 @@ type challengeWriter struct{ http.ResponseWriter }
 func (c *challengeWriter) WriteHeader(code int) {
 	if code == http.StatusUnauthorized && c.Header().Get("WWW-Authenticate") == "" {
 		c.Header().Set("WWW-Authenticate", `Bearer realm="pysandbox"`)
+	}
+	if code == http.StatusUnauthorized {
+		// A caller without a valid token keeps no connection open.
+		c.Header().Set("Connection", "close")
 	}
 	c.ResponseWriter.WriteHeader(code)
 }

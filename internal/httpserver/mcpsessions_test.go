@@ -10,6 +10,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/testutil"
 )
 
 // startCapped serves testServer with the given MCP-session limits.
@@ -80,19 +84,19 @@ func TestSessionCapsPerCaller(t *testing.T) {
 		}
 		ids = append(ids, id)
 	}
-	code, _, body := open(t, ctx, url, aliceToken)
-	if code != http.StatusTooManyRequests || !strings.Contains(body, "alice has 2 open") || !strings.Contains(body, "--max-mcp-sessions-per-caller") || !strings.Contains(body, `"jsonrpc":"2.0"`) {
+	code, id, body := open(t, ctx, url, aliceToken)
+	if !refused(code, id, body) || !strings.Contains(body, "alice has 2 open") || !strings.Contains(body, "--max-mcp-sessions-per-caller") || !strings.Contains(body, `"jsonrpc":"2.0"`) {
 		t.Errorf("alice's third: %d %s", code, body)
 	}
 	// Bob has his own cap; then the server's is reached.
-	if code, _, body := open(t, ctx, url, "bob-0123456789abcdef00"); code != http.StatusOK {
+	if code, id, body := open(t, ctx, url, "bob-0123456789abcdef00"); code != http.StatusOK || id == "" {
 		t.Errorf("bob's first: %d %s", code, body)
 	}
-	if code, _, body := open(t, ctx, url, "bob-0123456789abcdef00"); code != http.StatusTooManyRequests || !strings.Contains(body, "this server has 3 open") {
+	if code, id, body := open(t, ctx, url, "bob-0123456789abcdef00"); !refused(code, id, body) || !strings.Contains(body, "this server has 3 open") {
 		t.Errorf("past the server's cap: %d %s", code, body)
 	}
 	end(t, url, aliceToken, ids[0])
-	if code, _, body := open(t, ctx, url, aliceToken); code != http.StatusOK {
+	if code, id, body := open(t, ctx, url, aliceToken); code != http.StatusOK || id == "" {
 		t.Errorf("after a DELETE: %d %s", code, body)
 	}
 	// Sessionless requests (2026-07-28) open no session and are not capped.
@@ -129,9 +133,9 @@ func TestSessionCapsAnonymousAndIdle(t *testing.T) {
 	// reservation would refuse these for ever (a hang guard only).
 	deadline := time.Now().Add(time.Minute)
 	for i := 0; i < 4; {
-		code, _, body := open(t, context.Background(), url, "")
+		code, id, body := open(t, context.Background(), url, "")
 		switch {
-		case code == http.StatusOK:
+		case code == http.StatusOK && id != "":
 			i++
 		case time.Now().After(deadline):
 			t.Fatalf("session %d: %d %s", i, code, body)
@@ -139,8 +143,8 @@ func TestSessionCapsAnonymousAndIdle(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	code, _, body := open(t, context.Background(), url, "")
-	if code != http.StatusTooManyRequests || !strings.Contains(body, "callers without a token") {
+	code, id, body := open(t, context.Background(), url, "")
+	if !refused(code, id, body) || !strings.Contains(body, "callers without a token") {
 		t.Errorf("past the shared cap: %d %s", code, body)
 	}
 	// Idle sessions end by themselves: fill a cap, then wait for a place
@@ -148,8 +152,8 @@ func TestSessionCapsAnonymousAndIdle(t *testing.T) {
 	url = startCapped(t, nil, SessionLimits{PerCaller: 2, Total: 100, Idle: 2 * time.Second})
 	deadline = time.Now().Add(time.Minute)
 	for {
-		code, _, body := open(t, context.Background(), url, "")
-		if code == http.StatusTooManyRequests {
+		code, id, body := open(t, context.Background(), url, "")
+		if refused(code, id, body) {
 			break
 		}
 		if code != http.StatusOK || time.Now().After(deadline) {
@@ -157,8 +161,8 @@ func TestSessionCapsAnonymousAndIdle(t *testing.T) {
 		}
 	}
 	for {
-		code, _, body := open(t, context.Background(), url, "")
-		if code == http.StatusOK {
+		code, id, body := open(t, context.Background(), url, "")
+		if code == http.StatusOK && id != "" {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -166,4 +170,150 @@ func TestSessionCapsAnonymousAndIdle(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// TestSessionKeptByEventStream: an MCP session whose client holds its
+// event stream open is not idle, however long it calls nothing; once the
+// stream closes it ends after the timeout, and a request on it then gets
+// a JSON-RPC error saying what happened and what to do.
+func TestSessionKeptByEventStream(t *testing.T) {
+	url := startCapped(t, nil, SessionLimits{Idle: 500 * time.Millisecond})
+	code, id, body := open(t, context.Background(), url, "")
+	if code != http.StatusOK {
+		t.Fatalf("initialize: %d %s", code, body)
+	}
+	post := func(msg string) (int, string) {
+		req, _ := http.NewRequest("POST", url+"/mcp", strings.NewReader(msg))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Mcp-Session-Id", id)
+		req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := post(`{"jsonrpc":"2.0","method":"notifications/initialized"}`); code >= 300 {
+		t.Fatalf("initialized: %d %s", code, body)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", url+"/mcp", nil)
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Mcp-Session-Id", id)
+	req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("event stream: %v %v", resp, err)
+	}
+	// Six timeouts with the stream open: still there.
+	time.Sleep(3 * time.Second)
+	if code, body := post(`{"jsonrpc":"2.0","id":2,"method":"ping"}`); code != http.StatusOK {
+		t.Fatalf("a session with its event stream open ended: %d %s", code, body)
+	}
+	cancel()
+	resp.Body.Close()
+	// Each request is activity: ask only every four timeouts.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		time.Sleep(2 * time.Second)
+		code, body := post(`{"jsonrpc":"2.0","id":3,"method":"ping"}`)
+		if code == http.StatusNotFound {
+			if !strings.Contains(body, `"jsonrpc":"2.0"`) || !strings.Contains(body, "this MCP session has ended") || !strings.Contains(body, "initialize a new one") {
+				t.Errorf("the answer for an ended session: %s", body)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("an idle session without a stream never ended: %d %s", code, body)
+		}
+	}
+}
+
+// TestSessionlessRequestsBounded: requests of the sessionless protocol
+// in flight are bounded per caller as sessions are; others still pass.
+func TestSessionlessRequestsBounded(t *testing.T) {
+	release := make(chan struct{})
+	srv := testServer()
+	mcp.AddTool(srv, &mcp.Tool{Name: "wait"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens, _ := ParseTokens([]byte("alice "+aliceToken+"\nbob bob-0123456789abcdef00\n"), "tokens")
+	h, err := Handler(Config{Server: srv, Tokens: tokens, Listen: ln.Addr(), Sessions: SessionLimits{PerCaller: 2, Total: 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &httptest.Server{Listener: ln, Config: &http.Server{Handler: h}}
+	hs.Start()
+	t.Cleanup(hs.Close)
+	connect := func(token string) *mcp.ClientSession {
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "c", Version: "1"}, nil).Connect(context.Background(),
+			&mcp.StreamableClientTransport{Endpoint: hs.URL + "/mcp", HTTPClient: &http.Client{Transport: testutil.Bearer(token, nil)}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cs.Close() })
+		return cs
+	}
+	alice := connect(aliceToken)
+	if v := alice.InitializeResult().ProtocolVersion; v != "2026-07-28" {
+		t.Fatalf("protocol %s", v)
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			alice.CallTool(context.Background(), &mcp.CallToolParams{Name: "wait"})
+		}()
+	}
+	defer func() { close(release); wg.Wait() }()
+	// Once both wait, a third is refused (a hang guard only).
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := alice.CallTool(ctx, &mcp.CallToolParams{Name: "whoami"})
+		cancel()
+		if err != nil && strings.Contains(err.Error(), "too many requests in flight: alice has 2") && strings.Contains(err.Error(), "--max-mcp-sessions-per-caller") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a third request in flight: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if who, err := whoami(t, hs.URL, "bob-0123456789abcdef00"); err != nil || who != "bob" {
+		t.Errorf("bob while alice is at her cap: %q %v", who, err)
+	}
+}
+
+// TestUnauthenticatedConnectionsClose: a request without a valid token
+// gets its 401 and the connection closes, so it cannot be held open.
+func TestUnauthenticatedConnectionsClose(t *testing.T) {
+	tokens, _ := ParseTokens([]byte("alice "+aliceToken+"\n"), "tokens")
+	url := startCapped(t, tokens, SessionLimits{})
+	resp, err := http.Get(url + "/mcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized || !resp.Close {
+		t.Errorf("%s, connection kept: %v", resp.Status, !resp.Close)
+	}
+}
+
+// refused reports whether an initialize was refused: the JSON-RPC error
+// answering it, and no session.
+func refused(code int, id, body string) bool {
+	return code == http.StatusOK && id == "" && strings.Contains(body, `"error"`) && strings.Contains(body, `"id":1`)
 }

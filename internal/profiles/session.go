@@ -46,6 +46,13 @@ func (w *workspaces) get(ctx context.Context, h *tools.Host, req *mcp.CallToolRe
 		return "", refused
 	}
 	w.mu.Lock()
+	// Forget callers whose session has ended: without tokens every
+	// connection is a caller of its own, and the map would only grow.
+	for k, id := range w.byID {
+		if !h.SessionExists(id) {
+			delete(w.byID, k)
+		}
+	}
 	w.byID[me] = out.SessionID
 	w.mu.Unlock()
 	return out.SessionID, nil

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -39,26 +40,54 @@ type storedFigure struct {
 const (
 	maxStoredFigures     = 32
 	maxStoredFigureBytes = 64 << 20
+	// An owner's share: a quarter of the store.
+	maxFiguresPerOwner     = maxStoredFigures / 4
+	maxFigureBytesPerOwner = maxStoredFigureBytes / 4
 )
+
+// drop forgets the i-th oldest figure. f.mu is held.
+func (f *figureStore) drop(i int) {
+	k := f.order[i]
+	f.order = slices.Delete(f.order, i, i+1)
+	f.bytes -= len(f.byID[k].png)
+	delete(f.byID, k)
+}
 
 func newFigureStore() *figureStore { return &figureStore{byID: map[string]storedFigure{}} }
 
-func (f *figureStore) put(png []byte, owner string) string {
+// put stores png for owner; suffix ends its name before ".png" (with
+// replicas, the replica's, as its session ids end: a read of the figure
+// through another replica is routed here by it).
+func (f *figureStore) put(png []byte, owner, suffix string) string {
 	// 128 random bits: for callers without a token, who share one
 	// identity, the name is what keeps a figure its drawer's.
 	var b [16]byte
 	rand.Read(b[:])
-	id := hex.EncodeToString(b[:]) + ".png"
+	id := hex.EncodeToString(b[:]) + suffix + ".png"
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.byID[id] = storedFigure{png: png, owner: owner}
 	f.order = append(f.order, id)
 	f.bytes += len(png)
+	// An owner over its share loses its own oldest figures first, so that
+	// one caller's plots cannot push another's links out; past the store's
+	// bound, the oldest of anyone's go.
+	n, size := 0, 0
+	for _, k := range f.order {
+		if fig := f.byID[k]; fig.owner == owner {
+			n, size = n+1, size+len(fig.png)
+		}
+	}
+	for i := 0; i < len(f.order) && (n > maxFiguresPerOwner || size > maxFigureBytesPerOwner); {
+		if k := f.order[i]; f.byID[k].owner == owner && k != id {
+			n, size = n-1, size-len(f.byID[k].png)
+			f.drop(i)
+			continue
+		}
+		i++
+	}
 	for len(f.order) > maxStoredFigures || f.bytes > maxStoredFigureBytes {
-		old := f.order[0]
-		f.order = f.order[1:]
-		f.bytes -= len(f.byID[old].png)
-		delete(f.byID, old)
+		f.drop(0)
 	}
 	return figurePrefix + id
 }
@@ -79,6 +108,26 @@ func (f *figureStore) get(uri, who string) ([]byte, bool) {
 	return fig.png, true
 }
 
+// figureRef is the part of a figure's URI that names the replica holding
+// it (as a session id does), for routing; "" for a URI that is not a
+// figure's.
+func figureRef(uri string) string {
+	id, ok := strings.CutPrefix(uri, figurePrefix)
+	if !ok {
+		return ""
+	}
+	return strings.TrimSuffix(id, ".png")
+}
+
+// figureSuffix ends the names of the figures this server stores: with
+// replicas, this one's, as its session ids end.
+func (s *server) figureSuffix() string {
+	if s.cl == nil {
+		return ""
+	}
+	return s.cl.SessionSuffix()
+}
+
 func (s *server) addFigureResources(srv *mcp.Server) {
 	srv.AddResourceTemplate(&mcp.ResourceTemplate{
 		Name:        "figure",
@@ -86,16 +135,19 @@ func (s *server) addFigureResources(srv *mcp.Server) {
 		URITemplate: FigureTemplate,
 		MIMEType:    "image/png",
 		Description: "A matplotlib figure from a run_python call without a session, kept for a limited time and readable only by the caller whose run drew it.",
-	}, func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-		png, ok := s.figures.get(req.Params.URI, identity(req))
-		if !ok {
-			return nil, mcp.ResourceNotFoundError(req.Params.URI)
-		}
-		if int64(len(png)) > s.maxDownload {
-			return nil, fmt.Errorf("this figure is %d bytes, more than the %d this server returns in one reply (--max-reply); draw it smaller (figsize, dpi)", len(png), s.maxDownload)
-		}
-		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, MIMEType: "image/png", Blob: png}}}, nil
-	})
+	}, routedResource(s, figureRef, s.readFigure))
+}
+
+// readFigure serves resources/read for the figures this server stores.
+func (s *server) readFigure(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+	png, ok := s.figures.get(req.Params.URI, identity(req))
+	if !ok {
+		return nil, mcp.ResourceNotFoundError(req.Params.URI)
+	}
+	if int64(len(png)) > s.maxDownload {
+		return nil, fmt.Errorf("this figure is %d bytes, more than the %d this server returns in one reply (--max-reply); draw it smaller (figsize, dpi)", len(png), s.maxDownload)
+	}
+	return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, MIMEType: "image/png", Blob: png}}}, nil
 }
 
 // figureContent turns a run's figures into image content, or into links
@@ -130,7 +182,7 @@ func (s *server) figureContent(res *engine.Result, sessionID string, run int, ow
 			}
 		}
 		if fig.URI == "" {
-			fig.URI = s.figures.put(fig.PNG, owner)
+			fig.URI = s.figures.put(fig.PNG, owner, s.figureSuffix())
 		}
 		size := int64(len(fig.PNG))
 		out = append(out, &mcp.ResourceLink{URI: fig.URI, Name: fmt.Sprintf("figure %d (%dx%d)", i+1, fig.Width, fig.Height), MIMEType: "image/png", Size: &size})

@@ -120,7 +120,13 @@ func (s *server) addFileResource(srv *mcp.Server) {
 		Title:       "A file in a session's working directory",
 		URITemplate: FileTemplate,
 		Description: "A file in a pysandbox session's /work. The path is percent-encoded as one segment (data%2Fout.csv).",
-	}, s.readFileResource)
+	}, routedResource(s, fileSessionRef, s.readFileResource))
+}
+
+// fileSessionRef is the session a file URI names, for routing.
+func fileSessionRef(uri string) string {
+	id, _, _ := parseFileURI(uri)
+	return id
 }
 
 const maxListEntries = 1000

@@ -288,7 +288,11 @@ func (s *server) takeQuota(ctx context.Context, req *mcp.CallToolRequest) (func(
 	release, err := s.quotas.Run(ctx, identity(req))
 	switch {
 	case errors.Is(err, quota.ErrQuota):
-		return nil, refusal(engine.StatusQuota, fmt.Sprintf("Refused by your quota: %v. Nothing was run.", err))
+		msg := fmt.Sprintf("Refused by your quota: %v. Nothing was run.", err)
+		if callerOf(req).anonymous() {
+			msg += " Every caller without a token counts against this one quota (nothing tells them apart), so the runs may be another's; wait for one to finish, or use a server started with --auth-token-file, where each token has a quota of its own."
+		}
+		return nil, refusal(engine.StatusQuota, msg)
 	case err != nil:
 		return nil, refusal(engine.StatusCancelled, "The call was cancelled while it waited for one of your runs to finish. Nothing was run.")
 	}

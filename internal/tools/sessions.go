@@ -228,7 +228,8 @@ func sessionError(ctx context.Context, err error) *mcp.CallToolResult {
 	case errors.Is(err, engine.ErrSessionQuota):
 		msg := fmt.Sprintf("Refused by your quota: %v. Nothing was created.", err)
 		if q := (*engine.QuotaError)(nil); errors.As(err, &q) && q.Owner == anonymous {
-			msg += " Callers without a token share this quota (nothing tells them apart); a server started with --auth-token-file gives each token its own, and a session whose connection has ended stops counting."
+			msg = fmt.Sprintf("Refused by the session quota of callers without a token: together they have %d sessions open, all the quota allows (nothing tells such callers apart, so they share it). Nothing was created. Close a session you no longer need with close_session, using the session_id create_session gave you (list_sessions shows the ones this connection made or used); or wait: one expires at %s unless used, and a session whose MCP session has ended stops counting. A server started with --auth-token-file gives each token a quota of its own.",
+				q.Open, q.NextExpiry.UTC().Format(time.RFC3339))
 		}
 		return refusal(engine.StatusQuota, msg)
 	case errors.Is(err, engine.ErrDraining):

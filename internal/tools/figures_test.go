@@ -1,0 +1,46 @@
+package tools
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+)
+
+// TestFigureStoreShares: one owner's figures cannot push another's out of
+// the store; an owner over its share loses its own oldest; the store's
+// bound holds; a figure is its owner's alone.
+func TestFigureStoreShares(t *testing.T) {
+	f := newFigureStore()
+	alice := f.put([]byte("alice's plot"), "alice", "")
+	var bobs []string
+	for i := 0; i < 3*maxStoredFigures; i++ {
+		bobs = append(bobs, f.put([]byte(fmt.Sprint("bob's plot ", i)), "bob", ""))
+	}
+	if png, ok := f.get(alice, "alice"); !ok || !bytes.Equal(png, []byte("alice's plot")) {
+		t.Errorf("alice's figure was pushed out by bob's")
+	}
+	if _, ok := f.get(alice, "bob"); ok {
+		t.Error("bob read alice's figure")
+	}
+	for i, uri := range bobs {
+		_, ok := f.get(uri, "bob")
+		if want := i >= len(bobs)-maxFiguresPerOwner; ok != want {
+			t.Errorf("bob's figure %d kept: %v, want %v", i, ok, want)
+		}
+	}
+	// Many owners together: the store's own bound.
+	for i := 0; i < 2*maxStoredFigures; i++ {
+		f.put([]byte("x"), fmt.Sprint("owner", i), "")
+	}
+	if len(f.order) > maxStoredFigures || len(f.byID) != len(f.order) {
+		t.Errorf("%d figures stored (%d named), bound %d", len(f.order), len(f.byID), maxStoredFigures)
+	}
+	// Large figures: an owner's bytes are bounded too.
+	g := newFigureStore()
+	big := bytes.Repeat([]byte("p"), maxFigureBytesPerOwner/2+1)
+	first := g.put(big, "carol", "")
+	g.put(big, "carol", "")
+	if _, ok := g.get(first, "carol"); ok || g.bytes > maxFigureBytesPerOwner {
+		t.Errorf("carol holds %d bytes, share %d", g.bytes, maxFigureBytesPerOwner)
+	}
+}
