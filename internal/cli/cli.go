@@ -37,7 +37,8 @@ Usage:
   pysandbox check [flags]                 print the sandbox posture; exit 1 if the backend cannot work here
   pysandbox bench [flags]                 measure latency against spawning python3 directly
   pysandbox cache ls|prune [flags]        list or prune the cached dependency environments
-  pysandbox audit verify FILE...          check an audit log's hash chain; exit 1 naming the first bad line
+  pysandbox audit verify [--from-seq N] [--head HASH] [--store URL --replica-token-file F] FILE...
+                                          check an audit log's hash chain, whole from seq 1; exit 1 naming the first bad line
   pysandbox audit tail [-n N] [-f] FILE   pretty-print the last records of an audit log
   pysandbox serve --tools mcp-run-python  serve another Python MCP server's tools (see the README)
   pysandbox setup CLIENT [--write] [-- SERVE FLAGS]
