@@ -313,7 +313,7 @@ func TestReplicaResources(t *testing.T) {
 	// gets what anyone gets for a resource that does not exist.
 	notFound := func(err error) bool {
 		var we *jsonrpc.Error
-		return errors.As(err, &we) && we.Code == mcp.CodeResourceNotFound && we.Message == "Resource not found"
+		return errors.As(err, &we) && we.Code == jsonrpc.CodeInvalidParams && we.Message == "Resource not found"
 	}
 	for _, uri := range []string{"pysandbox://sessions/" + id + "/files/missing.txt", "pysandbox://figures/00112233445566778899aabbccddeeff" + strings.TrimPrefix(id, strings.Split(id, ".")[0]) + ".png"} {
 		if _, err := read(alice[1], uri); !notFound(err) {

@@ -77,7 +77,7 @@ func TestForwarder(t *testing.T) {
 		}
 		_, err = f.ReadResource(ctx, m, "pysandbox://figures/missing", "bob")
 		var answered *jsonrpc.Error
-		if !errors.As(err, &answered) || answered.Code != mcp.CodeResourceNotFound || answered.Message != "Resource not found" || errors.Is(err, cluster.ErrUnreachable) {
+		if !errors.As(err, &answered) || answered.Code != jsonrpc.CodeInvalidParams || answered.Message != "Resource not found" || errors.Is(err, cluster.ErrUnreachable) {
 			t.Errorf("%d: the owner's not found: %v", i, err)
 		}
 	}
