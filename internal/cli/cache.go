@@ -10,7 +10,10 @@ import (
 	"github.com/pysandbox/pysandbox/internal/sandbox"
 )
 
-// cacheCmd lists or prunes the cached dependency environments.
+// cacheCmd lists or prunes the cached dependency environments. Sizes are
+// what the environments take on disk as the cache charges them against
+// --cache-size: 4 KiB (deps.InodeCost) for each inode plus its allocated
+// blocks, a hard-linked file once (see internal/deps/diskuse.go).
 func cacheCmd(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || (args[0] != "ls" && args[0] != "prune") {
 		return usageError{fmt.Errorf("usage: pysandbox cache ls|prune [--all] [--max-size SIZE] [--cache-dir DIR]")}
@@ -45,7 +48,7 @@ func cacheCmd(args []string, stdout, stderr io.Writer) error {
 		for _, e := range removed {
 			freed += e.SizeBytes
 		}
-		fmt.Fprintf(stdout, "removed %d environments (%.1f MiB)\n", len(removed), float64(freed)/(1<<20))
+		fmt.Fprintf(stdout, "removed %d environments (%.1f MiB on disk)\n", len(removed), float64(freed)/(1<<20))
 		return nil
 	}
 	envs, err := cache.List()
@@ -53,11 +56,11 @@ func cacheCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	var total int64
-	fmt.Fprintf(stdout, "%-32s %-8s %9s  %-20s %s\n", "KEY", "PYTHON", "SIZE", "LAST USED", "REQUIREMENTS")
+	fmt.Fprintf(stdout, "%-32s %-8s %9s  %-20s %s\n", "KEY", "PYTHON", "DISK", "LAST USED", "REQUIREMENTS")
 	for _, e := range envs {
 		total += e.SizeBytes
 		fmt.Fprintf(stdout, "%-32s %-8s %8.1fM  %-20s %s\n", e.Key, e.Python, float64(e.SizeBytes)/(1<<20), e.LastUsed.Local().Format(time.DateTime), strings.Join(e.Requirements, " "))
 	}
-	fmt.Fprintf(stdout, "%d environments, %.1f MiB in %s\n", len(envs), float64(total)/(1<<20), o.cacheDir)
+	fmt.Fprintf(stdout, "%d environments, %.1f MiB on disk (cap %.1f MiB) in %s\n", len(envs), float64(total)/(1<<20), float64(o.cacheSize)/(1<<20), o.cacheDir)
 	return nil
 }

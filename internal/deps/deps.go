@@ -78,8 +78,10 @@ type IndexConfig struct {
 
 // Config configures a Cache.
 type Config struct {
-	Dir      string // cache root (created 0700)
-	MaxBytes int64  // LRU cap on the total size of envs (0 = DefaultMaxBytes)
+	Dir string // cache root (created 0700)
+	// MaxBytes caps what the envs take on disk, blocks and inodes (see
+	// InodeCost), installs in progress included (0 = DefaultMaxBytes).
+	MaxBytes int64
 	Index    IndexConfig
 	// Backend runs the installer: the same kind of sandbox as user code.
 	Backend sandbox.Backend
@@ -142,13 +144,18 @@ func (ix IndexConfig) Targets() []string {
 // Env is a finished environment. Site is the host directory to put on
 // sys.path (mounted read-only into sandboxes by the caller).
 type Env struct {
-	Key          string    `json:"key"`
-	Site         string    `json:"site"`         // host path of the installed packages (a --target directory)
-	Requirements []string  `json:"requirements"` // canonical, sorted
-	Python       string    `json:"python"`       // version, e.g. "3.11.2"
-	SizeBytes    int64     `json:"size_bytes"`
-	Created      time.Time `json:"created"`
-	LastUsed     time.Time `json:"last_used"`
+	Key          string   `json:"key"`
+	Site         string   `json:"site"`         // host path of the installed packages (a --target directory)
+	Requirements []string `json:"requirements"` // canonical, sorted
+	Python       string   `json:"python"`       // version, e.g. "3.11.2"
+	// SizeBytes is what the env takes on disk, as the cache charges it:
+	// InodeCost per inode plus its allocated blocks (see diskuse.go).
+	SizeBytes int64 `json:"size_bytes"`
+	// Accounting says how SizeBytes was measured: diskAccounting, or ""
+	// for an env written before, whose figure was apparent sizes.
+	Accounting string    `json:"accounting,omitempty"`
+	Created    time.Time `json:"created"`
+	LastUsed   time.Time `json:"last_used"`
 }
 
 // Cache is a directory of environments. It is safe for concurrent use.
@@ -173,6 +180,13 @@ type Cache struct {
 	inUse  map[string]int         // key -> holders of a release func
 	locks  map[string]*os.File    // key -> meta.json, flock'd shared while in use
 	builds map[string]*buildState // key -> the build callers are waiting for
+	// reserved is the room builds of this process hold (reserve.go);
+	// trashing is what eviction moved to trash and has not deleted yet.
+	// Both count against MaxBytes with the published envs.
+	reserved, trashing int64
+	// measured holds the charge of envs written before diskAccounting,
+	// measured once.
+	measured map[string]int64
 
 	// installs counts installer runs (tests check that concurrent callers
 	// share one build).
@@ -215,6 +229,7 @@ func New(cfg Config) (*Cache, error) {
 		inUse:    map[string]int{},
 		locks:    map[string]*os.File{},
 		builds:   map[string]*buildState{},
+		measured: map[string]int64{},
 		uv:       findUV(),
 	}
 	// 0700 all the way: the tree holds what untrusted installers produced,
@@ -671,16 +686,39 @@ func (c *Cache) listLocked() (envs []Env, broken []string, err error) {
 			broken = append(broken, e.Name())
 			continue
 		}
+		if env.Accounting != diskAccounting {
+			c.measureOldLocked(env)
+		}
 		envs = append(envs, *env)
 	}
 	sort.Slice(envs, func(i, j int) bool { return envs[i].LastUsed.After(envs[j].LastUsed) })
 	return envs, broken, nil
 }
 
-// Prune evicts the least recently used envs that are not in use until their
-// total size is at most maxBytes (0 removes every unused env), and returns
-// what it evicted. Envs are moved to trash/ under the lock, which is quick,
-// and deleted after it is released, so cache hits never wait for a delete.
+// measureOldLocked replaces the apparent size an env written before
+// diskAccounting carries with what it takes on disk, measured once.
+func (c *Cache) measureOldLocked(env *Env) {
+	if c.measured == nil {
+		c.measured = map[string]int64{}
+	}
+	n, ok := c.measured[env.Key]
+	if !ok {
+		var err error
+		if n, err = diskUsage(c.envDir(env.Key)); err != nil {
+			c.log.Warn("deps: measure an older environment", "key", env.Key, "err", err)
+			return
+		}
+		c.measured[env.Key] = n
+	}
+	env.SizeBytes = n
+}
+
+// Prune evicts the least recently used envs that are not in use until
+// what they take on disk is at most maxBytes (0 removes every unused env),
+// and returns what it evicted. Envs are moved to trash/ under the lock,
+// which is quick, and deleted after it is released, so cache hits never
+// wait for a delete; until deleted they still count against the cap for
+// installs in progress.
 func (c *Cache) Prune(maxBytes int64) ([]Env, error) {
 	c.mu.Lock()
 	envs, broken, err := c.listLocked()
@@ -688,61 +726,27 @@ func (c *Cache) Prune(maxBytes int64) ([]Env, error) {
 		c.mu.Unlock()
 		return nil, err
 	}
-	var total int64
-	for _, e := range envs {
-		total += e.SizeBytes
-	}
-	var evicted []Env
 	var doomed []string
-	move := func(name string) error {
-		dst, err := os.MkdirTemp(c.trashDir, name+"-")
-		if err != nil {
-			return err
-		}
-		dst = filepath.Join(dst, "env")
-		if err := os.Rename(c.envDir(name), dst); err != nil {
-			os.Remove(filepath.Dir(dst))
-			return err
-		}
-		doomed = append(doomed, filepath.Dir(dst))
-		return nil
-	}
 	for _, name := range broken {
 		// Half-written or damaged (not something this package publishes):
 		// it can only get in the way of a rebuild.
 		if c.inUse[name] == 0 {
-			if err := move(name); err != nil {
+			d, err := c.moveToTrashLocked(name)
+			if err != nil {
 				c.log.Warn("deps: evict broken env", "name", name, "err", err)
+				continue
 			}
+			doomed = append(doomed, d)
 		}
 	}
-	for i := len(envs) - 1; i >= 0 && total > maxBytes; i-- {
-		e := envs[i]
-		if c.inUse[e.Key] > 0 {
-			continue
-		}
-		others, lock := c.lockedByOthers(e.Key)
-		if others {
-			continue
-		}
-		err := move(e.Key)
-		if lock != nil {
-			lock.Close()
-		}
-		if err != nil {
-			c.log.Warn("deps: evict", "key", e.Key, "err", err)
-			continue
-		}
-		total -= e.SizeBytes
-		evicted = append(evicted, e)
+	var total int64
+	for _, e := range envs {
+		total += e.SizeBytes
 	}
+	evicted, more, freed, _ := c.evictLocked(envs, total-maxBytes, true)
+	c.trashing += freed
 	c.mu.Unlock()
-	for _, d := range doomed {
-		removeTree(d)
-	}
-	for _, e := range evicted {
-		c.log.Info("deps: evicted environment", "key", e.Key, "requirements", e.Requirements, "size", e.SizeBytes, "last_used", e.LastUsed)
-	}
+	c.discard(append(doomed, more...), evicted, freed)
 	return evicted, nil
 }
 

@@ -816,7 +816,7 @@ func TestSanitize(t *testing.T) {
 	must(os.Chmod(filepath.Join(site, "pkg", "locked"), 0o000))
 	must(os.Symlink("/etc/passwd", filepath.Join(site, "pkg", "passwd")))
 	must(os.Symlink("__init__.py", filepath.Join(site, "pkg", "alias.py")))
-	must(syscall.Mkfifo(filepath.Join(site, "pkg", "fifo"), 0o666))
+	must(os.Link(filepath.Join(site, "pkg", "__init__.py"), filepath.Join(site, "pkg", "same.py")))
 	must(os.WriteFile(filepath.Join(bdir, "meta.json"), []byte("{}"), 0o666))
 	must(os.Symlink("/etc", filepath.Join(bdir, "junk")))
 	log := slog.New(slog.NewTextHandler(&testLog{t: t, ok: true}, nil))
@@ -824,8 +824,10 @@ func TestSanitize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := int64(len("VALUE = 1\n") + len("#!/bin/sh\n") + 1 + len("__init__.py")); size != want {
-		t.Errorf("size = %d, want %d", size, want)
+	// Three directories, three files (one with two names, charged once)
+	// and a symlink: seven inodes, each charged with its blocks.
+	if want, _ := diskUsage(site); size != want || size < 7*InodeCost {
+		t.Errorf("size = %d, want %d (7 inodes and their blocks)", size, want)
 	}
 	modes := map[string]fs.FileMode{
 		"site":                 0o755 | fs.ModeDir,
@@ -845,13 +847,21 @@ func TestSanitize(t *testing.T) {
 			t.Errorf("%s: mode %v, want %v", p, fi.Mode(), want)
 		}
 	}
-	for _, gone := range []string{"site/pkg/passwd", "site/pkg/fifo", "meta.json", "junk"} {
+	for _, gone := range []string{"site/pkg/passwd", "meta.json", "junk"} {
 		if _, err := os.Lstat(filepath.Join(bdir, gone)); !os.IsNotExist(err) {
 			t.Errorf("%s survived: %v", gone, err)
 		}
 	}
 	if _, err := os.Lstat(filepath.Join(site, "pkg", "alias.py")); err != nil {
 		t.Errorf("inside symlink removed: %v", err)
+	}
+
+	// A FIFO (or socket, or device) is refused: no package needs one.
+	must(syscall.Mkfifo(filepath.Join(site, "pkg", "fifo"), 0o666))
+	_, err = sanitize(bdir, os.Getuid(), os.Getgid(), log)
+	var ie *InstallError
+	if !errors.As(err, &ie) || !strings.Contains(err.Error(), `a FIFO at "pkg/fifo": refused`) {
+		t.Errorf("a FIFO: %v", err)
 	}
 }
 

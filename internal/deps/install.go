@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/pep"
 	"github.com/pysandbox/pysandbox/internal/sandbox"
@@ -39,6 +41,10 @@ func (c *Cache) build(st *buildState, key string, py *interp.Interpreter, canon 
 	if _, err := c.readMeta(key); err == nil {
 		return nil
 	}
+	// The room the build holds in the cache, given back (when the build
+	// is not published) only once its directory is deleted.
+	res := c.newReservation()
+	defer res.release()
 	bdir, err := os.MkdirTemp(c.buildDir, key+"-")
 	if err != nil {
 		return fmt.Errorf("deps: %w", err)
@@ -61,10 +67,17 @@ func (c *Cache) build(st *buildState, key string, py *interp.Interpreter, canon 
 	}
 	out := newOutput(maxOutput, st.emit)
 	spec.Stdout, spec.Stderr = out, out
+	// The installer's output goes with every refusal of ours too.
+	defer func() {
+		var ie *InstallError
+		if errors.As(err, &ie) && ie.Output == "" {
+			ie.Output = out.text()
+		}
+	}()
 	start := time.Now()
 	c.log.Info("deps: installing", "key", key, "requirements", canon, "python", py.Version, "network", spec.Proxy)
 	c.installs.Add(1)
-	exit, err := c.run(ctx, spec, bdir)
+	exit, err := c.run(ctx, spec, bdir, res)
 	if st.ctx.Err() != nil {
 		return errAbandoned
 	}
@@ -83,13 +96,9 @@ func (c *Cache) build(st *buildState, key string, py *interp.Interpreter, canon 
 	if err != nil {
 		return err
 	}
-	if size > c.cfg.MaxBytes {
-		// Kept, it would push every other env out of the cache and still
-		// overflow it.
-		return &InstallError{
-			Lines:  []string{fmt.Sprintf("the installed packages take %d bytes, more than the whole cache may hold (%d)", size, c.cfg.MaxBytes)},
-			Output: out.text(),
-		}
+	var bst unix.Stat_t
+	if err := unix.Lstat(bdir, &bst); err != nil {
+		return fmt.Errorf("deps: %w", os.NewSyscallError("lstat", err))
 	}
 	now := time.Now()
 	env := Env{
@@ -97,11 +106,20 @@ func (c *Cache) build(st *buildState, key string, py *interp.Interpreter, canon 
 		Site:         filepath.Join(c.envDir(key), "site"),
 		Requirements: canon,
 		Python:       py.Version,
-		SizeBytes:    size,
+		Accounting:   diskAccounting,
 		Created:      now,
 		LastUsed:     now,
 	}
-	if err := writeMeta(filepath.Join(bdir, metaName), &env); err != nil {
+	meta, err := sizeMeta(&env, size+inodeCharge(&bst))
+	if err != nil {
+		return err
+	}
+	// What it measures, reserved before it is written (the copy reserved
+	// an estimate; the none backend's installer wrote to the host).
+	if err := res.settle(env.SizeBytes); err != nil {
+		return err
+	}
+	if err := writeMeta(filepath.Join(bdir, metaName), meta); err != nil {
 		return err
 	}
 	// Readable by the sandboxes it will be mounted into; nothing is
@@ -109,17 +127,16 @@ func (c *Cache) build(st *buildState, key string, py *interp.Interpreter, canon 
 	if err := os.Chmod(bdir, 0o755); err != nil {
 		return fmt.Errorf("deps: %w", err)
 	}
-	if err := c.publish(bdir, key); err != nil {
+	if published, err = c.publish(bdir, key, res); err != nil {
 		return err
 	}
-	published = true
 	c.log.Info("deps: installed", "key", key, "requirements", canon, "size", size, "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
 // run starts the installer's sandbox and waits for it, killing it when ctx
 // ends. The sandbox is always closed.
-func (c *Cache) run(ctx context.Context, spec *sandbox.Spec, bdir string) (sandbox.Exit, error) {
+func (c *Cache) run(ctx context.Context, spec *sandbox.Spec, bdir string, res *reservation) (sandbox.Exit, error) {
 	sb, err := c.cfg.Backend.Start(ctx, spec)
 	if err != nil {
 		return sandbox.Exit{}, fmt.Errorf("deps: start installer sandbox: %w", err)
@@ -135,7 +152,7 @@ func (c *Cache) run(ctx context.Context, spec *sandbox.Spec, bdir string) (sandb
 		}
 	}
 	if c.cfg.Backend.Kind() != sandbox.KindNone {
-		if err := c.collect(ctx, sb, bdir); err != nil {
+		if err := c.collect(ctx, sb, bdir, res); err != nil {
 			return sandbox.Exit{}, err
 		}
 	}
@@ -144,42 +161,62 @@ func (c *Cache) run(ctx context.Context, spec *sandbox.Spec, bdir string) (sandb
 	return sb.Wait(), nil
 }
 
-// publish renames the finished build to envs/<key>. When the key already
-// exists as a good env (another process won the race), that one is kept and
-// ours is dropped by the caller.
-func (c *Cache) publish(bdir, key string) error {
+// publish renames the finished build to envs/<key>, where it counts
+// against the cap instead of res, and reports whether it did. When the key
+// already exists as a good env (another process won the race), that one
+// is kept and ours is dropped by the caller.
+func (c *Cache) publish(bdir, key string, res *reservation) (bool, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	dst := c.envDir(key)
 	for try := 0; ; try++ {
 		err := os.Rename(bdir, dst)
 		if err == nil {
-			return nil
+			c.releaseLocked(res)
+			return true, nil
 		}
 		if _, merr := c.readMeta(key); merr == nil {
-			return nil
+			return false, nil
 		}
 		if _, serr := os.Lstat(dst); serr != nil || try > 0 {
-			return fmt.Errorf("deps: publish environment: %w", err)
+			return false, fmt.Errorf("deps: publish environment: %w", err)
 		}
 		// Something unreadable sits at the key: move it aside and retry.
 		trash, terr := os.MkdirTemp(c.trashDir, key+"-")
 		if terr != nil {
-			return fmt.Errorf("deps: %w", terr)
+			return false, fmt.Errorf("deps: %w", terr)
 		}
 		if rerr := os.Rename(dst, filepath.Join(trash, "env")); rerr != nil {
 			removeTree(trash)
-			return fmt.Errorf("deps: publish environment: %w", rerr)
+			return false, fmt.Errorf("deps: publish environment: %w", rerr)
 		}
 		go removeTree(trash)
 	}
 }
 
-func writeMeta(path string, env *Env) error {
-	data, err := json.MarshalIndent(env, "", "  ")
-	if err != nil {
-		return fmt.Errorf("deps: %w", err)
+// sizeMeta sets env.SizeBytes to base, the charge of everything but
+// meta.json, plus meta.json's own, and returns meta.json's content. Its
+// charge is reckoned from its length (an inode and whole blocks) since it
+// holds the figure itself.
+func sizeMeta(env *Env, base int64) ([]byte, error) {
+	// From the least it can be, the figure only grows (a longer number
+	// never makes the file shorter), so this ends.
+	env.SizeBytes = base + InodeCost + blockSize
+	for {
+		data, err := json.MarshalIndent(env, "", "  ")
+		if err != nil {
+			return nil, fmt.Errorf("deps: %w", err)
+		}
+		data = append(data, '\n')
+		size := base + InodeCost + roundBlock(int64(len(data)))
+		if size == env.SizeBytes {
+			return data, nil
+		}
+		env.SizeBytes = size
 	}
+}
+
+func writeMeta(path string, data []byte) error {
 	// O_EXCL|O_NOFOLLOW: sanitize has cleared the build's top level, so
 	// nothing may be there; if something is, refuse rather than write
 	// through it.
@@ -187,7 +224,7 @@ func writeMeta(path string, env *Env) error {
 	if err != nil {
 		return fmt.Errorf("deps: %w", err)
 	}
-	if _, err := f.Write(append(data, '\n')); err != nil {
+	if _, err := f.Write(data); err != nil {
 		f.Close()
 		return fmt.Errorf("deps: %w", err)
 	}
@@ -505,15 +542,16 @@ func (o *output) result() (string, []string, []string) {
 	return text, append([]string(nil), o.errLines...), append([]string(nil), o.tail...)
 }
 
-// sanitize makes a finished build safe to publish and returns the size of
-// its files. The installer was untrusted, so whatever it left is checked
-// without following a single symlink: only site/ is kept at the top; every
-// file and directory becomes the server's, with no setuid/setgid/sticky
-// bits and nothing writable by group or others (dirs 0755, files 0644 or
-// 0755); anything that is not a regular file, directory or symlink is
-// removed, and so is every symlink that is absolute or resolves outside
-// site/. The sandbox is gone by now (its pid namespace died with it), so
-// nothing changes the tree while we look.
+// sanitize makes a finished build safe to publish and returns what site/
+// takes on disk (InodeCost and the blocks of each distinct inode). The
+// installer was untrusted, so whatever it left is checked without
+// following a single symlink: only site/ is kept at the top; every file and
+// directory becomes the server's, with no setuid/setgid/sticky bits and
+// nothing writable by group or others (dirs 0755, files 0644 or 0755);
+// anything that is not a regular file, directory or symlink is refused (an
+// InstallError), and every symlink that is absolute or resolves outside
+// site/ is removed. The sandbox is gone by now (its pid namespace died with
+// it), so nothing changes the tree while we look.
 func sanitize(bdir string, uid, gid int, log interface{ Warn(string, ...any) }) (int64, error) {
 	ents, err := os.ReadDir(bdir)
 	if err != nil {
@@ -538,6 +576,23 @@ func sanitize(bdir string, uid, gid int, log interface{ Warn(string, ...any) }) 
 		return 0, errors.New("deps: the installer left no site directory")
 	}
 	var size int64
+	linked := map[devIno]bool{}
+	// charge adds what path takes; a hard-linked file counts once.
+	charge := func(path string) error {
+		var st unix.Stat_t
+		if err := unix.Lstat(path, &st); err != nil {
+			return os.NewSyscallError("lstat", err)
+		}
+		if st.Nlink > 1 && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			k := devIno{st.Dev, st.Ino}
+			if linked[k] {
+				return nil
+			}
+			linked[k] = true
+		}
+		size += inodeCharge(&st)
+		return nil
+	}
 	err = filepath.WalkDir(site, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -550,7 +605,10 @@ func sanitize(bdir string, uid, gid int, log interface{ Warn(string, ...any) }) 
 			if err := os.Lchown(path, uid, gid); err != nil {
 				return err
 			}
-			return os.Chmod(path, 0o755)
+			if err := os.Chmod(path, 0o755); err != nil {
+				return err
+			}
+			return charge(path)
 		case typ.IsRegular():
 			info, err := d.Info()
 			if err != nil {
@@ -563,24 +621,32 @@ func sanitize(bdir string, uid, gid int, log interface{ Warn(string, ...any) }) 
 			if info.Mode().Perm()&0o111 != 0 {
 				mode = 0o755
 			}
-			size += info.Size()
-			return os.Chmod(path, mode)
+			if err := os.Chmod(path, mode); err != nil {
+				return err
+			}
+			return charge(path)
 		case typ&fs.ModeSymlink != 0:
 			if !symlinkInside(site, path) {
 				log.Warn("deps: removing a symlink that leaves the environment", "path", path)
 				return os.Remove(path)
 			}
-			info, err := d.Info()
-			if err != nil {
+			if err := os.Lchown(path, uid, gid); err != nil {
 				return err
 			}
-			size += info.Size()
-			return os.Lchown(path, uid, gid)
+			return charge(path)
 		default:
-			log.Warn("deps: removing a special file the installer left", "path", path, "type", typ.String())
-			return os.Remove(path)
+			var st unix.Stat_t
+			if err := unix.Lstat(path, &st); err != nil {
+				return os.NewSyscallError("lstat", err)
+			}
+			rel, _ := filepath.Rel(site, path)
+			return specialFile(filepath.ToSlash(rel), st.Mode)
 		}
 	})
+	var ie *InstallError
+	if errors.As(err, &ie) {
+		return 0, ie
+	}
 	if err != nil {
 		return 0, fmt.Errorf("deps: check the installed files: %w", err)
 	}

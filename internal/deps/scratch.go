@@ -6,13 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/pysandbox/pysandbox/internal/sandbox"
-	"github.com/pysandbox/pysandbox/internal/workspace"
 )
 
 // The installer never writes to the host's disk. It installs into
@@ -22,8 +22,8 @@ import (
 // the installer has exited, the wrapper below, pid 1 of the sandbox, kills
 // whatever it left running and says "done CODE" on the control socket; the
 // server then copies the tree out through the sandbox's root with
-// openat2(RESOLVE_BENEATH) (internal/workspace), bounded by the cache's
-// size, and lets the wrapper exit.
+// openat2(RESOLVE_BENEATH) (copy.go), within the room it reserved in the
+// cache (reserve.go), and lets the wrapper exit.
 const scratchSite = "/work/site"
 
 // scratchWrapper runs the installer (its argv follows) with no
@@ -50,13 +50,11 @@ os.read(3, 1)
 sys.exit(code if 0 <= code < 256 else 1)
 `
 
-// maxScratchFiles bounds the files an install may leave.
-const maxScratchFiles = 100_000
-
 // collect waits for the wrapper's "done", copies a successful install into
-// bdir/site, and releases the wrapper. A sandbox that ends without saying
-// done leaves nothing to copy; Wait then tells how it ended.
-func (c *Cache) collect(ctx context.Context, sb sandbox.Sandbox, bdir string) error {
+// bdir/site within the room res can hold, and releases the wrapper. A
+// sandbox that ends without saying done leaves nothing to copy; Wait then
+// tells how it ended.
+func (c *Cache) collect(ctx context.Context, sb sandbox.Sandbox, bdir string, res *reservation) error {
 	line := make(chan string, 1)
 	go func() {
 		// The line is "done N": a few bytes, whatever else arrives.
@@ -85,76 +83,51 @@ func (c *Cache) collect(ctx context.Context, sb sandbox.Sandbox, bdir string) er
 	if err != nil {
 		return fmt.Errorf("deps: reach the installer's scratch space: %w", err)
 	}
-	ws, err := workspace.Open(f)
-	if err != nil {
-		f.Close()
-		return fmt.Errorf("deps: %w", err)
-	}
-	defer ws.Close()
-	return copyOut(ws, strings.TrimPrefix(scratchSite, "/work/"), filepath.Join(bdir, "site"), c.cfg.MaxBytes)
+	defer f.Close()
+	return c.copyOut(int(f.Fd()), strings.TrimPrefix(scratchSite, "/work/"), filepath.Join(bdir, "site"), res)
 }
 
-// copyOut copies the tree at src in ws to the new directory dst: files,
-// directories and symlinks (made last, so nothing is written through
-// one), at most maxBytes of file data.
-func copyOut(ws *workspace.Dir, src, dst string, maxBytes int64) error {
-	entries, truncated, err := ws.List(src, maxScratchFiles)
-	if err != nil {
-		return fmt.Errorf("deps: list the install: %w", err)
-	}
-	if truncated {
-		return &InstallError{Lines: []string{fmt.Sprintf("the install left more than %d files, or a tree too deep to copy", maxScratchFiles)}}
-	}
-	if err := os.Mkdir(dst, 0o755); err != nil {
-		return fmt.Errorf("deps: %w", err)
-	}
-	var total int64
-	var links []workspace.FileInfo
-	for _, e := range entries {
-		rel, ok := strings.CutPrefix(e.Path, src+"/")
-		if !ok {
-			continue
-		}
-		p := filepath.Join(dst, filepath.FromSlash(rel))
-		switch e.Type {
-		case "dir":
-			if err := os.Mkdir(p, 0o755); err != nil {
-				return fmt.Errorf("deps: %w", err)
-			}
-		case "file":
-			data, _, err := ws.Read(e.Path, maxBytes-total)
-			if err != nil {
-				if errors.Is(err, workspace.ErrTooLarge) {
-					return &InstallError{Lines: []string{fmt.Sprintf("the installed packages take more than the whole cache may hold (%d bytes)", maxBytes)}}
-				}
-				return fmt.Errorf("deps: copy the install: %w", err)
-			}
-			total += int64(len(data))
-			if err := writeNew(p, data); err != nil {
-				return err
-			}
-		case "symlink":
-			links = append(links, e)
-		}
-	}
-	for _, e := range links {
-		rel := strings.TrimPrefix(e.Path, src+"/")
-		if err := os.Symlink(e.Target, filepath.Join(dst, filepath.FromSlash(rel))); err != nil {
-			return fmt.Errorf("deps: %w", err)
-		}
-	}
-	return nil
-}
+// envOverhead is what an env takes besides site/: its directory and
+// meta.json, a block each.
+const envOverhead = 2 * (InodeCost + blockSize)
 
-// writeNew creates a file that must not exist yet, following no symlink.
-func writeNew(p string, data []byte) error {
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|noFollow, 0o644)
+// copyOut copies the tree src (a name in the directory work) to the new
+// directory dst. It looks at the whole tree first: what the copy would
+// refuse is refused before anything is copied, and so is a tree that
+// would not fit in the cache; otherwise res reserves the most the copy can
+// take, and the copy charges it as it goes.
+func (c *Cache) copyOut(work int, src, dst string, res *reservation) error {
+	open := func() (int, error) {
+		fd, err := openBeneath(work, src, unix.O_RDONLY|unix.O_DIRECTORY)
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			return -1, refuse("the installer's target %s is not a directory the server can read: %v", scratchSite, err)
+		}
+		return fd, err
+	}
+	fd, err := open()
+	if errors.Is(err, unix.ENOENT) {
+		return nil // nothing installed: sanitize makes an empty site
+	}
 	if err != nil {
-		return fmt.Errorf("deps: %w", err)
+		return err
 	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("deps: %w", err)
+	est, err := estimateTree(fd)
+	if err != nil {
+		return err
 	}
-	return f.Close()
+	if low := est.low + envOverhead; low > c.cfg.MaxBytes {
+		return refuse("the installed packages would take at least %s on disk (%d files and directories, each charged %d bytes besides its blocks), more than the whole cache may hold (%s)", mib(low), est.entries+1, InodeCost, mib(c.cfg.MaxBytes))
+	}
+	// An estimate over the cap may still fit (it is an upper bound): the
+	// copy finds out, growing the reservation to the cap at most.
+	if err := res.ensure(min(est.high+envOverhead, c.cfg.MaxBytes)); err != nil {
+		return err
+	}
+	if err := res.charge(envOverhead); err != nil {
+		return err
+	}
+	if fd, err = open(); err != nil {
+		return err
+	}
+	return copyTree(fd, dst, res.charge)
 }

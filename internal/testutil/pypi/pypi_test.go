@@ -672,3 +672,33 @@ func TestInvalidPackages(t *testing.T) {
 		}
 	}
 }
+
+// TestWheelBackend: an sdist built by WheelBackend's backend runs its hook
+// and installs the wheel it hands over, with no build requirement from
+// the index.
+func TestWheelBackend(t *testing.T) {
+	t.Parallel()
+	needPython(t, systemPython)
+	marker := filepath.Join(t.TempDir(), "hook-ran")
+	p := Package{Name: uniqueName(t, "pysbx-hooked"), Version: "0.1", SdistOnly: true}
+	backend, err := WheelBackend(p, "with open("+pyString(marker)+", 'a') as f:\n    f.write('ran\\n')")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Backend = backend
+	ix := NewIndex(t, p)
+	target := t.TempDir()
+	out, err := pipInstall(t, systemPython, target, "--index-url", ix.URL, p.Name)
+	if err != nil {
+		t.Fatalf("pip install: %v\n%s", err, out)
+	}
+	if got, want := importValue(t, systemPython, target, ModuleName(p.Name)), "'"+DefaultValue(p)+"'"; got != want {
+		t.Errorf("VALUE = %s, want %s", got, want)
+	}
+	if data, err := os.ReadFile(marker); err != nil || !strings.HasPrefix(string(data), "ran\n") {
+		t.Errorf("the hook did not run: %q %v", data, err)
+	}
+	if _, err := WheelBackend(Package{Name: "bad name", Version: "1"}, ""); err == nil {
+		t.Errorf("an invalid package gave a backend")
+	}
+}
