@@ -327,9 +327,9 @@ func TestMCPSessionBounds(t *testing.T) {
 	os.WriteFile(tokens, []byte("flood flood-0123456789abcdef\nnext next-0123456789abcdef00\n"), 0o600)
 	addr := freePort(t)
 	url := "http://" + addr
-	// Every session the server allows (1024 by default) is really made:
-	// the caller's cap is above the server's here.
-	cmd, _ := startServe(t, addr, url, nil, "--auth-token-file", tokens, "--max-mcp-sessions-per-caller", "2048", "--pool-size", "0")
+	// 1024 sessions are really made: the caller's cap, below the
+	// server's here, so another caller still has room.
+	cmd, _ := startServe(t, addr, url, nil, "--auth-token-file", tokens, "--max-mcp-sessions-per-caller", "1024", "--max-mcp-sessions", "1100", "--pool-size", "0")
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
 	before := rss(t, cmd.Process.Pid)
 	var made, refused atomic.Int64
@@ -367,13 +367,16 @@ func TestMCPSessionBounds(t *testing.T) {
 	if after-before > 120<<20 {
 		t.Errorf("RSS grew by %d MiB", (after-before)>>20)
 	}
-	if body, _ := firstRefusal.Load().(string); !strings.Contains(body, "too many MCP sessions: this server has 1024 open") || !strings.Contains(body, "--max-mcp-sessions") {
+	if body, _ := firstRefusal.Load().(string); !strings.Contains(body, "too many MCP sessions: flood has 1024 open (sessionless requests in flight included), the most one caller may have (--max-mcp-sessions-per-caller)") {
 		t.Errorf("the refusal: %s", body)
 	}
-	// The next caller on the sessionless protocol needs no MCP session.
+	// The next caller is served, on either protocol.
 	next := goClient(t, url, "next-0123456789abcdef00", "")
 	if res, _, txt := tryCall(t, next, "run_python", map[string]any{"code": "6*7"}); res == nil || res.IsError {
 		t.Errorf("the next caller: %s", txt)
+	}
+	if ts := tsClient(t, url, "next-0123456789abcdef00", tool("run_python", map[string]any{"code": "6*7"})); ts[0].Structured["return_value"] != float64(42) {
+		t.Errorf("the next caller on 2025-06-18: %+v", ts)
 	}
 
 	// A smaller server: a cap per caller, idle sessions ending.
@@ -389,7 +392,7 @@ func TestMCPSessionBounds(t *testing.T) {
 		ids = append(ids, id)
 	}
 	code, id, body, _ := initialize(client, url, "flood-0123456789abcdef")
-	if code != http.StatusOK || id != "" || !strings.Contains(body, "flood has 3 open, the most one caller may have (--max-mcp-sessions-per-caller)") || !strings.Contains(body, "HTTP DELETE") {
+	if code != http.StatusOK || id != "" || !strings.Contains(body, "flood has 3 open (sessionless requests in flight included), the most one caller may have (--max-mcp-sessions-per-caller)") || !strings.Contains(body, "HTTP DELETE") {
 		t.Errorf("past the caller's cap: %d %s", code, body)
 	}
 	// Another caller is not affected; one the TypeScript SDK connects.
@@ -420,5 +423,23 @@ func TestMCPSessionBounds(t *testing.T) {
 			t.Fatalf("idle sessions never ended: %d %s", code, body)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestLogsNameNoMCPSession: the server's log, at info, names no MCP
+// session id (on a server without tokens, one is enough to use that
+// connection's sessions), and holds no line per sessionless request.
+func TestLogsNameNoMCPSession(t *testing.T) {
+	addr := freePort(t)
+	url := "http://" + addr
+	_, log := startServe(t, addr, url, nil, "--log-level", "info", "--pool-size", "0")
+	ts := tsClient(t, url, "", tool("run_python", map[string]any{"code": "1"}))
+	id := ts[len(ts)-1].MCPSession
+	cs := goClient(t, url, "", "")
+	for i := 0; i < 5; i++ {
+		tryCall(t, cs, "run_python", map[string]any{"code": "1"})
+	}
+	if id == "" || strings.Contains(log.String(), id) || strings.Contains(log.String(), "session connected") {
+		t.Errorf("the log names MCP session %q:\n%s", id, log.String())
 	}
 }

@@ -26,8 +26,8 @@ func addQuotaFlags(fs *flag.FlagSet) *quotaFlags {
 	fs.IntVar(&q.queue, "max-queue-per-caller", -1, "runs one caller may have waiting for those; -1: half of --max-queue over HTTP, no bound over stdio")
 	fs.IntVar(&q.sessions, "max-sessions-per-caller", -1, "sessions one caller may have open; -1: half of --max-sessions over HTTP, no bound over stdio")
 	fs.DurationVar(&q.mcp.Idle, "mcp-session-idle", 10*time.Minute, "with --http: an MCP session (protocols before 2026-07-28) without requests for this long ends (an open event stream or a call in flight keeps it)")
-	fs.IntVar(&q.mcp.PerCaller, "max-mcp-sessions-per-caller", 64, "with --http: MCP sessions one caller may have open (all callers without a token together); past it initialize is refused with HTTP 429")
-	fs.IntVar(&q.mcp.Total, "max-mcp-sessions", 1024, "with --http: MCP sessions the server keeps open at once")
+	fs.IntVar(&q.mcp.PerCaller, "max-mcp-sessions-per-caller", 64, "with --http: MCP sessions plus sessionless requests in flight one caller may have at once (all callers without a token together); past it the request is answered with a JSON-RPC error saying so")
+	fs.IntVar(&q.mcp.Total, "max-mcp-sessions", 1024, "with --http: MCP sessions plus sessionless requests in flight the server keeps at once")
 	return q
 }
 

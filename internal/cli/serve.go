@@ -306,7 +306,7 @@ func serve(args []string, stderr io.Writer) error {
 		consoleHandler = con.Handler()
 	}
 	srv, internal := tools.NewServers(tools.Options{Engine: eng, Posture: posture, Sessions: sessions, MaxUploadBytes: int64(maxUpload), MaxReplyBytes: int64(maxReply), Quotas: quotas, Governance: gov, Network: o.proxy, Upstreams: ups,
-		Cluster: rep.cl, Forwarder: rep.fwd, Profiles: profs, NoNative: !native, Logger: log})
+		Cluster: rep.cl, Forwarder: rep.fwd, Profiles: profs, NoNative: !native, Logger: log, SDKLogger: sdkLogger(log)})
 	if *httpAddr == "" {
 		log.Info("serving MCP on stdio", "backend", posture.Backend, "posture", posture.Posture, "python", posture.Python.Version)
 		// Run returns nil on a clean EOF from the client.
@@ -330,7 +330,7 @@ func serve(args []string, stderr io.Writer) error {
 		Health:       map[string]string{"backend": posture.Backend, "posture": posture.Posture},
 		// Room for the largest upload in base64, plus JSON.
 		MaxRequestBytes: int64(maxUpload)*4/3 + 1<<20,
-		Logger:          log,
+		Logger:          sdkLogger(log),
 		Cluster:         rep.cl,
 		Ready:           func() bool { return !rep.draining.Load() },
 		Console:         consoleHandler,
@@ -500,3 +500,27 @@ func upstreamPatterns(cfg *upstream.Config) []string {
 	}
 	return out
 }
+
+// sdkLogger is log for the MCP SDK: warnings and errors only. Its
+// informational lines (three for every sessionless request) drown the
+// server's own, and they name every MCP session id, which on a server
+// without tokens is enough to use that connection's sessions.
+func sdkLogger(log *slog.Logger) *slog.Logger {
+	return slog.New(atLeast{log.Handler(), slog.LevelWarn})
+}
+
+// atLeast passes on the records of h at level min and above.
+type atLeast struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (a atLeast) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= a.min && a.Handler.Enabled(ctx, l)
+}
+
+func (a atLeast) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return atLeast{a.Handler.WithAttrs(attrs), a.min}
+}
+
+func (a atLeast) WithGroup(name string) slog.Handler { return atLeast{a.Handler.WithGroup(name), a.min} }

@@ -77,7 +77,7 @@ type tracked struct {
 
 func newSessionCaps(server *mcp.Server, lim SessionLimits) *sessionCaps {
 	c := &sessionCaps{lim: lim.withDefaults(), server: server, sessions: map[string]*tracked{}, pending: map[string]int{}}
-	c.streams = streamCaps{lim: c.lim, byCaller: map[string]int{}}
+	c.streams = streamCaps{lim: c.lim, byCaller: map[string]int{}, sessions: c.sessionsOf}
 	return c
 }
 
@@ -116,6 +116,19 @@ func (c *sessionCaps) wrap(next http.Handler) http.Handler {
 		defer c.done(who, w.Header().Get)
 		next.ServeHTTP(w, r)
 	})
+}
+
+// sessionsOf counts who's MCP sessions and the server's, pending ones
+// included.
+func (c *sessionCaps) sessionsOf(who string) (mine, all int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, t := range c.sessions {
+		if t.owner == who {
+			mine++
+		}
+	}
+	return mine + c.pending[who], len(c.sessions) + c.npend
 }
 
 // busy marks a session's request in flight until done is called.
@@ -192,9 +205,9 @@ func (c *sessionCaps) admit(who string) string {
 		if who == anonymousCaller+" has" {
 			who = "callers without a token (who share one identity: nothing tells them apart) have"
 		}
-		return fmt.Sprintf("too many MCP sessions: %s %d open, the most one caller may have (--max-mcp-sessions-per-caller). End sessions you no longer use (HTTP DELETE with their Mcp-Session-Id, which clients send when they close), reuse one, or wait: a session without requests for %s ends by itself. Clients of protocol 2026-07-28 need no MCP session at all.", who, mine, c.lim.Idle)
+		return fmt.Sprintf("too many MCP sessions: %s %d open (sessionless requests in flight included), the most one caller may have (--max-mcp-sessions-per-caller). End sessions you no longer use (HTTP DELETE with their Mcp-Session-Id; some clients send it when they close, others do not), reuse one, or wait: a session without requests for %s ends by itself. Clients of protocol 2026-07-28 need no MCP session at all.", who, mine, c.lim.Idle)
 	case all >= c.lim.Total:
-		return fmt.Sprintf("too many MCP sessions: this server has %d open, the most it keeps (--max-mcp-sessions). Retry later: a session without requests for %s ends by itself. Clients of protocol 2026-07-28 need no MCP session at all.", all, c.lim.Idle)
+		return fmt.Sprintf("too many MCP sessions: this server has %d open (sessionless requests in flight included), the most it keeps (--max-mcp-sessions). Retry later: a session without requests for %s ends by itself. Clients of protocol 2026-07-28 need no MCP session at all.", all, c.lim.Idle)
 	}
 	if !c.reaping {
 		c.reaping = true
@@ -213,7 +226,11 @@ func (c *sessionCaps) counts(who string) (mine, all int) {
 			mine++
 		}
 	}
-	return mine + c.pending[who], len(c.sessions) + c.npend
+	// A sessionless request in flight holds as much as a session.
+	c.streams.mu.Lock()
+	smine, sall := c.streams.byCaller[who], c.streams.total
+	c.streams.mu.Unlock()
+	return mine + c.pending[who] + smine, len(c.sessions) + c.npend + sall
 }
 
 // prune forgets sessions the server no longer has. c.mu is held.
@@ -316,7 +333,10 @@ func (e *endedWriter) Unwrap() http.ResponseWriter { return e.ResponseWriter }
 // streamCaps bounds the sessionless requests in flight, per caller and
 // in all, as sessions are bounded.
 type streamCaps struct {
-	lim      SessionLimits
+	lim SessionLimits
+	// sessions counts a caller's MCP sessions (and the server's): they
+	// share the caps. It takes the sessions' lock, never held with mu.
+	sessions func(who string) (mine, all int)
 	mu       sync.Mutex
 	byCaller map[string]int
 	total    int
@@ -325,8 +345,9 @@ type streamCaps struct {
 func (s *streamCaps) wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		who := callerOf(r)
+		smine, sall := s.sessions(who)
 		s.mu.Lock()
-		mine := s.byCaller[who]
+		mine, all := s.byCaller[who]+smine, s.total+sall
 		switch {
 		case mine >= s.lim.PerCaller:
 			s.mu.Unlock()
@@ -334,11 +355,11 @@ func (s *streamCaps) wrap(next http.Handler) http.Handler {
 			if who == anonymousCaller+" has" {
 				who = "callers without a token (who share one identity) have"
 			}
-			refuse(w, r, fmt.Sprintf("too many requests in flight: %s %d sessionless requests open at once, the most one caller may have (--max-mcp-sessions-per-caller); close event streams you no longer read (subscriptions/listen), or wait for calls to finish.", who, mine))
+			refuse(w, r, fmt.Sprintf("too many requests in flight: %s %d MCP sessions and sessionless requests open at once, the most one caller may have (--max-mcp-sessions-per-caller); close event streams you no longer read (subscriptions/listen) and MCP sessions you no longer use, or wait for calls to finish.", who, mine))
 			return
-		case s.total >= s.lim.Total:
+		case all >= s.lim.Total:
 			s.mu.Unlock()
-			refuse(w, r, fmt.Sprintf("too many requests in flight: this server has %d sessionless requests open, the most it keeps (--max-mcp-sessions); retry shortly.", s.total))
+			refuse(w, r, fmt.Sprintf("too many requests in flight: this server has %d MCP sessions and sessionless requests open, the most it keeps (--max-mcp-sessions); retry shortly.", all))
 			return
 		}
 		s.byCaller[who]++

@@ -99,9 +99,15 @@ func TestSessionCapsPerCaller(t *testing.T) {
 	if code, id, body := open(t, ctx, url, aliceToken); code != http.StatusOK || id == "" {
 		t.Errorf("after a DELETE: %d %s", code, body)
 	}
-	// Sessionless requests (2026-07-28) open no session and are not capped.
+	// A sessionless request (2026-07-28) holds as much as a session: at
+	// her cap, alice is refused those too, with the reason; once she ends
+	// a session, they pass.
+	if _, err := whoami(t, url, aliceToken); err == nil || !strings.Contains(err.Error(), "alice has 2 open") {
+		t.Errorf("a sessionless call at the cap: %v", err)
+	}
+	end(t, url, aliceToken, ids[1])
 	if who, err := whoami(t, url, aliceToken); err != nil || who != "alice" {
-		t.Errorf("a sessionless call past the cap: %q %v", who, err)
+		t.Errorf("a sessionless call below the cap: %q %v", who, err)
 	}
 }
 
@@ -282,9 +288,12 @@ func TestSessionlessRequestsBounded(t *testing.T) {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := alice.CallTool(ctx, &mcp.CallToolParams{Name: "whoami"})
+		// Another wait: refused at once, or held until the context ends
+		// (whoami would do, but the client may answer a repeated call
+		// from its cache without asking the server).
+		_, err := alice.CallTool(ctx, &mcp.CallToolParams{Name: "wait"})
 		cancel()
-		if err != nil && strings.Contains(err.Error(), "too many requests in flight: alice has 2") && strings.Contains(err.Error(), "--max-mcp-sessions-per-caller") {
+		if err != nil && strings.Contains(err.Error(), "too many requests in flight: alice has 2 MCP sessions and sessionless requests open") && strings.Contains(err.Error(), "--max-mcp-sessions-per-caller") {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -294,6 +303,10 @@ func TestSessionlessRequestsBounded(t *testing.T) {
 	}
 	if who, err := whoami(t, hs.URL, "bob-0123456789abcdef00"); err != nil || who != "bob" {
 		t.Errorf("bob while alice is at her cap: %q %v", who, err)
+	}
+	// Her requests in flight count against her MCP sessions too.
+	if code, id, body := open(t, context.Background(), hs.URL, aliceToken); !refused(code, id, body) || !strings.Contains(body, "alice has 2 open (sessionless requests in flight included)") {
+		t.Errorf("an MCP session beside two requests in flight: %d %s", code, body)
 	}
 }
 

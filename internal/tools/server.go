@@ -74,6 +74,10 @@ type Options struct {
 	Profiles []Profile
 	NoNative bool
 	Logger   *slog.Logger
+	// SDKLogger is what the MCP SDK logs to (Logger when nil). Its
+	// informational lines name every MCP session id, which on a server
+	// without tokens is enough to use that connection's sessions.
+	SDKLogger *slog.Logger
 }
 
 // Names are the tools a server offers (before the policy hides any). A
@@ -124,8 +128,9 @@ func NewServers(opts Options) (*mcp.Server, *mcp.Server) {
 		s.sessions = opts.Engine.NewSessions(engine.SessionConfig{})
 	}
 	if s.maxUpload <= 0 {
-		s.maxUpload = 16 << 20
+		s.maxUpload = defaultMaxUpload
 	}
+	stdioUpload.Store(s.maxUpload)
 	if s.maxInline <= 0 {
 		// Figures are scaled down to this size; files follow the same cap.
 		s.maxInline = int64(opts.Engine.Config().MaxFigureBytes)
@@ -174,7 +179,11 @@ func NewServers(opts Options) (*mcp.Server, *mcp.Server) {
 			}
 		}
 	}
-	srv := mcp.NewServer(impl, &mcp.ServerOptions{GetSessionID: getSessionID, Instructions: instructions, Logger: log})
+	sdkLog := opts.SDKLogger
+	if sdkLog == nil {
+		sdkLog = log
+	}
+	srv := mcp.NewServer(impl, &mcp.ServerOptions{GetSessionID: getSessionID, Instructions: instructions, Logger: sdkLog})
 	s.sessions.SetDetached(connEnded(srv.Sessions))
 	s.gov = newGovernor(opts.Governance, opts.Engine, log)
 	s.gov.netWords = s.networkWords
@@ -194,6 +203,9 @@ func NewServers(opts Options) (*mcp.Server, *mcp.Server) {
 	}
 	s.register(srv)
 	srv.AddReceivingMiddleware(s.gov.middleware)
+	// Outermost, so that a wait in the governor is kept alive too (live.go).
+	srv.AddReceivingMiddleware(heartbeat)
+	srv.AddSendingMiddleware(numberProgress)
 	if up := opts.Governance.Updates; up != nil {
 		go func() {
 			for pol := range up {
@@ -206,7 +218,7 @@ func NewServers(opts Options) (*mcp.Server, *mcp.Server) {
 	}
 	var internal *mcp.Server
 	if s.cl != nil {
-		internal = mcp.NewServer(&mcp.Implementation{Name: "pysandbox-internal", Version: Version}, &mcp.ServerOptions{Logger: log})
+		internal = mcp.NewServer(&mcp.Implementation{Name: "pysandbox-internal", Version: Version}, &mcp.ServerOptions{Logger: sdkLog})
 		s.registerInternal(internal)
 	}
 	return srv, internal

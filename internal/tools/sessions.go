@@ -64,7 +64,7 @@ func (s *server) addSessionTools(srv *mcp.Server) {
 	addTool(s, srv, &mcp.Tool{
 		Name:        "list_sessions",
 		Title:       "List Python sessions",
-		Description: "List the open sessions: id, when created and last used, when each expires, memory in use and the number of runs.",
+		Description: "List your open sessions: id, when created and last used, when each expires, memory in use and the number of runs. Only your own are listed (on a server without tokens, those this connection made or used).",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 	}, s.listAllSessions)
 	addTool(s, srv, &mcp.Tool{
@@ -228,7 +228,7 @@ func sessionError(ctx context.Context, err error) *mcp.CallToolResult {
 	case errors.Is(err, engine.ErrSessionQuota):
 		msg := fmt.Sprintf("Refused by your quota: %v. Nothing was created.", err)
 		if q := (*engine.QuotaError)(nil); errors.As(err, &q) && q.Owner == anonymous {
-			msg = fmt.Sprintf("Refused by the session quota of callers without a token: together they have %d sessions open, all the quota allows (nothing tells such callers apart, so they share it). Nothing was created. Close a session you no longer need with close_session, using the session_id create_session gave you (list_sessions shows the ones this connection made or used); or wait: one expires at %s unless used, and a session whose MCP session has ended stops counting. A server started with --auth-token-file gives each token a quota of its own.",
+			msg = fmt.Sprintf("Refused by the session quota of callers without a token: together they have %d sessions open, all the quota allows (nothing tells such callers apart, so they share it). Nothing was created. Close a session you no longer need with close_session, using the session_id create_session gave you (on a connection with an MCP session, list_sessions shows the ones it made or used); or wait: one expires at %s unless used. A session whose MCP session has ended stops counting; one made or last used on the sessionless protocol counts until it is closed or expires. A server started with --auth-token-file gives each token a quota of its own.",
 				q.Open, q.NextExpiry.UTC().Format(time.RFC3339))
 		}
 		return refusal(engine.StatusQuota, msg)
