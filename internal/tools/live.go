@@ -1,11 +1,13 @@
 package tools
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -37,13 +39,14 @@ type notifier struct {
 	mu   sync.Mutex
 	n    float64
 	sess *mcp.ServerSession
+	cp   *callProgress // the call's heartbeat, told what happens; nil without one
 }
 
 func newNotifier(ctx context.Context, req *mcp.CallToolRequest) *notifier {
 	if req == nil || req.Params == nil || req.Session == nil {
 		return nil
 	}
-	return &notifier{ctx: ctx, req: req, tok: req.Params.GetProgressToken(), sess: req.Session}
+	return &notifier{ctx: ctx, req: req, tok: req.Params.GetProgressToken(), sess: req.Session, cp: progressOf(ctx)}
 }
 
 // progress sends a progress notification, if the client asked for them.
@@ -58,10 +61,16 @@ func (nt *notifier) progress(msg string) {
 	nt.sess.NotifyProgress(nt.ctx, &mcp.ProgressNotificationParams{ProgressToken: nt.tok, Progress: n, Message: msg})
 }
 
-// progressFunc is nt.progress, or nil without a token.
+// progressFunc sends the installer's lines, or is nil without a token.
 func (nt *notifier) progressFunc() func(string) {
 	if nt == nil || nt.tok == nil {
 		return nil
+	}
+	if cp := nt.cp; cp != nil {
+		return func(line string) {
+			cp.setPhase(line)
+			nt.progress(line)
+		}
 	}
 	return nt.progress
 }
@@ -74,6 +83,9 @@ func (nt *notifier) liveOutput() (stdout, stderr io.Writer, stop func()) {
 		return nil, nil, func() {}
 	}
 	lv := &live{nt: nt, done: make(chan struct{}), stopped: make(chan struct{})}
+	if nt.cp != nil {
+		nt.cp.streams.Store(true)
+	}
 	go lv.loop()
 	return liveStream{lv, "stdout"}, liveStream{lv, "stderr"}, func() {
 		close(lv.done)
@@ -108,6 +120,10 @@ func (s liveStream) Write(p []byte) (int, error) {
 		i = 1
 	}
 	lv := s.lv
+	if cp := lv.nt.cp; cp != nil {
+		cp.outBytes.Add(int64(len(p)))
+		cp.outLines.Add(int64(bytes.Count(p, []byte{'\n'})))
+	}
 	lv.mu.Lock()
 	room := liveTotal - lv.sent - len(lv.buf[0]) - len(lv.buf[1])
 	switch {
@@ -188,4 +204,140 @@ func (lv *live) send(stream, text string) {
 	// client that set no level).
 	//lint:ignore SA1019 log notifications are how pre-2026-07-28 clients see live output
 	nt.sess.Log(nt.ctx, &mcp.LoggingMessageParams{Level: mcp.LoggingLevel(level), Logger: stream, Data: text})
+}
+
+// Heartbeat: a call that carries a progress token hears from the server
+// at least every heartbeatEvery while it runs, whatever its code does. The
+// TypeScript SDK's clients give up on a request after 60 s by default and
+// wait longer only when progress resets that timeout, so a run that is
+// silent for a minute (or an install, or a wait for an operator) would be
+// abandoned. When nothing else (live output, the installer's lines, the
+// operator wait's notices) went out for that long, a progress
+// notification says what is known: the time so far, the installer's last
+// line, the output so far. A call that goes on printing sends nothing
+// more. A variable so that tests and the benchmark can change it; zero
+// turns the heartbeat off.
+var heartbeatEvery = 5 * time.Second
+
+// callProgress is what the heartbeat knows of one tools/call with a
+// progress token; the call's context carries it, for the notifier.
+type callProgress struct {
+	tool  string
+	tok   any
+	start time.Time
+
+	sendMu sync.Mutex // held while a notification is numbered and sent
+	mu     sync.Mutex
+	n      float64
+	last   time.Time // when a progress notification last went out
+	phase  string    // the installer's last line
+	at     time.Duration
+
+	streams            atomic.Bool // the call streams a run's output
+	outBytes, outLines atomic.Int64
+}
+
+type callProgressKey struct{}
+
+// progressOf is the call's callProgress, nil without a heartbeat.
+func progressOf(ctx context.Context) *callProgress {
+	cp, _ := ctx.Value(callProgressKey{}).(*callProgress)
+	return cp
+}
+
+// heartbeat is receiving middleware: it keeps a tools/call with a progress
+// token alive until its handler returns (before its result is sent).
+func heartbeat(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		ctr, ok := req.(*mcp.CallToolRequest)
+		every := heartbeatEvery
+		if method != "tools/call" || !ok || ctr.Params == nil || ctr.Session == nil || every <= 0 {
+			return next(ctx, method, req)
+		}
+		tok := ctr.Params.GetProgressToken()
+		if tok == nil {
+			return next(ctx, method, req)
+		}
+		now := time.Now()
+		cp := &callProgress{tool: ctr.Params.Name, tok: tok, start: now, last: now}
+		ctx = context.WithValue(ctx, callProgressKey{}, cp)
+		done, stopped := make(chan struct{}), make(chan struct{})
+		go cp.beat(ctx, ctr.Session, every, done, stopped)
+		defer func() {
+			close(done)
+			<-stopped
+		}()
+		return next(ctx, method, req)
+	}
+}
+
+// beat sends a notification whenever the call has been quiet for every.
+func (cp *callProgress) beat(ctx context.Context, ss *mcp.ServerSession, every time.Duration, done, stopped chan struct{}) {
+	defer close(stopped)
+	t := time.NewTimer(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		cp.mu.Lock()
+		wait := every - time.Since(cp.last)
+		cp.mu.Unlock()
+		if wait <= 0 {
+			// Progress is numbered by numberProgress.
+			ss.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: cp.tok, Message: cp.status()})
+			wait = every
+		}
+		t.Reset(wait)
+	}
+}
+
+// status is the heartbeat's message.
+func (cp *callProgress) status() string {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s still working after %v", cp.tool, time.Since(cp.start).Round(time.Second))
+	if cp.phase != "" {
+		fmt.Fprintf(&b, "; the installer's last line (at %v): %s", cp.at.Round(time.Second), cp.phase)
+	}
+	if cp.streams.Load() {
+		fmt.Fprintf(&b, "; output so far: %d bytes, %d lines", cp.outBytes.Load(), cp.outLines.Load())
+	}
+	return b.String()
+}
+
+func (cp *callProgress) setPhase(line string) {
+	cp.mu.Lock()
+	cp.phase, cp.at = line, time.Since(cp.start)
+	cp.mu.Unlock()
+}
+
+// numberProgress is sending middleware: every progress notification sent
+// for a call with a heartbeat (live output, installer lines, the
+// governor's operator wait, the heartbeat itself) is numbered in one
+// increasing sequence, in the order they go out, and counts as the call
+// being heard from.
+func numberProgress(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		cp := progressOf(ctx)
+		if cp == nil || method != "notifications/progress" {
+			return next(ctx, method, req)
+		}
+		p, ok := req.GetParams().(*mcp.ProgressNotificationParams)
+		if !ok || p == nil {
+			return next(ctx, method, req)
+		}
+		cp.sendMu.Lock()
+		defer cp.sendMu.Unlock()
+		cp.mu.Lock()
+		cp.n++
+		p.Progress, cp.last = cp.n, time.Now()
+		cp.mu.Unlock()
+		return next(ctx, method, req)
+	}
 }
