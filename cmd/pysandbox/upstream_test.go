@@ -171,6 +171,29 @@ func TestServeUpstream(t *testing.T) {
 	}
 }
 
+// TestServeUpstreamEarlyCall: an agent that starts the server and runs
+// code at once, as scripted agents do, gets the result of an upstream
+// that takes 3 s to start, not an error saying it is connecting (issue
+// 26).
+func TestServeUpstreamEarlyCall(t *testing.T) {
+	evCmd, evArgs := refservers.Everything(t)
+	up := writeUpstreams(t, map[string]any{
+		"everything": map[string]any{"command": "sh", "args": append([]string{"-c", `sleep 3; exec "$0" "$@"`, evCmd}, evArgs...)},
+	})
+	cmd := exec.Command(binary(t), "serve", "--upstream", up, "--log-level", "error", "--max-timeout", "2m")
+	var serverLog testutil.SyncBuffer
+	cmd.Stderr = &serverLog
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, serverLog.String())
+	}
+	defer cs.Close()
+	_, out := callOK(t, cs, "run_python", map[string]any{"timeout_seconds": 120, "code": "import tools\ntools.everything.get_sum(a=2, b=40)"})
+	if out["status"] != "success" || !strings.Contains(fmt.Sprint(out["return_value"]), "42") {
+		t.Errorf("a run at once: %v\n%s", out, serverLog.String())
+	}
+}
+
 // TestUnprivilegedUpstream: a normal user's server calls an upstream on
 // streamable HTTP from code in its runs.
 func TestUnprivilegedUpstream(t *testing.T) {

@@ -99,8 +99,12 @@ func (r *toolRun) Usage() *engine.ToolUsage {
 }
 
 // Catalog lists the tools the policy lets this caller see: a denied tool
-// is not there at all.
+// is not there at all. The module takes it once per run and can call
+// only what it lists, so it waits (bounded, and ended with the run) for
+// servers still on their first attempt to connect: code run right after
+// the server started sees their tools.
 func (r *toolRun) Catalog(ctx context.Context) ([]worker.ToolSpec, []worker.ServerStatus) {
+	r.s.up.Settle(ctx)
 	return r.s.visibleTools()
 }
 
@@ -154,6 +158,14 @@ func (r *toolRun) Call(ctx context.Context, name string, args json.RawMessage) w
 func (r *toolRun) decideAndCall(ctx context.Context, name string, args json.RawMessage, rec *audit.Record) (worker.ToolReply, string, string) {
 	if err := r.s.gov.brokenErr(); err != nil {
 		return failure(worker.ToolFailUnavailable, "this server cannot record calls in its audit log, so it refuses them; tell the server's operator"), "deny", ""
+	}
+	// A server that is connecting (just started, or restarting after it
+	// stopped) is waited for: being early is no reason to fail.
+	if err := r.s.up.Await(ctx, name); err != nil {
+		if ctx.Err() != nil {
+			return r.waitEnded(ctx, name), "error", ""
+		}
+		return failure(worker.ToolFailUnavailable, fmt.Sprintf("%s: %v, so its tools cannot be called now; tell the user if it stays so", name, err)), "error", ""
 	}
 	if _, ok := r.s.up.Lookup(name); !ok {
 		if msg, down := r.serverDown(name); down {
@@ -340,6 +352,16 @@ func (r *toolRun) callFailure(ctx context.Context, name string, err error) worke
 	default:
 		return failure(worker.ToolFailUnavailable, fmt.Sprintf("%s: %v", name, err))
 	}
+}
+
+// waitEnded explains a call whose run ended while it waited for its
+// server to connect: nothing was sent.
+func (r *toolRun) waitEnded(ctx context.Context, name string) worker.ToolReply {
+	server, _, _ := strings.Cut(name, ".")
+	if errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+		return failure(worker.ToolFailTimeout, fmt.Sprintf("%s: the run's time ran out while the call waited for the upstream server %q to connect", name, server))
+	}
+	return failure(worker.ToolFailCancelled, fmt.Sprintf("%s: the run was cancelled or ended while the call waited for the upstream server %q to connect", name, server))
 }
 
 func (r *toolRun) unknownMessage(name string) string {

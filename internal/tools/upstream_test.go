@@ -30,9 +30,10 @@ import (
 type upServer struct {
 	*govServer
 	ups     *upstream.Manager
-	wire    *testutil.SyncBuffer // what went to and came from "everything"
-	updates chan *policy.Policy  // replaces the policy, as SIGHUP does
-	names   []string             // the tool names a policy may use
+	wire    *testutil.SyncBuffer            // what went to and came from "everything"
+	wires   map[string]*testutil.SyncBuffer // the same, of every server
+	updates chan *policy.Policy             // replaces the policy, as SIGHUP does
+	names   []string                        // the tool names a policy may use
 }
 
 // upstreamConfig lists everything, memory and broken, plus extra.
@@ -64,18 +65,29 @@ func newUpServer(t *testing.T, policyJSON string) *upServer {
 // newUpServerWith adds extra upstream servers (mcpServers entries).
 func newUpServerWith(t *testing.T, policyJSON string, extra map[string]any) *upServer {
 	t.Helper()
+	return startUpServer(t, policyJSON, extra, upstream.Options{}, true)
+}
+
+// startUpServer starts the upstreams with o, and waits for them when
+// wait is set.
+func startUpServer(t *testing.T, policyJSON string, extra map[string]any, o upstream.Options, wait bool) *upServer {
+	t.Helper()
 	cfg := upstreamConfig(t, extra)
-	wire := &testutil.SyncBuffer{}
-	ups := upstream.Start(cfg, upstream.Options{Wrap: func(server string, tr mcp.Transport) mcp.Transport {
-		if server == "everything" {
-			return &mcp.LoggingTransport{Transport: tr, Writer: wire}
-		}
-		return tr
-	}})
+	wires := map[string]*testutil.SyncBuffer{}
+	for _, sc := range cfg.Servers {
+		wires[sc.Name] = &testutil.SyncBuffer{}
+	}
+	wire := wires["everything"]
+	o.Wrap = func(server string, tr mcp.Transport) mcp.Transport {
+		return &mcp.LoggingTransport{Transport: tr, Writer: wires[server]}
+	}
+	ups := upstream.Start(cfg, o)
 	t.Cleanup(func() { ups.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	ups.WaitReady(ctx)
+	if wait {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		ups.WaitReady(ctx)
+	}
 	names := append([]string(nil), Names...)
 	for _, sc := range cfg.Servers {
 		names = append(names, policy.UpstreamPattern(sc.Name))
@@ -97,7 +109,7 @@ func newUpServerWith(t *testing.T, policyJSON string, extra map[string]any) *upS
 			o.Upstreams = ups
 		}, copts, sopts)
 	}
-	return &upServer{govServer: g, ups: ups, wire: wire, updates: updates, names: names}
+	return &upServer{govServer: g, ups: ups, wire: wire, wires: wires, updates: updates, names: names}
 }
 
 const upPolicy = `{"version": "1", "default": "allow", "tools": {
@@ -418,7 +430,12 @@ func TestToolsFromCodeUpstreamTrouble(t *testing.T) {
 	}
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
 	go func() {
-		time.Sleep(time.Second) // mid-call, most likely; a kill before the call fails it the same way
+		// Mid-call: a server killed before the call would be restarted,
+		// and the call would wait for it and run.
+		deadline := time.Now().Add(2 * time.Minute)
+		for !strings.Contains(s.wires["fragile"].String(), `trigger-long-running-operation","arguments`) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
 		syscall.Kill(pid, syscall.SIGKILL)
 	}()
 	_, out := runCode(t, cs, map[string]any{"code": `

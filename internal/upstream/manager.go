@@ -33,11 +33,17 @@ var ErrUnknownTool = errors.New("no such upstream tool")
 // other error may come after the upstream acted on the call.
 var ErrNotSent = errors.New("the call was not sent")
 
-// States of a server.
+// States of a server. A call to a server that is connecting waits for
+// it (Await); one to a server that has failed is refused at once.
 const (
+	// StateConnecting: its first attempt, an attempt after a failure, or
+	// the short pause before a server that worked and stopped is started
+	// again (it is expected back, and its tools stay listed meanwhile).
 	StateConnecting = "connecting"
 	StateReady      = "ready"
-	StateFailed     = "failed"
+	// StateFailed: its last attempt failed, and it waits its backoff
+	// before the next (or, for an entry that cannot be used, for ever).
+	StateFailed = "failed"
 )
 
 // Bounds on what an upstream server lists: it is outside this process,
@@ -81,7 +87,8 @@ type Status struct {
 	Name  string
 	State string // StateConnecting, StateReady, StateFailed
 	// Error says why the server is not ready (its last failure while it
-	// is connecting again).
+	// is connecting again) and, when it has failed, when it is tried
+	// again.
 	Error string
 	// How is how it is reached (Describe): never secrets.
 	How   string
@@ -100,6 +107,13 @@ type Options struct {
 	// RestartDelay is the first wait before a server that failed or
 	// stopped is started again; it doubles up to a minute. Default 1 s.
 	RestartDelay time.Duration
+	// ConnectWait bounds how long a call to a server that is connecting
+	// waits for it (Await), and how long after Start the tools' catalog
+	// waits for servers on their first attempt (Settle); default 30 s,
+	// the run's default timeout: an agent that starts pysandbox and calls
+	// at once must not fail for being early, and a server that takes
+	// longer is better reported than waited for by every run.
+	ConnectWait time.Duration
 }
 
 // Manager keeps the upstream servers connected.
@@ -112,6 +126,7 @@ type Manager struct {
 	servers []*server // by name
 	byName  map[string]*server
 	once    sync.Once
+	started time.Time
 }
 
 // server is one upstream.
@@ -119,10 +134,18 @@ type server struct {
 	m   *Manager
 	cfg ServerConfig
 
-	mu      sync.Mutex
-	state   string
-	err     string
+	mu    sync.Mutex
+	state string
+	err   string
+	// retry is when a failed server is tried again; zero when never.
+	retry time.Time
+	// changed is closed, and replaced, whenever state changes: Await
+	// waits on it.
+	changed chan struct{}
 	cs      *mcp.ClientSession
+	// tools are listed while the server is ready, and kept while it
+	// reconnects after it worked; byName are the callable ones, set only
+	// while it is ready.
 	tools   []Tool // by name
 	byName  map[string]*Tool
 	settled chan struct{} // closed once the first attempt is over
@@ -151,11 +174,14 @@ func Start(cfg *Config, o Options) *Manager {
 	if o.RestartDelay <= 0 {
 		o.RestartDelay = time.Second
 	}
+	if o.ConnectWait <= 0 {
+		o.ConnectWait = 30 * time.Second
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &Manager{opts: o, log: o.Log, ctx: ctx, cancel: cancel, byName: map[string]*server{}}
+	m := &Manager{opts: o, log: o.Log, ctx: ctx, cancel: cancel, byName: map[string]*server{}, started: time.Now()}
 	for _, sc := range cfg.Servers {
-		s := &server{m: m, cfg: sc, state: StateConnecting, settled: make(chan struct{}), refresh: make(chan struct{}, 1),
-			stderr: &tailWriter{max: 2048}}
+		s := &server{m: m, cfg: sc, state: StateConnecting, changed: make(chan struct{}), settled: make(chan struct{}),
+			refresh: make(chan struct{}, 1), stderr: &tailWriter{max: 2048}}
 		m.servers = append(m.servers, s)
 		m.byName[sc.Name] = s
 		m.wg.Add(1)
@@ -180,6 +206,102 @@ func (m *Manager) WaitReady(ctx context.Context) {
 	}
 }
 
+// Settle waits until every server's first attempt to connect is over
+// (it is ready or has failed once), until ConnectWait after Start at the
+// latest, and until ctx ends. A listing of the tools taken right after
+// startup calls it, so that it has the tools of servers still starting:
+// the tools module takes its catalog once per run, and could not call a
+// tool it did not list. The bound counts from Start, not from each call,
+// so that a server that never answers initialize delays only the
+// listings of its first ConnectWait, not those of its whole first
+// attempt; servers retried after failing are not waited for, for the
+// same reason, and servers reconnecting after they worked keep their
+// tools listed meanwhile.
+func (m *Manager) Settle(ctx context.Context) {
+	ctx, cancel := context.WithDeadline(ctx, m.started.Add(m.opts.ConnectWait))
+	defer cancel()
+	m.WaitReady(ctx)
+}
+
+// Await waits while the server of full (SERVER.TOOL) is connecting, for
+// at most Options.ConnectWait and until ctx ends. It returns nil once the
+// server is ready, or when full names no configured server (a lookup
+// says what is wrong then); ctx's error when ctx ended first; otherwise
+// an error that says why its tools cannot be called: it has failed (why,
+// and when it is tried again: a failed server is not waited for, its
+// next attempt may be a minute away and fail the same way), or it is
+// still connecting after the wait.
+func (m *Manager) Await(ctx context.Context, full string) error {
+	name, _, _ := strings.Cut(full, ".")
+	s := m.byName[name]
+	if s == nil {
+		return nil
+	}
+	return s.await(ctx)
+}
+
+func (s *server) await(ctx context.Context) error {
+	var timeout <-chan time.Time
+	for {
+		s.mu.Lock()
+		state, changed := s.state, s.changed
+		s.mu.Unlock()
+		switch state {
+		case StateReady:
+			return nil
+		case StateFailed:
+			return s.unavailable(0)
+		}
+		if timeout == nil {
+			t := time.NewTimer(s.m.opts.ConnectWait)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.m.ctx.Done():
+			return fmt.Errorf("the upstream server %q is stopping with pysandbox", s.cfg.Name)
+		case <-timeout:
+			return s.unavailable(s.m.opts.ConnectWait)
+		}
+	}
+}
+
+// unavailable says why the server's tools cannot be called; waited is
+// how long a call waited for it to connect.
+func (s *server) unavailable(waited time.Duration) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.state == StateFailed:
+		return fmt.Errorf("the upstream server %q failed (%s); %s", s.cfg.Name, s.err, retryText(s.retry))
+	case s.state == StateReady:
+		// It came back after the caller looked: the caller may try again.
+		return fmt.Errorf("the upstream server %q reconnected during the call", s.cfg.Name)
+	case waited > 0 && s.err != "":
+		return fmt.Errorf("the upstream server %q is still connecting after %s (its last attempt: %s)", s.cfg.Name, waited, s.err)
+	case waited > 0:
+		return fmt.Errorf("the upstream server %q is still connecting after %s", s.cfg.Name, waited)
+	case s.err != "":
+		return fmt.Errorf("the upstream server %q is connecting (its last attempt: %s)", s.cfg.Name, s.err)
+	}
+	return fmt.Errorf("the upstream server %q is connecting", s.cfg.Name)
+}
+
+// retryText says when a failed server is tried again.
+func retryText(retry time.Time) string {
+	if retry.IsZero() {
+		return "it is not tried again until pysandbox restarts"
+	}
+	d := time.Until(retry).Round(time.Second)
+	if d < time.Second {
+		return "it is tried again within a second"
+	}
+	return fmt.Sprintf("it is tried again in %s", d)
+}
+
 // Close stops every server (a stdio server's process group is killed once
 // its session is closed) and returns when they are gone.
 func (m *Manager) Close() error {
@@ -194,24 +316,30 @@ func (m *Manager) Close() error {
 func (m *Manager) Status() []Status {
 	out := make([]Status, 0, len(m.servers))
 	for _, s := range m.servers {
+		st := s.status()
+		st.How, st.Tools = s.cfg.Describe(), s.toolCount()
+		out = append(out, st)
+	}
+	return out
+}
+
+// Tools lists the tools of the ready servers, and those of servers
+// reconnecting after they worked (calls to them wait for the server), by
+// full name.
+func (m *Manager) Tools() []Tool {
+	var out []Tool
+	for _, s := range m.servers {
 		s.mu.Lock()
-		out = append(out, Status{Name: s.cfg.Name, State: s.state, Error: s.err, How: s.cfg.Describe(), Tools: len(s.tools)})
+		out = append(out, s.tools...)
 		s.mu.Unlock()
 	}
 	return out
 }
 
-// Tools lists the tools of the ready servers, by full name.
-func (m *Manager) Tools() []Tool {
-	var out []Tool
-	for _, s := range m.servers {
-		s.mu.Lock()
-		if s.state == StateReady {
-			out = append(out, s.tools...)
-		}
-		s.mu.Unlock()
-	}
-	return out
+func (s *server) toolCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.tools)
 }
 
 // Lookup finds a tool of a ready server by its full name.
@@ -286,7 +414,8 @@ func (m *Manager) Validate(full string, args json.RawMessage) error {
 	return nil
 }
 
-// Call calls a tool. ctx's end cancels the call, and the upstream is told
+// Call calls a tool. A call to a server that is connecting waits for it
+// first (see Await). ctx's end cancels the call, and the upstream is told
 // so (notifications/cancelled).
 func (m *Manager) Call(ctx context.Context, full string, args json.RawMessage) (res *mcp.CallToolResult, err error) {
 	ctx, span := tracing.Tracer().Start(ctx, "upstream "+full, trace.WithSpanKind(trace.SpanKindClient))
@@ -297,12 +426,18 @@ func (m *Manager) Call(ctx context.Context, full string, args json.RawMessage) (
 		span.End()
 	}()
 	s, t, cs := m.lookup(full)
+	if s != nil && cs == nil {
+		if err := s.await(ctx); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrNotSent, err)
+		}
+		s, t, cs = m.lookup(full)
+	}
 	switch {
 	case s == nil, cs != nil && t == nil:
 		return nil, fmt.Errorf("%w: %w: %s", ErrNotSent, ErrUnknownTool, full)
 	case cs == nil:
-		st := s.status()
-		return nil, fmt.Errorf("%w: the upstream server %q is %s (%s)", ErrNotSent, s.cfg.Name, st.State, st.Error)
+		// It went down again between the wait and the lookup.
+		return nil, fmt.Errorf("%w: %w", ErrNotSent, s.unavailable(0))
 	}
 	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: t.Name, Arguments: args})
 	switch {
@@ -320,7 +455,20 @@ func (m *Manager) Call(ctx context.Context, full string, args json.RawMessage) (
 func (s *server) status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Status{Name: s.cfg.Name, State: s.state, Error: s.err}
+	st := Status{Name: s.cfg.Name, State: s.state, Error: s.err}
+	if s.state == StateFailed {
+		// When it comes back is what an agent needs to know to decide
+		// whether to wait.
+		st.Error += "; " + retryText(s.retry)
+	}
+	return st
+}
+
+// setStateLocked changes the state and wakes the calls waiting on it.
+func (s *server) setStateLocked(state string) {
+	s.state = state
+	close(s.changed)
+	s.changed = make(chan struct{})
 }
 
 // run keeps the server connected until ctx ends.
@@ -328,7 +476,7 @@ func (s *server) run(ctx context.Context) {
 	defer s.settle.Do(func() { close(s.settled) })
 	log := s.m.log.With("upstream", s.cfg.Name)
 	if s.cfg.Err != "" {
-		s.fail(errors.New(s.cfg.Err))
+		s.fail(errors.New(s.cfg.Err), time.Time{})
 		log.Warn("upstream server not started", "err", s.cfg.Err)
 		return
 	}
@@ -345,8 +493,13 @@ func (s *server) run(ctx context.Context) {
 			// beyond the SDK's 16 MiB frame, and must not be able to keep
 			// it down for longer and longer).
 			delay = s.m.opts.RestartDelay
+			// It is expected back after a short pause: it counts as
+			// connecting, so calls wait for it and its tools stay listed
+			// (a run that took its catalog now can still call them).
+			s.reconnecting(err)
+		} else {
+			s.fail(err, time.Now().Add(delay))
 		}
-		s.fail(err)
 		// Its stderr goes to the log only: it is the operator's to read,
 		// not the agent's or the code's (it may print secrets).
 		if attempt == 1 || wasReady {
@@ -362,7 +515,10 @@ func (s *server) run(ctx context.Context) {
 		}
 		delay = min(delay*2, time.Minute)
 		s.mu.Lock()
-		s.state = StateConnecting
+		if s.state != StateConnecting {
+			s.setStateLocked(StateConnecting)
+		}
+		s.retry = time.Time{}
 		s.mu.Unlock()
 	}
 }
@@ -373,10 +529,22 @@ func (s *server) wasReady() bool {
 	return s.cs != nil
 }
 
-func (s *server) fail(err error) {
+// fail records a failed attempt; retry is when the next begins (zero:
+// never).
+func (s *server) fail(err error, retry time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.state, s.err, s.cs, s.tools, s.byName = StateFailed, err.Error(), nil, nil, nil
+	s.err, s.retry, s.cs, s.tools, s.byName = err.Error(), retry, nil, nil, nil
+	s.setStateLocked(StateFailed)
+}
+
+// reconnecting records that a server that worked stopped, and is to be
+// started again shortly; its tools stay listed, not callable.
+func (s *server) reconnecting(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.err, s.retry, s.cs, s.byName = err.Error(), time.Time{}, nil, nil
+	s.setStateLocked(StateConnecting)
 }
 
 // session connects once, serves until the connection ends, and says why
@@ -466,7 +634,8 @@ func (s *server) ready(cs *mcp.ClientSession, tools []Tool) {
 		by[tools[i].Name] = &tools[i]
 	}
 	s.mu.Lock()
-	s.state, s.err, s.cs, s.tools, s.byName = StateReady, "", cs, tools, by
+	s.err, s.retry, s.cs, s.tools, s.byName = "", time.Time{}, cs, tools, by
+	s.setStateLocked(StateReady)
 	s.mu.Unlock()
 	s.settle.Do(func() { close(s.settled) })
 }

@@ -152,7 +152,7 @@ func TestStdioAndHTTP(t *testing.T) {
 			t.Errorf("%q: %v", name, err)
 		}
 	}
-	if _, err := m.Call(ctx, "missing.tool", json.RawMessage(`{}`)); err == nil || !strings.Contains(err.Error(), `"missing" is failed`) {
+	if _, err := m.Call(ctx, "missing.tool", json.RawMessage(`{}`)); err == nil || !strings.Contains(err.Error(), `"missing" failed`) {
 		t.Errorf("a call to a failed server: %v", err)
 	}
 }
@@ -161,7 +161,10 @@ func TestStdioAndHTTP(t *testing.T) {
 // with a clear error, and is started again.
 func TestCrashMidCall(t *testing.T) {
 	evCmd, evArgs := refservers.Everything(t)
-	m := start(t, map[string]any{"everything": map[string]any{"command": evCmd, "args": evArgs}}, Options{})
+	var wire testutil.SyncBuffer
+	m := start(t, map[string]any{"everything": map[string]any{"command": evCmd, "args": evArgs}}, Options{Wrap: func(_ string, tr mcp.Transport) mcp.Transport {
+		return &mcp.LoggingTransport{Transport: tr, Writer: &wire}
+	}})
 	s := m.byName["everything"]
 	s.mu.Lock()
 	pid := s.pid
@@ -171,7 +174,11 @@ func TestCrashMidCall(t *testing.T) {
 		_, err := m.Call(context.Background(), "everything.trigger-long-running-operation", json.RawMessage(`{"duration": 60, "steps": 60}`))
 		done <- err
 	}()
-	time.Sleep(300 * time.Millisecond) // let the call reach the server; a late kill fails it the same way
+	// Once the call reached the server: one made after the kill would
+	// wait for the restart, and run.
+	waitFor(t, "the call to be sent", func() bool {
+		return strings.Contains(wire.String(), `trigger-long-running-operation","arguments`)
+	})
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

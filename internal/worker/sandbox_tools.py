@@ -162,7 +162,8 @@ class ToolCancelled(ToolError):
 
 
 class ToolUnavailable(ToolError):
-    """The tool's server is not connected, or failed during the call."""
+    """The tool's server has failed, is still connecting after the wait
+    for it, or failed during the call."""
 
     kind = "unavailable"
 
@@ -859,10 +860,20 @@ class _Server(object):
         cat = _catalog()
         tools = cat.by_server.get(self._name, {})
         if attr not in tools:
-            for st in cat.servers:
+            for st in cat.servers if not tools else ():
                 if st["name"] == self._name and st["status"] != "ready":
-                    raise ToolUnavailable("%s.%s" % (self._name, attr), "the upstream server %r is %s%s, so its tools cannot be called now"
-                                          % (self._name, st["status"], " (%s)" % st["error"] if st["error"] else ""))
+                    # The catalog waited for servers starting for the first
+                    # time, and lists the tools of those restarting after
+                    # they worked: a server here without tools has failed,
+                    # or was still connecting after that wait.
+                    why = " (%s)" % st["error"] if st["error"] else ""
+                    if st["status"] == "connecting":
+                        msg = ("the upstream server %r was still connecting when this run listed the tools%s, so this run "
+                               "does not know its tools; a later run will, once it is ready" % (self._name, why))
+                    else:
+                        state = "has failed" if st["status"] == "failed" else "is " + st["status"]
+                        msg = "the upstream server %r %s%s, so its tools cannot be called now" % (self._name, state, why)
+                    raise ToolUnavailable("%s.%s" % (self._name, attr), msg)
             candidates = dict((a, "tools.%s.%s" % (_ident(self._name), a)) for a in tools)
             raise _not_found("tool", "%s.%s" % (self._name, attr), attr, candidates)
         return cat.tool(tools[attr])
