@@ -40,9 +40,10 @@ type storedFigure struct {
 const (
 	maxStoredFigures     = 32
 	maxStoredFigureBytes = 64 << 20
-	// An owner's share: a quarter of the store.
-	maxFiguresPerOwner     = maxStoredFigures / 4
-	maxFigureBytesPerOwner = maxStoredFigureBytes / 4
+	// An owner's share: what one run may draw (the worker sends at most
+	// 16 figures, 16 MiB), so a run's links all stay readable.
+	maxFiguresPerOwner     = 16
+	maxFigureBytesPerOwner = 16 << 20
 )
 
 // drop forgets the i-th oldest figure. f.mu is held.
@@ -70,8 +71,7 @@ func (f *figureStore) put(png []byte, owner, suffix string) string {
 	f.order = append(f.order, id)
 	f.bytes += len(png)
 	// An owner over its share loses its own oldest figures first, so that
-	// one caller's plots cannot push another's links out; past the store's
-	// bound, the oldest of anyone's go.
+	// one caller's plots cannot push another's links out.
 	n, size := 0, 0
 	for _, k := range f.order {
 		if fig := f.byID[k]; fig.owner == owner {
@@ -86,8 +86,22 @@ func (f *figureStore) put(png []byte, owner, suffix string) string {
 		}
 		i++
 	}
+	// Past the store's bound, the owner holding the most loses its oldest.
 	for len(f.order) > maxStoredFigures || f.bytes > maxStoredFigureBytes {
-		f.drop(0)
+		held := map[string]int{}
+		top := ""
+		for _, k := range f.order {
+			o := f.byID[k].owner
+			if held[o]++; held[o] > held[top] {
+				top = o
+			}
+		}
+		for i, k := range f.order {
+			if f.byID[k].owner == top {
+				f.drop(i)
+				break
+			}
+		}
 	}
 	return figurePrefix + id
 }

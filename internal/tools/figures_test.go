@@ -28,12 +28,16 @@ func TestFigureStoreShares(t *testing.T) {
 			t.Errorf("bob's figure %d kept: %v, want %v", i, ok, want)
 		}
 	}
-	// Many owners together: the store's own bound.
+	// Many owners together: the store's own bound, and those holding the
+	// most lose theirs first (alice's one stays).
 	for i := 0; i < 2*maxStoredFigures; i++ {
-		f.put([]byte("x"), fmt.Sprint("owner", i), "")
+		f.put([]byte("x"), fmt.Sprint("owner", i%8), "")
 	}
 	if len(f.order) > maxStoredFigures || len(f.byID) != len(f.order) {
 		t.Errorf("%d figures stored (%d named), bound %d", len(f.order), len(f.byID), maxStoredFigures)
+	}
+	if _, ok := f.get(alice, "alice"); !ok {
+		t.Error("alice's one figure went before the big holders'")
 	}
 	// Large figures: an owner's bytes are bounded too.
 	g := newFigureStore()

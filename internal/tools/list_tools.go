@@ -101,6 +101,9 @@ func (s *server) listTools(ctx context.Context, req *mcp.CallToolRequest, in Lis
 	if len(in.Filter) > 200 {
 		return errorResult("filter is longer than 200 characters; pass a shorter glob or substring."), ListToolsOutput{}, nil
 	}
+	// As the tools module's catalog does: listed at once after startup,
+	// it has the tools of servers still on their first attempt.
+	s.up.Settle(ctx)
 	specs, servers := s.visibleTools()
 	out := ListToolsOutput{Servers: servers, Tools: []ToolInfo{}}
 	for _, sp := range specs {

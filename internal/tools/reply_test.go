@@ -88,7 +88,10 @@ func TestRefusedCallsSayWhatHappened(t *testing.T) {
 // that do not fit become resource links that can be read, and the message
 // says what was cut.
 func TestReplyBounded(t *testing.T) {
-	const limit = 1 << 20
+	// Small figures against a small limit: the bound is what is tested,
+	// and drawing large ones under the race detector on a busy machine
+	// could outlast the run's timeout.
+	const limit = 256 << 10
 	cs := connectWith(t, func(c *engine.Config) { c.MaxOutput = 1 << 20 }, func(o *Options) { o.MaxReplyBytes = limit })
 	figs := `
 import matplotlib
@@ -96,10 +99,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt, numpy as np
 rng = np.random.default_rng(1)
 for i in range(16):
-    fig = plt.figure(figsize=(6, 4), dpi=100)
-    plt.imshow(rng.random((400, 600)), interpolation="nearest")
+    fig = plt.figure(figsize=(4, 3), dpi=50)
+    plt.imshow(rng.random((150, 200)), interpolation="nearest")
 `
-	res, out := call(t, cs, "run_python", map[string]any{"code": figs})
+	res, out := call(t, cs, "run_python", map[string]any{"code": figs, "timeout_seconds": 60})
 	size := replySize(t, res)
 	if size > limit {
 		t.Errorf("16 figures: reply of %d bytes, limit %d", size, limit)
@@ -123,9 +126,11 @@ for i in range(16):
 		}
 	}
 
+	const outLimit = 1 << 20
+	cs = connectWith(t, func(c *engine.Config) { c.MaxOutput = 1 << 20 }, func(o *Options) { o.MaxReplyBytes = outLimit })
 	res, out = call(t, cs, "run_python", map[string]any{"code": "import sys\nsys.stdout.write('<' * (1 << 20))\n'<' * 60000"})
-	if size := replySize(t, res); size > limit {
-		t.Errorf("escaped output: reply of %d bytes, limit %d", size, limit)
+	if size := replySize(t, res); size > outLimit {
+		t.Errorf("escaped output: reply of %d bytes, limit %d", size, outLimit)
 	}
 	if out["stdout_truncated"] != true || !strings.Contains(out["message"].(string), "--max-reply") {
 		t.Errorf("escaped output: truncated %v, message %q", out["stdout_truncated"], out["message"])
