@@ -28,13 +28,14 @@ import (
 // one run mean anything, since machines (and one machine from one moment
 // to the next) differ by several times.
 func bench(args []string, stdout, stderr io.Writer) error {
-	fs, o := newFlagSet("bench", "bench [-n N] [--concurrency C] [--phases] [--network] [--tools] [flags]", stderr)
+	fs, o := newFlagSet("bench", "bench [-n N] [--concurrency C] [--phases] [--network] [--tools] [--cache] [flags]", stderr)
 	n := fs.Int("n", 50, "iterations per measurement")
 	conc := fs.Int("concurrency", 16, "calls in flight for the throughput measurement")
 	baselinePy := fs.String("baseline", "/usr/bin/python3", "interpreter spawned directly for the baselines")
 	phasesOnly := fs.Bool("phases", false, "print only where one pooled run's time and CPU go, phase by phase")
 	netOnly := fs.Bool("network", false, "print only the network proxy's throughput and added latency against a direct download")
 	toolsOnly := fs.Bool("tools", false, "print only the round trip of an upstream MCP tool call made from Python, next to the same call made directly by a Go MCP client")
+	cacheOnly := fs.Bool("cache", false, "print only the time to copy a 200 MB environment into the cache (--cache-dir), next to cp -a of the same tree")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -57,6 +58,9 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	}
 	if *netOnly {
 		return benchNetwork(ctx, o, log, *baselinePy, *n, stdout)
+	}
+	if *cacheOnly {
+		return benchCache(o.cacheDir, *n, stdout)
 	}
 	if *toolsOnly {
 		return benchTools(ctx, *n, args, stdout)
@@ -101,7 +105,7 @@ func bench(args []string, stdout, stderr io.Writer) error {
 		mcpArgs = append(mcpArgs, "--preload", o.preload)
 	}
 	mcpPause := func() error { time.Sleep(pause); return nil }
-	mcpStdio, mcpB2B, err := benchMCP(ctx, *n, mcpArgs, mcpPause)
+	mcpStdio, mcpB2B, mcpProgress, err := benchMCP(ctx, *n, mcpArgs, mcpPause)
 	if err != nil {
 		return err
 	}
@@ -117,7 +121,7 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	if err := os.WriteFile(polFile, []byte(`{"version": "1", "default": "deny", "tools": {"run_python": {"limits": [{"counter": "runs", "window": "second", "max": 1000000}]}}}`), 0o600); err != nil {
 		return err
 	}
-	mcpGoverned, _, err := benchMCP(ctx, *n, append(mcpArgs, "--policy", polFile, "--audit-log", filepath.Join(govDir, "audit.log")), mcpPause)
+	mcpGoverned, _, _, err := benchMCP(ctx, *n, append(mcpArgs, "--policy", polFile, "--audit-log", filepath.Join(govDir, "audit.log")), mcpPause)
 	if err != nil {
 		return err
 	}
@@ -137,6 +141,7 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "%-56s %9s %9s %9.2fx %s\n", "  its p99", "", "", ratio(pct(mcpStdio, 99), pct(mcpStdio, 50)), "of its p50 (goal <= 3x)")
 	row("  the same, calls back to back (no pause)", mcpB2B, base, "of python3 -c pass", "")
 	row("  the same with --policy and --audit-log", mcpGoverned, mcpStdio, "of ungoverned MCP", "<= 1.10x")
+	row("  the same with a progress token (heartbeat, live output)", mcpProgress, mcpStdio, "of the call without one", "")
 	flooded, err := benchUnderFlood(ctx, eng, *n, 8, hello, paced)
 	if err != nil {
 		return err
@@ -301,10 +306,10 @@ func benchLearned(ctx context.Context, o *options, log *slog.Logger, snippet eng
 // benchMCP starts this binary as `serve` over stdio with the same flags and
 // times tools/call round trips from a real SDK client: n calls with
 // between() before each (not timed), then n back to back.
-func benchMCP(ctx context.Context, n int, args []string, between func() error) (paced, backToBack []time.Duration, err error) {
+func benchMCP(ctx context.Context, n int, args []string, between func() error) (paced, backToBack, withProgress []time.Duration, err error) {
 	self, err := os.Executable()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	serveArgs := append([]string{"serve", "--log-level", "error"}, filterBenchFlags(args)...)
 	cmd := exec.Command(self, serveArgs...)
@@ -312,28 +317,53 @@ func benchMCP(ctx context.Context, n int, args []string, between func() error) (
 	client := mcp.NewClient(&mcp.Implementation{Name: "pysandbox-bench", Version: version}, nil)
 	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
 	if err != nil {
-		return nil, nil, fmt.Errorf("start MCP server: %w", err)
+		return nil, nil, nil, fmt.Errorf("start MCP server: %w", err)
 	}
 	defer cs.Close()
-	call := func() error {
-		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "print('hi')"}})
-		if err != nil {
-			return err
+	calls := 0
+	call := func(progress bool) func() error {
+		return func() error {
+			params := &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "print('hi')"}}
+			if progress {
+				// With a token, the server watches the call (heartbeat
+				// and live output): what that costs.
+				calls++
+				params.Meta = mcp.Meta{"progressToken": fmt.Sprint("bench-", calls)}
+			}
+			res, err := cs.CallTool(ctx, params)
+			if err != nil {
+				return err
+			}
+			if res.IsError {
+				return fmt.Errorf("run_python failed: %v", res.Content)
+			}
+			return nil
 		}
-		if res.IsError {
-			return fmt.Errorf("run_python failed: %v", res.Content)
-		}
-		return nil
 	}
 	// Let its pool fill before anything is timed.
 	time.Sleep(1500 * time.Millisecond)
-	if paced, err = measureBetween(n, between, call); err != nil {
-		return nil, nil, err
+	// With and without a token, interleaved, so both see the same machine.
+	var plain, tokened []time.Duration
+	for range n {
+		for _, p := range []bool{false, true} {
+			if err := between(); err != nil {
+				return nil, nil, nil, err
+			}
+			start := time.Now()
+			if err := call(p)(); err != nil {
+				return nil, nil, nil, err
+			}
+			if p {
+				tokened = append(tokened, time.Since(start))
+			} else {
+				plain = append(plain, time.Since(start))
+			}
+		}
 	}
-	if backToBack, err = measure(n, call); err != nil {
-		return nil, nil, err
+	if backToBack, err = measure(n, call(false)); err != nil {
+		return nil, nil, nil, err
 	}
-	return paced, backToBack, nil
+	return plain, backToBack, tokened, nil
 }
 
 // filterBenchFlags keeps the shared flags and drops bench's own.
@@ -345,7 +375,7 @@ func filterBenchFlags(args []string) []string {
 		case "-n", "--n", "-concurrency", "--concurrency", "-baseline", "--baseline":
 			i++
 			continue
-		case "-phases", "--phases", "-network", "--network", "-tools", "--tools":
+		case "-phases", "--phases", "-network", "--network", "-tools", "--tools", "-cache", "--cache":
 			continue
 		}
 		if hasPrefixAny(a, "-n=", "--n=", "-concurrency=", "--concurrency=", "-baseline=", "--baseline=") {
