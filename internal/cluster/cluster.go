@@ -152,6 +152,8 @@ var (
 	ErrLost = errors.New("this session was lost when its server stopped; create a new one")
 	// ErrUnreachable: the owner is listed but could not be reached.
 	ErrUnreachable = errors.New("the server holding this session did not answer; retry in a few seconds")
+	// ErrBusy: the caller has as much forwarded as it may at once.
+	ErrBusy = errors.New("too much of your work is in flight to other replicas")
 )
 
 // Join registers this replica and keeps it registered until Leave.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -35,6 +36,8 @@ const (
 	// maxForwardBytes bounds the arguments of calls being forwarded at
 	// once (uploads are the large ones): more wait for their turn.
 	maxForwardBytes = 128 << 20
+	// maxForwardShare is one caller's part of it.
+	maxForwardShare = maxForwardBytes / 4
 )
 
 // Forwarder re-issues calls at the replica that owns their session, over
@@ -44,6 +47,12 @@ type Forwarder struct {
 	token string
 	hc    *http.Client
 	bytes *semaphore.Weighted
+
+	// held is each caller's share of bytes in flight: a forwarded call
+	// holds its arguments' bytes until the owner answers (its whole run),
+	// so one caller's long calls could otherwise hold them all.
+	heldMu sync.Mutex
+	held   map[string]int64
 
 	mu    sync.Mutex
 	peers map[string]*peer // by member tag
@@ -61,7 +70,7 @@ type peer struct {
 // NewForwarder returns a Forwarder that authenticates with token (every
 // replica's --replica-token-file).
 func (c *Cluster) NewForwarder(token string) *Forwarder {
-	return &Forwarder{c: c, token: token, peers: map[string]*peer{}, bytes: semaphore.NewWeighted(maxForwardBytes),
+	return &Forwarder{c: c, token: token, peers: map[string]*peer{}, bytes: semaphore.NewWeighted(maxForwardBytes), held: map[string]int64{},
 		hc: &http.Client{Transport: &bearer{token: token, base: http.DefaultTransport}}}
 }
 
@@ -141,10 +150,14 @@ func (f *Forwarder) Forget(live []Member) {
 	f.mu.Unlock()
 	for _, p := range gone {
 		p.mu.Lock()
-		if p.cs != nil {
-			p.cs.Close()
-		}
+		cs := p.cs
+		p.cs = nil
 		p.mu.Unlock()
+		if cs != nil {
+			// Close waits for the calls in flight on it: not here, where
+			// the caller (list_sessions) is waiting.
+			go cs.Close()
+		}
 	}
 }
 
@@ -153,6 +166,21 @@ func (f *Forwarder) Forget(live []Member) {
 // on what is forwarded at once.
 func (f *Forwarder) Call(ctx context.Context, m Member, p *mcp.CallToolParams, identity, callID string, size int64) (*mcp.CallToolResult, error) {
 	size = min(max(size, 1), maxForwardBytes)
+	f.heldMu.Lock()
+	if f.held[identity]+size > maxForwardShare && f.held[identity] > 0 {
+		mine := f.held[identity]
+		f.heldMu.Unlock()
+		return nil, fmt.Errorf("%w: %d MiB of your calls' arguments are in flight to other replicas, the most one caller may have (%d MiB); wait for some to finish", ErrBusy, mine>>20, maxForwardShare>>20)
+	}
+	f.held[identity] += size
+	f.heldMu.Unlock()
+	defer func() {
+		f.heldMu.Lock()
+		if f.held[identity] -= size; f.held[identity] <= 0 {
+			delete(f.held, identity)
+		}
+		f.heldMu.Unlock()
+	}()
 	if err := f.bytes.Acquire(ctx, size); err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package httpserver
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"sync"
@@ -23,15 +24,40 @@ const (
 	budgetRetrys = "5"
 )
 
-// bodies bounds the request bodies being read at once.
+// bodies bounds the request bodies being read at once: in all, and per
+// caller (a quarter of the budget, at least the largest body), so that
+// one caller's slow bodies cannot make everyone else wait.
 type bodies struct {
 	sem           *semaphore.Weighted
-	max           int64
+	max, share    int64
 	wait, timeout time.Duration
+
+	mu   sync.Mutex
+	held map[string]int64
 }
 
 func newBodies(maxRequest int64) *bodies {
-	return &bodies{sem: semaphore.NewWeighted(max(bodyBudget, maxRequest)), max: maxRequest, wait: budgetWait, timeout: bodyTimeout}
+	budget := max(bodyBudget, maxRequest)
+	return &bodies{sem: semaphore.NewWeighted(budget), max: maxRequest, share: max(budget/4, maxRequest), wait: budgetWait, timeout: bodyTimeout, held: map[string]int64{}}
+}
+
+// take counts n bytes against who's share, or says it is used up.
+func (b *bodies) take(who string, n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.held[who] > 0 && b.held[who]+n > b.share {
+		return false
+	}
+	b.held[who] += n
+	return true
+}
+
+func (b *bodies) give(who string, n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.held[who] -= n; b.held[who] <= 0 {
+		delete(b.held, who)
+	}
 }
 
 func (b *bodies) wrap(next http.Handler) http.Handler {
@@ -45,10 +71,17 @@ func (b *bodies) wrap(next http.Handler) http.Handler {
 			n = b.max
 		}
 		n = max(n, 1)
+		who := callerOf(r)
+		if !b.take(who, n) {
+			w.Header().Set("Retry-After", budgetRetrys)
+			refuseWith(w, http.StatusServiceUnavailable, fmt.Sprintf("your requests' bodies being read at once would pass the %.1f MiB one caller may have (a request that declares no length counts as the largest); finish sending the others, then retry", float64(b.share)/(1<<20)))
+			return
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), b.wait)
 		err := b.sem.Acquire(ctx, n)
 		cancel()
 		if err != nil {
+			b.give(who, n)
 			w.Header().Set("Retry-After", budgetRetrys)
 			if r.Context().Err() == nil {
 				refuseWith(w, http.StatusServiceUnavailable, "the server is reading as many request bodies as it holds at once; retry in a few seconds")
@@ -60,7 +93,7 @@ func (b *bodies) wrap(next http.Handler) http.Handler {
 		// so that the connection's later reads (which notice a client that
 		// goes away during a long call) are not cut.
 		rc.SetReadDeadline(time.Now().Add(b.timeout))
-		body := &budgetBody{ReadCloser: r.Body, release: func() { b.sem.Release(n); rc.SetReadDeadline(time.Time{}) }}
+		body := &budgetBody{ReadCloser: r.Body, release: func() { b.sem.Release(n); b.give(who, n); rc.SetReadDeadline(time.Time{}) }}
 		r.Body = body
 		defer body.done()
 		next.ServeHTTP(w, r)

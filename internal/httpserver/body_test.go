@@ -16,7 +16,7 @@ import (
 // TestBodyBudget: the bodies being read are bounded in all, a body that
 // does not arrive in time is cut, and its place comes back.
 func TestBodyBudget(t *testing.T) {
-	b := &bodies{sem: semaphore.NewWeighted(10), max: 8, wait: 300 * time.Millisecond, timeout: time.Second}
+	b := &bodies{sem: semaphore.NewWeighted(10), max: 8, share: 100, wait: 300 * time.Millisecond, timeout: time.Second, held: map[string]int64{}}
 	readErr := make(chan error, 4)
 	hs := httptest.NewServer(b.wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, err := io.ReadAll(r.Body)
@@ -71,5 +71,44 @@ func TestBodyBudget(t *testing.T) {
 	}
 	if code, body := post("12345678"); code != http.StatusOK {
 		t.Errorf("after the cut: %d %s", code, body)
+	}
+}
+
+// TestBodyShare: one caller's bodies being read are bounded to its share,
+// so it cannot make the others wait for the whole budget.
+func TestBodyShare(t *testing.T) {
+	b := &bodies{sem: semaphore.NewWeighted(100), max: 8, share: 10, wait: time.Second, timeout: time.Minute, held: map[string]int64{}}
+	hs := httptest.NewServer(b.wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+	})))
+	t.Cleanup(hs.Close)
+	host := strings.TrimPrefix(hs.URL, "http://")
+	c, err := net.Dial("tcp", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: %s\r\nContent-Length: 8\r\n\r\nabcd", host)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		b.mu.Lock()
+		held := b.held[anonymousCaller]
+		b.mu.Unlock()
+		if held == 8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stalled body never took its place")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	resp, err := http.Post(hs.URL, "application/json", strings.NewReader("12345678"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "one caller may have") {
+		t.Errorf("past the caller's share: %d %s", resp.StatusCode, body)
 	}
 }

@@ -371,8 +371,17 @@ const sessionURIPrefix = "pysandbox://sessions/"
 func (g *governor) readResource(ctx context.Context, method string, req *mcp.ReadResourceRequest, next mcp.MethodHandler) (mcp.Result, error) {
 	const tool = "download_file"
 	start := time.Now()
-	args, _ := json.Marshal(map[string]string{"uri": req.Params.URI})
+	// The URI as every argument is recorded: bounded (a long one as its
+	// size and digest), or one read could write a line of any length.
+	raw, _ := json.Marshal(map[string]string{"uri": req.Params.URI})
+	args, _ := auditArgs(tool, raw)
 	rec := &audit.Record{Event: "call", Identity: identity(req), Tool: tool, Arguments: args}
+	if len(req.Params.URI) > maxResourceURI {
+		msg := fmt.Sprintf("the URI is %d bytes, more than any of this server's resources (%d at most)", len(req.Params.URI), maxResourceURI)
+		rec.Decision, rec.Reason, rec.Error = "deny", msg, msg
+		g.record(rec, start, false)
+		return nil, errors.New(msg)
+	}
 	refuse := func(decision, rule, msg string) (mcp.Result, error) {
 		rec.Decision, rec.Reason, rec.Error = decision, msg, msg
 		if rule != "" {
@@ -502,6 +511,10 @@ func outcome(rec *audit.Record, res *mcp.CallToolResult) {
 		rec.Error = resultText(res)
 	}
 }
+
+// maxResourceURI bounds a resources/read URI: a session id and a
+// workspace path (4 KiB at most, percent-encoded) fit well within it.
+const maxResourceURI = 16 << 10
 
 // maxAuditValue is the largest argument recorded verbatim, apart from the
 // code; larger ones (inputs data, file contents) are recorded as their

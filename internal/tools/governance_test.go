@@ -636,3 +636,40 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	r.Header.Set("Authorization", "Bearer "+b.token)
 	return http.DefaultTransport.RoundTrip(r)
 }
+
+// TestHostileIDsAndURIs: a session id no session could have is refused at
+// once with a short message (a 1 MB one was parsed for its replica and
+// echoed whole), and a resources/read URI of any length leaves a bounded
+// audit record (one of 23 MB wrote a 70 MB line, past what the log's
+// readers take).
+func TestHostileIDsAndURIs(t *testing.T) {
+	g := newGovServer(t, `{"version": "1", "default": "allow"}`, nil)
+	cs := g.connect(nil, nil)
+	long := strings.Repeat(".", 1<<20)
+	for _, tool := range []string{"run_python", "list_files", "close_session"} {
+		args := map[string]any{"session_id": long}
+		if tool == "run_python" {
+			args["code"] = "1"
+		}
+		res, _ := call(t, cs, tool, args)
+		if !res.IsError || !strings.Contains(text(res), "is not a session id") || len(text(res)) > 1024 {
+			t.Errorf("%s with a 1 MB id: %d bytes: %.200s", tool, len(text(res)), text(res))
+		}
+	}
+	uri := "pysandbox://sessions/s-1/files/" + strings.Repeat("\xff", 2<<20)
+	if _, err := cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: uri}); err == nil || !strings.Contains(err.Error(), "more than any of this server's resources") {
+		t.Errorf("a 2 MB URI: %v", err)
+	}
+	data, err := os.ReadFile(g.auditPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if len(line) > 300<<10 {
+			t.Errorf("an audit line of %d bytes", len(line))
+		}
+	}
+	if recs := g.records(t); len(recs) == 0 || recs[len(recs)-1].Decision != "deny" {
+		t.Errorf("the read's record: %+v", recs[len(recs)-1])
+	}
+}

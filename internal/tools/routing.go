@@ -37,13 +37,19 @@ func (in InstallPackageInput) sessionRef() string { return in.SessionID }
 // routed sends a call whose session another replica owns to that
 // replica; other calls go to h.
 func routed[In, Out any](s *server, tool string, h mcp.ToolHandlerFor[In, Out]) mcp.ToolHandlerFor[In, Out] {
-	if s.cl == nil {
-		return h
-	}
 	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
 		var zero Out
 		ref, ok := any(in).(sessionRef)
 		if !ok || ref.sessionRef() == "" {
+			return h(ctx, req, in)
+		}
+		// An id no session could have is unknown at once: it is neither
+		// parsed for its replica nor echoed whole (one of 20 MB cost the
+		// server hundreds of MB in copies).
+		if !plausibleID(ref.sessionRef()) {
+			return errorResult(fmt.Sprintf("Unknown session (%s is not a session id). Create a session with create_session and use the session_id it returns.", shortQuote(ref.sessionRef()))), zero, nil
+		}
+		if s.cl == nil {
 			return h(ctx, req, in)
 		}
 		m, local, err := s.cl.Owner(ctx, ref.sessionRef(), false)
@@ -155,6 +161,9 @@ func routedResource(s *server, ref func(uri string) string, h mcp.ResourceHandle
 		if id == "" {
 			return h(ctx, req)
 		}
+		if !plausibleID(id) {
+			return nil, mcp.ResourceNotFoundError(uri)
+		}
 		m, local, err := s.cl.Owner(ctx, id, false)
 		if local {
 			return h(ctx, req)
@@ -211,7 +220,11 @@ func (s *server) listAllSessions(ctx context.Context, req *mcp.CallToolRequest, 
 		return res, out, err
 	}
 	members, merr := s.cl.Members(ctx)
-	s.fwd.Forget(members)
+	if merr == nil {
+		// Only a list read whole says who is gone: after a failed read,
+		// forgetting every peer would cut calls in flight to all of them.
+		s.fwd.Forget(members)
+	}
 	// Every other replica at once, each for a few seconds at most: one
 	// that does not answer is left out, and said so.
 	type answer struct {
@@ -260,4 +273,30 @@ func (s *server) listAllSessions(ctx context.Context, req *mcp.CallToolRequest, 
 		text += fmt.Sprintf("(some servers could not be asked: %v %v; their sessions are not listed)\n", missing, merr)
 	}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, out, nil
+}
+
+// maxSessionIDBytes bounds a session id: ours are "s-", 32 hex digits and, with
+// replicas, the replica's name and incarnation.
+const maxSessionIDBytes = 200
+
+// plausibleID reports whether id could be a session's: short, and only
+// the characters ids are made of.
+func plausibleID(id string) bool {
+	if len(id) == 0 || len(id) > maxSessionIDBytes {
+		return false
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// shortQuote quotes the head of an agent's value for a message.
+func shortQuote(v string) string {
+	if len(v) > 64 {
+		return fmt.Sprintf("%q… (%d bytes)", engine.Head(v, 64), len(v))
+	}
+	return fmt.Sprintf("%q", v)
 }
