@@ -102,3 +102,57 @@ func TestForwarder(t *testing.T) {
 		t.Errorf("the failure is not logged with its cause:\n%s", logs.String())
 	}
 }
+
+// TestForwarderShare: a caller's forwarded calls hold at most its share
+// of the bytes in flight (a call holds them until the owner answers), so
+// another caller's calls still go through.
+func TestForwarderShare(t *testing.T) {
+	const token = "0123456789abcdef0123456789abcdef-replicas"
+	owner := mcp.NewServer(&mcp.Implementation{Name: "owner", Version: "1"}, nil)
+	release, started := make(chan struct{}), make(chan struct{}, 4)
+	owner.AddTool(&mcp.Tool{Name: "hold", InputSchema: map[string]any{"type": "object"}}, func(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		started <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil
+	})
+	a, err := cluster.Join(context.Background(), store(t, redisserver.Start(t)).Directory(), "replica-a", "http://127.0.0.1:1", "http://127.0.0.1:1", key, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Leave)
+	f := a.NewForwarder(token)
+	mux := http.NewServeMux()
+	mux.Handle(cluster.InternalPath, cluster.InternalAuth(token, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return owner }, &mcp.StreamableHTTPOptions{Stateless: true})))
+	hs := httptest.NewServer(mux)
+	t.Cleanup(hs.Close)
+	t.Cleanup(f.Close)
+	m := cluster.Member{Name: "replica-b", Incarnation: "0000abcd", Internal: hs.URL}
+	ctx := context.Background()
+	held := make(chan error, 1)
+	go func() {
+		_, err := f.Call(ctx, m, &mcp.CallToolParams{Name: "hold", Arguments: map[string]any{}}, "alice", "c1", 30<<20)
+		held <- err
+	}()
+	// Once alice's first call is at the owner (holding its bytes), a
+	// second is refused at once.
+	<-started
+	if _, err := f.Call(ctx, m, &mcp.CallToolParams{Name: "hold", Arguments: map[string]any{}}, "alice", "c2", 10<<20); !errors.Is(err, cluster.ErrBusy) || !strings.Contains(err.Error(), "the most one caller may have") {
+		t.Fatalf("alice's second call: %v", err)
+	}
+	// Bob's goes through beside it.
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.Call(ctx, m, &mcp.CallToolParams{Name: "hold", Arguments: map[string]any{}}, "bob", "c3", 30<<20)
+		done <- err
+	}()
+	<-started
+	close(release)
+	for _, ch := range []chan error{held, done} {
+		if err := <-ch; err != nil {
+			t.Errorf("a held call: %v", err)
+		}
+	}
+}
