@@ -217,7 +217,10 @@ func (sb *sandboxes) register(h *tools.Host) {
 		if !own(req, in.SandboxID) {
 			return denied(req, in.SandboxID)
 		}
-		since := float64(time.Now().UnixNano()) / 1e9
+		// A file's ctime comes from the kernel's coarse clock, up to a
+		// tick (10 ms at HZ=100) behind time.Now: without the margin a
+		// file written at once can look older than the run.
+		since := float64(time.Now().Add(-20*time.Millisecond).UnixNano()) / 1e9
 		res, refused := runIn(ctx, h, req, in.SandboxID, in.Code, "/tmp/code_to_run.py", nil)
 		if refused != nil {
 			return reply(orderedMap{{"error", refusalText(refused)}, {"stdout", ""}, {"stderr", ""}, {"exit_code", 1}, {"files", []string{}}, {"file_links", []string{}}})
