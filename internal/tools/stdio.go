@@ -295,23 +295,30 @@ const (
 func (s *msgScan) response() bool { return !s.method && s.result }
 
 func (s *msgScan) feed(p []byte) {
+	// The next quote and backslash at or after i, found once each and
+	// kept until passed: searching afresh at every escape would cost the
+	// rest of the line each time (quadratic in a line of escapes).
+	nextQ, nextB := -1, -1
+	next := func(at *int, c byte, i int) int {
+		if *at < i {
+			if k := bytes.IndexByte(p[i:], c); k >= 0 {
+				*at = i + k
+			} else {
+				*at = len(p)
+			}
+		}
+		return *at
+	}
 	for i := 0; i < len(p); i++ {
 		if s.inStr && !s.esc && !s.inKey && !s.capture {
 			// Inside a string nothing matters but its end: skip to the
 			// next quote or backslash (most of an upload is one string;
 			// IndexByte is vectorised, IndexAny is not).
-			rest := p[i:]
-			j := bytes.IndexByte(rest, '"')
-			if j < 0 {
-				j = len(rest)
-			}
-			if k := bytes.IndexByte(rest[:j], '\\'); k >= 0 {
-				j = k
-			}
-			if j == len(rest) {
+			j := min(next(&nextQ, '"', i), next(&nextB, '\\', i))
+			if j == len(p) {
 				return
 			}
-			i += j
+			i = j
 		}
 		s.step(p[i])
 	}

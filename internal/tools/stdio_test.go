@@ -334,6 +334,12 @@ func TestMsgScan(t *testing.T) {
 		{`{"id":1,"id":null}`, ``, false},
 		{`["id",1]`, ``, false},
 		{`{"ID":1}`, ``, false},
+		// Many escapes, and many short strings before one far escape:
+		// each was a search to the end of the line (quadratic, hours for a
+		// 24 MiB line); now one pass (the test's time is not asserted,
+		// but the old scan made it run for minutes).
+		{`{"method":"x","params":{"s":"` + strings.Repeat(`\n`, 2<<20) + `"},"id":7}`, `7`, false},
+		{`{"method":"x","params":[` + strings.Repeat(`"a",`, 1<<20) + `"\n"],"id":8}`, `8`, false},
 	} {
 		for _, step := range []int{1, 3, len(tc.in)} {
 			s := &msgScan{}
