@@ -85,6 +85,15 @@ func newSessionCaps(server *mcp.Server, lim SessionLimits) *sessionCaps {
 // internal/tools names it).
 const anonymousCaller = "http:anonymous"
 
+// subject names who in a refusal, with its verb: "alice has", or the
+// callers without a token, who share one identity.
+func subject(who string) string {
+	if who == anonymousCaller {
+		return "callers without a token (who share one identity: nothing tells them apart) have"
+	}
+	return who + " has"
+}
+
 func callerOf(r *http.Request) string {
 	if ti := auth.TokenInfoFromContext(r.Context()); ti != nil && ti.UserID != "" {
 		return ti.UserID
@@ -123,6 +132,11 @@ func (c *sessionCaps) wrap(next http.Handler) http.Handler {
 func (c *sessionCaps) sessionsOf(who string) (mine, all int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.sessionsLocked(who)
+}
+
+// sessionsLocked is sessionsOf with c.mu held.
+func (c *sessionCaps) sessionsLocked(who string) (mine, all int) {
 	for _, t := range c.sessions {
 		if t.owner == who {
 			mine++
@@ -201,11 +215,7 @@ func (c *sessionCaps) admit(who string) string {
 	}
 	switch {
 	case mine >= c.lim.PerCaller:
-		who := who + " has"
-		if who == anonymousCaller+" has" {
-			who = "callers without a token (who share one identity: nothing tells them apart) have"
-		}
-		return fmt.Sprintf("too many MCP sessions: %s %d open (sessionless requests in flight included), the most one caller may have (--max-mcp-sessions-per-caller). End sessions you no longer use (HTTP DELETE with their Mcp-Session-Id; some clients send it when they close, others do not), reuse one, or wait: a session without requests for %s ends by itself. Clients of protocol 2026-07-28 need no MCP session at all.", who, mine, c.lim.Idle)
+		return fmt.Sprintf("too many MCP sessions: %s %d open (sessionless requests in flight included), the most one caller may have (--max-mcp-sessions-per-caller). End sessions you no longer use (HTTP DELETE with their Mcp-Session-Id; some clients send it when they close, others do not), reuse one, or wait: a session without requests for %s ends by itself. Clients of protocol 2026-07-28 need no MCP session at all.", subject(who), mine, c.lim.Idle)
 	case all >= c.lim.Total:
 		return fmt.Sprintf("too many MCP sessions: this server has %d open (sessionless requests in flight included), the most it keeps (--max-mcp-sessions). Retry later: a session without requests for %s ends by itself. Clients of protocol 2026-07-28 need no MCP session at all.", all, c.lim.Idle)
 	}
@@ -221,16 +231,11 @@ func (c *sessionCaps) admit(who string) string {
 // counts returns who's sessions and the server's, pending ones included.
 // c.mu is held.
 func (c *sessionCaps) counts(who string) (mine, all int) {
-	for _, t := range c.sessions {
-		if t.owner == who {
-			mine++
-		}
-	}
+	mine, all = c.sessionsLocked(who)
 	// A sessionless request in flight holds as much as a session.
 	c.streams.mu.Lock()
-	smine, sall := c.streams.byCaller[who], c.streams.total
-	c.streams.mu.Unlock()
-	return mine + c.pending[who] + smine, len(c.sessions) + c.npend + sall
+	defer c.streams.mu.Unlock()
+	return mine + c.streams.byCaller[who], all + c.streams.total
 }
 
 // prune forgets sessions the server no longer has. c.mu is held.
@@ -351,11 +356,7 @@ func (s *streamCaps) wrap(next http.Handler) http.Handler {
 		switch {
 		case mine >= s.lim.PerCaller:
 			s.mu.Unlock()
-			who := who + " has"
-			if who == anonymousCaller+" has" {
-				who = "callers without a token (who share one identity) have"
-			}
-			refuse(w, r, fmt.Sprintf("too many requests in flight: %s %d MCP sessions and sessionless requests open at once, the most one caller may have (--max-mcp-sessions-per-caller); close event streams you no longer read (subscriptions/listen) and MCP sessions you no longer use, or wait for calls to finish.", who, mine))
+			refuse(w, r, fmt.Sprintf("too many requests in flight: %s %d MCP sessions and sessionless requests open at once, the most one caller may have (--max-mcp-sessions-per-caller); close event streams you no longer read (subscriptions/listen) and MCP sessions you no longer use, or wait for calls to finish.", subject(who), mine))
 			return
 		case all >= s.lim.Total:
 			s.mu.Unlock()
