@@ -81,6 +81,11 @@ type ToolRule struct {
 	// user, through MCP elicitation; the default) or ApproveByOperator
 	// (an operator, in the console: the call waits for them).
 	By string `json:"by,omitempty"`
+	// Require, DenyIf and ApproveIf are the rules on a call's arguments
+	// and code (see conditions.go).
+	Require   []Rule `json:"require,omitempty"`
+	DenyIf    []Rule `json:"deny_if,omitempty"`
+	ApproveIf []Rule `json:"approve_if,omitempty"`
 }
 
 // Who approves.
@@ -94,7 +99,12 @@ type Policy struct {
 	Version  string               `json:"version"`
 	Default  Action               `json:"default"`
 	Tools    map[string]*ToolRule `json:"tools,omitempty"`
-	Packages PackageRules         `json:"packages"`
+	// Hide lists tools removed from tools/list and refused ("*": all).
+	Hide []string `json:"hide,omitempty"`
+	// AllTools are rate limits every tool call counts against (the
+	// gateway's all_tools.limits), besides its tool's own.
+	AllTools []Limit     `json:"all_tools,omitempty"`
+	Packages PackageRules `json:"packages"`
 	// Quotas bound what one identity may hold at once (runs in flight,
 	// queue places, sessions); nil when the file has no quotas section.
 	Quotas *Quotas `json:"quotas,omitempty"`
@@ -126,26 +136,45 @@ type Decision struct {
 	Reason string
 	Limits []Limit
 	By     string // for Approve: ApproveByUser or ApproveByOperator
+	Hidden bool   // denied because the policy hides the tool
 }
 
 // Decide returns what the policy says about a tool. A tool the policy does
 // not list falls to the default.
+//
+// A hidden tool is denied before anything else, even when listed; the
+// limits are the tool's own and then the policy's all_tools limits,
+// which every call that is not denied counts against.
 func (p *Policy) Decide(tool string) Decision {
-	if r, ok := p.Tools[tool]; ok {
-		return Decision{Action: r.Action, Reason: r.Reason, Limits: r.Limits, By: r.by()}
+	if p.hides(tool) {
+		return Decision{Action: Deny, Reason: "the policy hides it (hide)", Hidden: true}
 	}
-	if r, ok := p.upstreamRule(tool); ok {
-		return Decision{Action: r.Action, Reason: r.Reason, Limits: r.Limits, By: r.by()}
+	if r := p.rule(tool); r != nil {
+		return Decision{Action: r.Action, Reason: r.Reason, Limits: p.limits(r.Limits), By: r.by()}
 	}
 	reason := ""
 	if p.Default == Deny {
 		reason = "the policy denies every tool it does not list (default: deny)"
 	}
-	return Decision{Action: p.Default, Reason: reason}
+	return Decision{Action: p.Default, Reason: reason, Limits: p.limits(nil)}
 }
 
-// Hidden reports whether a tool is denied outright, and so should not be
-// offered to clients at all.
+// limits are a tool's limits followed by the all_tools ones.
+func (p *Policy) limits(own []Limit) []Limit {
+	if len(p.AllTools) == 0 {
+		return own
+	}
+	return append(slices.Clip(own), p.AllTools...)
+}
+
+func (p *Policy) hides(tool string) bool {
+	return slices.Contains(p.Hide, tool) || slices.Contains(p.Hide, hideAll)
+}
+
+// Hidden reports whether a tool is denied outright (hidden, or denied
+// whatever its arguments), and so should not be offered to clients at
+// all. The gateway keeps a denied tool in tools/list; pysandbox leaves it
+// out too, since an agent can do nothing with it.
 func (p *Policy) Hidden(tool string) bool { return p.Decide(tool).Action == Deny }
 
 // Load reads and parses a policy file. YAML is accepted for .yaml and .yml
@@ -343,7 +372,7 @@ func (v *validator) str(field string, x any) (string, bool) {
 }
 
 func (v *validator) policy(doc any, p *Policy) {
-	m := v.object("", doc, "version", "default", "tools", "packages", "quotas", "network", "upstream")
+	m := v.object("", doc, "version", "default", "hide", "all_tools", "tools", "packages", "quotas", "network", "upstream")
 	if m == nil {
 		return
 	}
@@ -381,6 +410,12 @@ func (v *validator) policy(doc any, p *Policy) {
 				p.Tools[name] = v.tool("tools."+name, tm[name])
 			}
 		}
+	}
+	if h, ok := m["hide"]; ok {
+		p.Hide = v.hide("hide", h)
+	}
+	if a, ok := m["all_tools"]; ok {
+		p.AllTools = v.allTools("all_tools", a)
 	}
 	if pk, ok := m["packages"]; ok {
 		p.Packages = v.packages("packages", pk)
@@ -478,7 +513,7 @@ func (r *ToolRule) by() string {
 }
 
 func (v *validator) tool(field string, x any) *ToolRule {
-	m := v.object(field, x, "action", "reason", "limits", "by")
+	m := v.object(field, x, "action", "reason", "limits", "by", "require", "deny_if", "approve_if")
 	// A listed tool without an action is allowed (with its limits): that
 	// is how gateway policies write "allowed, but rate-limited".
 	r := &ToolRule{Action: Allow}
@@ -502,6 +537,15 @@ func (v *validator) tool(field string, x any) *ToolRule {
 		case r.Action != Approve:
 			v.fail(field+".by", "says who approves, so it goes with action: approve")
 		}
+	}
+	if x, ok := m["require"]; ok {
+		r.Require = v.rules(field+".require", x, "require")
+	}
+	if x, ok := m["deny_if"]; ok {
+		r.DenyIf = v.rules(field+".deny_if", x, "deny_if")
+	}
+	if x, ok := m["approve_if"]; ok {
+		r.ApproveIf = v.rules(field+".approve_if", x, "approve_if")
 	}
 	if l, ok := m["limits"]; ok {
 		list, ok := l.([]any)

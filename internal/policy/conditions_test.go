@@ -1,0 +1,219 @@
+package policy
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+var condTools = []string{"run_python", "upload_file", "check_environment", "gh.*"}
+
+func args(t *testing.T, s string) map[string]any {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader([]byte(s)))
+	dec.UseNumber()
+	var m map[string]any
+	if err := dec.Decode(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestOperators checks each operator as the gateway defines it, types
+// included: numbers compare as numbers (exactly, past 2^53), a numeric
+// string is not a number, a missing or null path is false for all but
+// exists.
+func TestOperators(t *testing.T) {
+	cases := []struct {
+		op    string
+		value string // JSON
+		args  string
+		want  bool
+	}{
+		{"eq", `5`, `{"x": 5.0}`, true},
+		{"eq", `5`, `{"x": "5"}`, true}, // the gateway compares texts when not both numbers
+		{"eq", `"usd"`, `{"x": "usd"}`, true},
+		{"eq", `true`, `{"x": true}`, true},
+		{"eq", `9007199254740993`, `{"x": 9007199254740992}`, false},
+		{"eq", `"a"`, `{}`, false},
+		{"neq", `"a"`, `{"x": "b"}`, true},
+		{"neq", `"a"`, `{}`, false},
+		{"neq", `"a"`, `{"x": null}`, false},
+		{"lt", `10`, `{"x": 9.5}`, true},
+		{"lt", `10`, `{"x": 10}`, false},
+		{"lte", `10`, `{"x": 10}`, true},
+		{"gt", `10`, `{"x": 1e3}`, true},
+		{"gte", `10`, `{"x": "11"}`, false}, // a numeric string is not a number
+		{"gt", `-1`, `{"x": -0.5}`, true},
+		{"in", `["usd", "eur"]`, `{"x": "eur"}`, true},
+		{"in", `["usd", "eur"]`, `{"x": "gbp"}`, false},
+		{"in", `[1, 2]`, `{"x": 2.0}`, true},
+		{"not_in", `["usd", "eur"]`, `{"x": "gbp"}`, true},
+		{"not_in", `["usd"]`, `{}`, false},
+		{"regex", `"\\.env$"`, `{"x": "config/.env"}`, true},
+		{"regex", `"env"`, `{"x": "an environment"}`, true}, // unanchored
+		{"regex", `"^a"`, `{"x": 1}`, false},
+		{"contains", `".."`, `{"x": "../etc/passwd"}`, true},
+		{"contains", `"b"`, `{"x": ["a", "b"]}`, true},
+		{"contains", `3`, `{"x": [1, 2, 3.0]}`, true},
+		{"contains", `"z"`, `{"x": {"z": 1}}`, false},
+		{"exists", `true`, `{"x": 0}`, true},
+		{"exists", `true`, `{"x": null}`, false},
+		{"exists", `false`, `{}`, true},
+		{"exists", `false`, `{"x": ""}`, false},
+	}
+	for _, c := range cases {
+		var v any
+		dec := json.NewDecoder(strings.NewReader(c.value))
+		dec.UseNumber()
+		if err := dec.Decode(&v); err != nil {
+			t.Fatal(err)
+		}
+		doc := map[string]any{"version": "1", "default": "allow", "tools": map[string]any{"run_python": map[string]any{
+			"deny_if": []any{map[string]any{"conditions": []any{map[string]any{"path": "args.x", "op": c.op, "value": v}}}}}}}
+		raw, _ := json.Marshal(doc)
+		p, err := Parse(raw, "p.json", condTools)
+		if err != nil {
+			t.Fatalf("%s %s: %v", c.op, c.value, err)
+		}
+		got := p.Judge("run_python", Facts{Args: args(t, c.args)}).Deny
+		if got != c.want {
+			t.Errorf("args %s: x %s %s = %v, want %v", c.args, c.op, c.value, got, c.want)
+		}
+	}
+}
+
+// TestRuleCombination: every require must hold and no deny_if match; a
+// rule holds when all its conditions do; approve_if asks only when
+// nothing denies; nested paths and code facts are reached.
+func TestRuleCombination(t *testing.T) {
+	const doc = `
+version: "1"
+default: deny
+tools:
+  upload_file:
+    require:
+      - conditions:
+          - {path: args.path, op: regex, value: "^[a-z./_-]+$"}
+        on_deny: "paths are lower case"
+    deny_if:
+      - conditions:
+          - {path: args.path, op: contains, value: ".."}
+          - {path: args.meta.kind, op: eq, value: secret}
+        on_deny: "no secrets outside the tree"
+    approve_if:
+      - conditions: [{path: args.path, op: regex, value: "\\.env$"}]
+        reason: "an .env file"
+        by: operator
+  run_python:
+    approve_if:
+      - conditions: [{path: code.imports, op: contains, value: subprocess}]
+      - conditions: [{path: code.dynamic_code, op: exists, value: true}]
+`
+	p, err := Parse([]byte(doc), "p.yaml", condTools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args    string
+		deny    bool
+		approve bool
+		reason  string
+	}{
+		{`{"path": "a/b.txt"}`, false, false, ""},
+		{`{"path": "A.txt"}`, true, false, "paths are lower case"},
+		{`{}`, true, false, "paths are lower case"},
+		{`{"path": "../x", "meta": {"kind": "secret"}}`, true, false, "no secrets outside the tree"},
+		{`{"path": "../x", "meta": {"kind": "public"}}`, false, false, ""},
+		{`{"path": "app/.env"}`, false, true, "an .env file"},
+	} {
+		j := p.Judge("upload_file", Facts{Args: args(t, c.args)})
+		if j.Deny != c.deny || j.Approve != c.approve || (c.reason != "" && j.Reason != c.reason) {
+			t.Errorf("upload_file %s: %+v", c.args, j)
+		}
+		if j.Approve && j.By != ApproveByOperator {
+			t.Errorf("by = %q", j.By)
+		}
+	}
+	if !p.NeedsCode("run_python") || p.NeedsCode("upload_file") {
+		t.Error("NeedsCode")
+	}
+	code := map[string]any{"imports": []any{"os", "subprocess"}, "dynamic_code": nil}
+	j := p.Judge("run_python", Facts{Args: map[string]any{}, Code: code})
+	if !j.Approve || j.By != ApproveByUser || !strings.Contains(j.Reason, "code.imports contains subprocess") {
+		t.Errorf("run_python with subprocess: %+v", j)
+	}
+	j = p.Judge("run_python", Facts{Code: map[string]any{"imports": []any{"os"}, "dynamic_code": []any{"exec"}}})
+	if !j.Approve || j.Rule.Field() != "tools.run_python.approve_if[1]" {
+		t.Errorf("run_python with exec: %+v", j)
+	}
+	if j := p.Judge("run_python", Facts{Code: map[string]any{"imports": []any{"os"}}}); j.Approve || j.Deny {
+		t.Errorf("plain run_python: %+v", j)
+	}
+}
+
+// TestHideAndAllTools: hide wins over a tool's own rule, "*" hides
+// everything, and all_tools limits follow each tool's own.
+func TestHideAndAllTools(t *testing.T) {
+	p, err := Parse([]byte(`{"version": "1", "default": "allow", "hide": ["upload_file"],
+		"all_tools": {"limits": [{"counter": "all", "window": "minute", "max": 3, "scope": "grant"}]},
+		"tools": {"upload_file": {}, "run_python": {"limits": [{"counter": "runs", "window": "hour", "max": 10}]}}}`), "p.json", condTools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := p.Decide("upload_file"); d.Action != Deny || !d.Hidden || !p.Hidden("upload_file") {
+		t.Errorf("hidden tool: %+v", d)
+	}
+	d := p.Decide("run_python")
+	if len(d.Limits) != 2 || d.Limits[0].Counter != "runs" || d.Limits[1].Counter != "all" {
+		t.Errorf("run_python limits: %+v", d.Limits)
+	}
+	if d := p.Decide("check_environment"); len(d.Limits) != 1 || d.Limits[0].Counter != "all" {
+		t.Errorf("unlisted tool limits: %+v", d.Limits)
+	}
+	if d := p.Decide("gh.create_issue"); len(d.Limits) != 1 {
+		t.Errorf("upstream tool limits: %+v", d.Limits)
+	}
+	p, err = Parse([]byte(`{"version": "1", "default": "allow", "hide": ["*"]}`), "p.json", condTools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Hidden("check_environment") || !p.Hidden("gh.x") {
+		t.Error(`hide ["*"] hides everything`)
+	}
+}
+
+func TestRuleErrors(t *testing.T) {
+	for _, c := range []struct{ doc, want string }{
+		{`{"version":"1","hide":["nope"]}`, "hide[0]: this server has no such tool"},
+		{`{"version":"1","hide":["run_python","run_python"]}`, `hide[1]: duplicate entry "run_python"`},
+		{`{"version":"1","hide":[""]}`, "hide[0]: entry must not be empty"},
+		{`{"version":"1","all_tools":{"limit":[]}}`, "all_tools.limit: unknown field"},
+		{`{"version":"1","all_tools":{"limits":[{"counter":"a","window":"week","max":1}]}}`, "all_tools.limits[0].window"},
+		{`{"version":"1","tools":{"run_python":{"require":[{"conditions":[{"path":"x.y","op":"eq","value":1}]}]}}}`, "tools.run_python.require[0].conditions[0].path"},
+		{`{"version":"1","tools":{"run_python":{"require":[{"conditions":[{"path":"code.secrets","op":"eq","value":1}]}]}}}`, `"secrets" is not a fact of code`},
+		{`{"version":"1","tools":{"run_python":{"deny_if":[{"conditions":[{"path":"args.a","op":"like","value":1}]}]}}}`, `"like" is not an operator`},
+		{`{"version":"1","tools":{"run_python":{"deny_if":[{"conditions":[{"path":"args.a","op":"lt","value":"5"}]}]}}}`, `operator "lt" needs a number`},
+		{`{"version":"1","tools":{"run_python":{"deny_if":[{"conditions":[{"path":"args.a","op":"in","value":"x"}]}]}}}`, `operator "in" needs a list`},
+		{`{"version":"1","tools":{"run_python":{"deny_if":[{"conditions":[{"path":"args.a","op":"regex","value":"("}]}]}}}`, `invalid regex`},
+		{`{"version":"1","tools":{"run_python":{"deny_if":[{"conditions":[{"path":"args.a","op":"exists","value":"yes"}]}]}}}`, `needs true or false`},
+		{`{"version":"1","tools":{"run_python":{"deny_if":[{"conditions":[{"path":"args.a","op":"eq"}]}]}}}`, `value: missing`},
+		{`{"version":"1","tools":{"run_python":{"require":[{"on_deny":"x"}]}}}`, `conditions: missing`},
+		{`{"version":"1","tools":{"run_python":{"approve_if":[{"conditions":[{"path":"args.a","op":"eq","value":1}],"by":"boss"}]}}}`, `"boss" is not who approves`},
+		{`{"version":"1","tools":{"run_python":{"deny_if":[{"conditions":[],"reason":"x"}]}}}`, `deny_if[0].reason: unknown field`},
+	} {
+		_, err := Parse([]byte(c.doc), "p.json", condTools)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: err = %v, want %q", c.doc, err, c.want)
+		}
+	}
+	// An empty deny_if rule is the gateway's unconditional deny.
+	p, err := Parse([]byte(`{"version":"1","default":"allow","tools":{"run_python":{"deny_if":[{"conditions":[],"on_deny":"Requires human approval."}]}}}`), "p.json", condTools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j := p.Judge("run_python", Facts{}); !j.Deny || j.Reason != "Requires human approval." {
+		t.Errorf("empty deny_if: %+v", j)
+	}
+}
