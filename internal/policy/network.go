@@ -144,6 +144,12 @@ func ParseHostRule(s string) (HostRule, error) {
 		if r.Addr.IsValid() || strings.ContainsAny(r.Host, "*?") {
 			return HostRule{}, fmt.Errorf("%q: only a plain name can be pinned to an address", s)
 		}
+		// 0.0.0.0 and :: name no host: connecting to them reaches this
+		// machine's own services, so a pin to them opens the loopback
+		// the proxy otherwise refuses.
+		if a.Unmap().IsUnspecified() {
+			return HostRule{}, fmt.Errorf("%q: %s is the unspecified address, not a host (a connection to it reaches this machine itself); pin the name to the address of the host it should reach", s, a)
+		}
 		r.Pin = a.Unmap()
 		return r, nil
 	}

@@ -14,7 +14,6 @@
 package policy
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -28,7 +27,7 @@ import (
 	"strings"
 	"time"
 
-	"go.yaml.in/yaml/v3"
+	"github.com/pysandbox/pysandbox/internal/confdoc"
 )
 
 // Action is what a policy does with a call.
@@ -201,112 +200,46 @@ func Load(path string, tools []string) (*Policy, error) {
 	return p, nil
 }
 
-// Error is a policy file problem, naming the field.
+// Error is a policy file problem, naming the field and its line.
 type Error struct {
 	File  string
+	Line  int    // 0: none in particular
 	Field string // e.g. tools.run_python.limits[0].window; "" for the whole file
 	Msg   string
 }
 
+// Error reads "policy FILE: line N: FIELD: MSG".
 func (e *Error) Error() string {
-	if e.Field == "" {
-		return fmt.Sprintf("policy %s: %s", e.File, e.Msg)
-	}
-	return fmt.Sprintf("policy %s: %s: %s", e.File, e.Field, e.Msg)
+	return "policy " + (&confdoc.Error{File: e.File, Line: e.Line, Field: e.Field, Msg: e.Msg}).Error()
 }
 
 // Parse parses a policy. name labels errors; tools are the tool names this
 // server has, which the policy may name. Rules that parse but can never
 // take effect are not errors: they are listed in the policy's Warnings.
+// JSON and YAML are read strictly and alike (see internal/confdoc): one
+// document, no duplicate keys, no YAML merge keys, anchors or tags.
 func Parse(data []byte, name string, tools []string) (*Policy, error) {
 	sum := sha256.Sum256(data)
-	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf"))
-	var doc any
-	trimmed := bytes.TrimSpace(data)
-	isJSON := len(trimmed) > 0 && trimmed[0] == '{'
-	ext := strings.ToLower(filepath.Ext(name))
-	switch {
-	case len(trimmed) == 0:
-		return nil, &Error{File: name, Msg: "the file is empty"}
-	case isJSON && ext != ".yaml" && ext != ".yml":
-		if err := checkJSON(data); err != nil {
-			return nil, &Error{File: name, Msg: err.Error()}
+	doc, err := confdoc.Decode(data, name)
+	if err != nil {
+		var ce *confdoc.Error
+		if errors.As(err, &ce) {
+			return nil, &Error{File: name, Line: ce.Line, Field: ce.Field, Msg: ce.Msg}
 		}
-		dec := json.NewDecoder(bytes.NewReader(data))
-		dec.UseNumber()
-		if err := dec.Decode(&doc); err != nil {
-			return nil, &Error{File: name, Msg: "invalid JSON: " + err.Error()}
-		}
-	default:
-		// yaml.v3 refuses duplicate keys, which a plain JSON decode would
-		// silently collapse (the last one wins).
-		if err := yaml.Unmarshal(data, &doc); err != nil {
-			return nil, &Error{File: name, Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
-		}
+		return nil, &Error{File: name, Msg: err.Error()}
 	}
 	p := &Policy{SHA256: hex.EncodeToString(sum[:])}
 	v := &validator{file: name, tools: tools}
-	v.policy(doc, p)
+	v.policy(doc.Root, p)
 	if v.err != nil {
+		// Name the line of the field the validator stopped at.
+		if pe, ok := v.err.(*Error); ok && pe.Line == 0 {
+			pe.Line = doc.Line(pe.Field)
+		}
 		return nil, v.err
 	}
 	p.Warnings = p.warnings()
 	return p, nil
-}
-
-// checkJSON refuses what encoding/json would accept silently: duplicate
-// keys (which one did the author mean?) and trailing data.
-func checkJSON(data []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	if err := dupWalk(dec, "", 0); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("invalid JSON: data after the top-level object")
-	}
-	return nil
-}
-
-func dupWalk(dec *json.Decoder, path string, depth int) error {
-	if depth > 32 {
-		return errors.New("invalid JSON: nested too deeply")
-	}
-	tok, err := dec.Token()
-	if err != nil {
-		return fmt.Errorf("invalid JSON: %w", err)
-	}
-	switch tok {
-	case json.Delim('{'):
-		seen := map[string]bool{}
-		for dec.More() {
-			k, err := dec.Token()
-			if err != nil {
-				return fmt.Errorf("invalid JSON: %w", err)
-			}
-			key, _ := k.(string)
-			field := joinField(path, key)
-			if seen[key] {
-				return fmt.Errorf("%s: the key appears twice", field)
-			}
-			seen[key] = true
-			if err := dupWalk(dec, field, depth+1); err != nil {
-				return err
-			}
-		}
-		_, err = dec.Token()
-	case json.Delim('['):
-		for i := 0; dec.More(); i++ {
-			if err := dupWalk(dec, fmt.Sprintf("%s[%d]", path, i), depth+1); err != nil {
-				return err
-			}
-		}
-		_, err = dec.Token()
-	}
-	if err != nil {
-		return fmt.Errorf("invalid JSON: %w", err)
-	}
-	return nil
 }
 
 func joinField(path, key string) string {

@@ -3,7 +3,7 @@
 // their tools (see internal/tools' toolRun and the worker's tool messages).
 //
 // The file uses the mcpServers JSON format of Claude Desktop, Cursor and
-// VS Code. Stdio servers are started as children of this process and
+// VS Code, in JSON or the same in YAML. Stdio servers are started as children of this process and
 // stopped with it; HTTP servers are reached with the Go SDK's streamable
 // (or SSE) client. The package lists each server's tools, follows
 // notifications/tools/list_changed, restarts a server that exits, and
@@ -12,8 +12,6 @@
 package upstream
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/url"
@@ -21,6 +19,8 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+
+	"github.com/pysandbox/pysandbox/internal/confdoc"
 )
 
 // ServerConfig is one entry of the file's mcpServers object.
@@ -81,62 +81,80 @@ func Load(path string) (*Config, error) {
 	return Parse(data, path)
 }
 
-// Parse parses the mcpServers format. A malformed file, or an entry that
-// is neither a command nor a URL, is an error: the server must not start
-// with a list the operator did not mean. An entry whose variables are not
-// set only fails that entry (ServerConfig.Err).
+// Parse parses the mcpServers format, in JSON or YAML (a .yaml or .yml
+// source, or content that does not start with '{'), read strictly (see
+// internal/confdoc): one document, no key twice (a server named twice is
+// an error, not the last one), no YAML merge keys, anchors or tags. A
+// malformed file, or an entry that is neither a command nor a URL, is an
+// error naming its line: the server must not start with a list the
+// operator did not mean. Field names are exact; a field this package does
+// not know is a warning (clients add their own), but one that differs
+// from a known field only by case ("COMMAND") is an error, since a
+// case-blind reader would have obeyed it. An entry whose variables are
+// not set only fails that entry (ServerConfig.Err).
 func Parse(data []byte, source string) (*Config, error) {
-	fail := func(format string, a ...any) error {
-		return fmt.Errorf("upstream servers: %s: %s", source, fmt.Sprintf(format, a...))
+	doc, err := confdoc.Decode(data, source)
+	if err != nil {
+		return nil, wrapErr(err)
 	}
-	// Editors on some systems write a byte order mark.
-	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf"))
-	var doc map[string]json.RawMessage
-	if err := json.Unmarshal(data, &doc); err != nil {
-		return nil, fail("not a JSON object: %v", err)
+	fail := func(field, format string, a ...any) error {
+		return wrapErr(doc.Errorf(field, format, a...))
+	}
+	root, ok := doc.Root.(map[string]any)
+	if !ok {
+		return nil, fail("", `not a JSON object (nor a YAML mapping) but %s; the format is {"mcpServers": {"NAME": {"command": "...", "args": [...]}}}`, kind(doc.Root))
 	}
 	cfg := &Config{Source: source}
+	warn := func(field, format string, a ...any) {
+		cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("line %d: ", doc.Line(field))+fmt.Sprintf(format, a...))
+	}
 	key := "mcpServers"
-	raw, ok := doc["mcpServers"]
+	raw, ok := root["mcpServers"]
 	if !ok {
 		// VS Code's mcp.json calls the object "servers".
-		if raw, ok = doc["servers"]; ok {
+		if raw, ok = root["servers"]; ok {
 			key = "servers"
 		}
 	}
-	if !ok {
-		return nil, fail(`no "mcpServers" object; the format is {"mcpServers": {"NAME": {"command": "...", "args": [...]}}} or {"mcpServers": {"NAME": {"url": "https://..."}}}`)
-	}
-	for k := range doc {
-		if k != key {
-			cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("field %q is ignored", k))
+	for _, k := range sortedKeys(root) {
+		if known := folded(k, "mcpServers", "servers"); known != "" && known != k {
+			return nil, fail(k, "field names are exact: did you mean %q? (a reader that ignores case would use this field)", known)
 		}
 	}
-	var entries map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &entries); err != nil {
-		return nil, fail("%s: want an object of servers by name: %v", key, err)
+	if !ok {
+		return nil, fail("", `no "mcpServers" object; the format is {"mcpServers": {"NAME": {"command": "...", "args": [...]}}} or {"mcpServers": {"NAME": {"url": "https://..."}}}`)
+	}
+	for _, k := range sortedKeys(root) {
+		switch {
+		case k == key:
+		case k == "servers":
+			warn(k, "field %q is ignored (the servers are those of %q)", k, key)
+		default:
+			warn(k, "field %q is ignored", k)
+		}
+	}
+	var entries map[string]any
+	switch e := raw.(type) {
+	case map[string]any:
+		entries = e
+	case nil: // every entry commented out
+	default:
+		return nil, fail(key, "want an object of servers by name, got %s", kind(raw))
 	}
 	if len(entries) > maxServers {
-		return nil, fail("%s: %d servers, more than the %d allowed", key, len(entries), maxServers)
+		return nil, fail(key, "%d servers, more than the %d allowed", len(entries), maxServers)
 	}
-	names := make([]string, 0, len(entries))
-	for name := range entries {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	for _, name := range sortedKeys(entries) {
+		field := key + "." + name
 		if !serverName.MatchString(name) {
-			return nil, fail("%s: server name %q: want a letter, then up to 63 letters, digits, _ or - (code calls tools.NAME.TOOL, and the policy names its tools NAME.TOOL)", key, name)
+			return nil, fail(field, "server name %q: want a letter, then up to 63 letters, digits, _ or - (code calls tools.NAME.TOOL, and the policy names its tools NAME.TOOL)", name)
 		}
-		sc, disabled, warns, err := parseServer(name, entries[name])
+		sc, disabled, err := parseServer(doc, field, name, entries[name], warn)
 		if err != nil {
-			return nil, fail("%s.%s: %v", key, name, err)
-		}
-		for _, w := range warns {
-			cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("%s.%s: %s", key, name, w))
+			return nil, wrapErr(err)
 		}
 		if disabled {
-			cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("%s.%s is disabled and not started", key, name))
+			warn(field, "%s is disabled and not started", field)
 			continue
 		}
 		cfg.Servers = append(cfg.Servers, sc)
@@ -144,53 +162,150 @@ func Parse(data []byte, source string) (*Config, error) {
 	return cfg, nil
 }
 
-// entry is one server as the file spells it.
-type entry struct {
-	Type     string            `json:"type"`
-	Command  string            `json:"command"`
-	Args     []string          `json:"args"`
-	Env      map[string]string `json:"env"`
-	Cwd      string            `json:"cwd"`
-	URL      string            `json:"url"`
-	Headers  map[string]string `json:"headers"`
-	Disabled bool              `json:"disabled"`
+// wrapErr prefixes a file error as the server logs it.
+func wrapErr(err error) error { return fmt.Errorf("upstream servers: %w", err) }
+
+func sortedKeys(m map[string]any) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// folded returns the one of known that k equals ignoring case, as
+// encoding/json matches field names (Unicode simple folding: "argſ" is
+// "args" to it), or "".
+func folded(k string, known ...string) string {
+	for _, f := range known {
+		if strings.EqualFold(k, f) {
+			return f
+		}
+	}
+	return ""
+}
+
+func kind(x any) string {
+	switch x.(type) {
+	case nil:
+		return "nothing (null)"
+	case string:
+		return "a string"
+	case bool:
+		return "a boolean"
+	case []any:
+		return "a list"
+	case map[string]any:
+		return "an object"
+	}
+	return "a number"
 }
 
 // knownFields are the fields an entry may have; others are warned about
 // (clients add their own, e.g. Cursor's "autoApprove").
-var knownFields = map[string]bool{"type": true, "command": true, "args": true, "env": true, "cwd": true, "url": true,
-	"headers": true, "disabled": true}
+var knownFields = []string{"type", "command", "args", "env", "cwd", "url", "headers", "disabled"}
 
-func parseServer(name string, raw json.RawMessage) (sc ServerConfig, disabled bool, warns []string, err error) {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &fields); err != nil {
-		return sc, false, nil, fmt.Errorf("want an object: %v", err)
+// typeHint ends the errors of a field of the wrong type.
+const typeHint = "(command and url are strings, args a list of strings, env and headers objects of strings)"
+
+func parseServer(doc *confdoc.Doc, field, name string, raw any, warn func(field, format string, a ...any)) (sc ServerConfig, disabled bool, err error) {
+	fields, ok := raw.(map[string]any)
+	if !ok {
+		return sc, false, doc.Errorf(field, "want an object, got %s", kind(raw))
 	}
-	var unknown []string
-	for k := range fields {
-		if !knownFields[k] {
-			unknown = append(unknown, k)
+	for _, k := range sortedKeys(fields) {
+		switch known := folded(k, knownFields...); {
+		case known == k:
+		case known != "":
+			return sc, false, doc.Errorf(field+"."+k, "field names are exact: did you mean %q? (a reader that ignores case would use this field)", known)
+		default:
+			warn(field+"."+k, "%s: field %q is ignored", field, k)
 		}
 	}
-	sort.Strings(unknown)
-	for _, k := range unknown {
-		warns = append(warns, fmt.Sprintf("field %q is ignored", k))
+	// Each field is its type or absent (null is absent).
+	str := func(k string) (string, error) {
+		switch v := fields[k].(type) {
+		case nil:
+			return "", nil
+		case string:
+			return v, nil
+		default:
+			return "", doc.Errorf(field+"."+k, "want a string, got %s %s", kind(v), typeHint)
+		}
 	}
-	var e entry
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if err := dec.Decode(&e); err != nil {
-		return sc, false, nil, fmt.Errorf("%v (command and url are strings, args a list of strings, env and headers objects of strings)", err)
+	strs := func(k string) ([]string, error) {
+		switch v := fields[k].(type) {
+		case nil:
+			return nil, nil
+		case []any:
+			out := make([]string, len(v))
+			for i, x := range v {
+				s, ok := x.(string)
+				if !ok {
+					return nil, doc.Errorf(fmt.Sprintf("%s.%s[%d]", field, k, i), "want a string, got %s %s", kind(x), typeHint)
+				}
+				out[i] = s
+			}
+			return out, nil
+		default:
+			return nil, doc.Errorf(field+"."+k, "want a list of strings, got %s %s", kind(v), typeHint)
+		}
+	}
+	strMap := func(k string) (map[string]string, error) {
+		switch v := fields[k].(type) {
+		case nil:
+			return nil, nil
+		case map[string]any:
+			out := make(map[string]string, len(v))
+			for _, mk := range sortedKeys(v) {
+				s, ok := v[mk].(string)
+				if !ok {
+					return nil, doc.Errorf(field+"."+k+"."+mk, "want a string, got %s %s", kind(v[mk]), typeHint)
+				}
+				out[mk] = s
+			}
+			return out, nil
+		default:
+			return nil, doc.Errorf(field+"."+k, "want an object of strings, got %s %s", kind(v), typeHint)
+		}
+	}
+	var e struct {
+		Type, Command, Cwd, URL string
+		Args                    []string
+		Env, Headers            map[string]string
+	}
+	for k, dst := range map[string]*string{"type": &e.Type, "command": &e.Command, "cwd": &e.Cwd, "url": &e.URL} {
+		if *dst, err = str(k); err != nil {
+			return sc, false, err
+		}
+	}
+	if e.Args, err = strs("args"); err != nil {
+		return sc, false, err
+	}
+	if e.Env, err = strMap("env"); err != nil {
+		return sc, false, err
+	}
+	if e.Headers, err = strMap("headers"); err != nil {
+		return sc, false, err
+	}
+	switch v := fields["disabled"].(type) {
+	case nil:
+	case bool:
+		disabled = v
+	default:
+		return sc, false, doc.Errorf(field+".disabled", "want true or false, got %s", kind(v))
 	}
 	sc.Name = name
 	switch {
 	case e.Command != "" && e.URL != "":
-		return sc, false, nil, fmt.Errorf("has both a command and a url; give one")
+		return sc, false, doc.Errorf(field, "has both a command and a url; give one")
 	case e.Command != "":
 		if e.Type != "" && e.Type != "stdio" {
-			return sc, false, nil, fmt.Errorf("type %q with a command; a command is a stdio server", e.Type)
+			return sc, false, doc.Errorf(field+".type", "type %q with a command; a command is a stdio server", e.Type)
 		}
 		if len(e.Headers) > 0 {
-			warns = append(warns, "headers are for url servers and are ignored")
+			warn(field+".headers", "%s: headers are for url servers and are ignored", field)
 		}
 		sc.Command, sc.Args, sc.Env, sc.Cwd = e.Command, e.Args, e.Env, e.Cwd
 	case e.URL != "":
@@ -200,14 +315,14 @@ func parseServer(name string, raw json.RawMessage) (sc ServerConfig, disabled bo
 		case "sse":
 			sc.Transport = "sse"
 		default:
-			return sc, false, nil, fmt.Errorf("type %q: want http (streamable HTTP) or sse for a url", e.Type)
+			return sc, false, doc.Errorf(field+".type", "type %q: want http (streamable HTTP) or sse for a url", e.Type)
 		}
 		if len(e.Env) > 0 || len(e.Args) > 0 || e.Cwd != "" {
-			warns = append(warns, "env, args and cwd are for command servers and are ignored")
+			warn(field, "%s: env, args and cwd are for command servers and are ignored", field)
 		}
 		sc.URL, sc.Headers = e.URL, e.Headers
 	default:
-		return sc, false, nil, fmt.Errorf(`has neither a "command" (a stdio server) nor a "url" (an HTTP server)`)
+		return sc, false, doc.Errorf(field, `has neither a "command" (a stdio server) nor a "url" (an HTTP server)`)
 	}
 	// ${VAR} and ${env:VAR} (Cursor's spelling) take the value of this
 	// server's environment (which stdio servers do not inherit whole), so secrets stay out of the file; an unset one
@@ -234,20 +349,35 @@ func parseServer(name string, raw json.RawMessage) (sc ServerConfig, disabled bo
 	if sc.URL != "" && sc.Err == "" {
 		u, err := url.Parse(sc.URL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return sc, false, nil, fmt.Errorf("url %q: want an http:// or https:// URL", sc.URL)
+			return sc, false, doc.Errorf(field+".url", "url %q: want an http:// or https:// URL", sc.URL)
 		}
 	}
-	for k := range sc.Headers {
+	// A header is set by its name ignoring case: two names that differ
+	// only by case would leave which value is sent to chance.
+	seen := map[string]string{}
+	for _, k := range sortedKeys(anyMap(sc.Headers)) {
+		f := field + ".headers." + k
 		if k == "" || strings.ContainsAny(k, " :\r\n\t") {
-			return sc, false, nil, fmt.Errorf("header name %q is not valid", k)
+			return sc, false, doc.Errorf(f, "header name %q is not valid", k)
 		}
-	}
-	for k, v := range sc.Headers {
-		if strings.ContainsAny(v, "\r\n") {
-			return sc, false, nil, fmt.Errorf("header %s: a value may not contain a line break", k)
+		if strings.ContainsAny(sc.Headers[k], "\r\n") {
+			return sc, false, doc.Errorf(f, "header %s: a value may not contain a line break", k)
 		}
+		lower := strings.ToLower(k)
+		if other, dup := seen[lower]; dup {
+			return sc, false, doc.Errorf(f, "header %q is also given as %q; header names ignore case, so give it once", k, other)
+		}
+		seen[lower] = k
 	}
-	return sc, e.Disabled, warns, nil
+	return sc, disabled, nil
+}
+
+func anyMap(m map[string]string) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
 }
 
 var varRef = regexp.MustCompile(`\$\{(env:)?([A-Za-z_][A-Za-z0-9_]*)\}`)
