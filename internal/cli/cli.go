@@ -251,28 +251,46 @@ func (o *options) logger(stderr io.Writer) (*slog.Logger, error) {
 	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl})), nil
 }
 
+// validate refuses the shared flags' values that no engine can take.
+// engine checks them again, so run and check refuse what serve does.
+func (o *options) validate() error {
+	if _, err := sandbox.ParseKind(o.sandbox); err != nil {
+		return usageError{err}
+	}
+	if o.timeout <= 0 || o.maxTimeout <= 0 {
+		return usageError{errors.New("--timeout and --max-timeout must be positive")}
+	}
+	if o.timeout > o.maxTimeout {
+		return usageError{fmt.Errorf("--timeout %s is above --max-timeout %s", o.timeout.String(), o.maxTimeout.String())}
+	}
+	if o.memory < 16<<20 || o.tmpSize < 1<<20 || o.maxOutput < 1024 || o.maxProcs < 1 || o.maxConcurrent < 1 || o.maxQueue < 0 || o.poolSize < 0 || o.learnPreload < 0 || o.zygoteRuns < 0 || o.zygoteAge < 0 || !(o.cpus >= 0 && o.cpus <= 1024) || (o.cpus > 0 && o.cpus < 0.01) {
+		return usageError{errors.New("limits too small: --memory needs at least 16MiB, --tmp-size 1MiB, --max-output 1KiB, --max-procs and --max-concurrent 1, --pool-size, --adaptive-preload, --zygote-max-runs and --zygote-max-age 0, --cpus 0.01 (or 0 for no quota)")}
+	}
+	if _, err := parsePreload(o.preload); err != nil {
+		return usageError{err}
+	}
+	if _, err := o.allowNetRules(); err != nil {
+		return err
+	}
+	if err := o.checkIndex(); err != nil {
+		return err
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", o.logLevel)}
+	}
+	return nil
+}
+
 // engine builds the engine the flags describe. It never substitutes a
 // weaker backend for the one asked for. The returned function releases
 // what the engine holds (the warm pool); call it when done.
 func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine, func(), error) {
 	noop := func() {}
-	kind, err := sandbox.ParseKind(o.sandbox)
-	if err != nil {
-		return nil, noop, usageError{err}
+	if err := o.validate(); err != nil {
+		return nil, noop, err
 	}
-	if o.timeout <= 0 || o.maxTimeout <= 0 {
-		return nil, noop, usageError{errors.New("--timeout and --max-timeout must be positive")}
-	}
-	if o.timeout > o.maxTimeout {
-		return nil, noop, usageError{fmt.Errorf("--timeout %s is above --max-timeout %s", o.timeout.String(), o.maxTimeout.String())}
-	}
-	if o.memory < 16<<20 || o.tmpSize < 1<<20 || o.maxOutput < 1024 || o.maxProcs < 1 || o.maxConcurrent < 1 || o.maxQueue < 0 || o.poolSize < 0 || o.learnPreload < 0 || o.zygoteRuns < 0 || o.zygoteAge < 0 || !(o.cpus >= 0 && o.cpus <= 1024) || (o.cpus > 0 && o.cpus < 0.01) {
-		return nil, noop, usageError{errors.New("limits too small: --memory needs at least 16MiB, --tmp-size 1MiB, --max-output 1KiB, --max-procs and --max-concurrent 1, --pool-size, --adaptive-preload, --zygote-max-runs and --zygote-max-age 0, --cpus 0.01 (or 0 for no quota)")}
-	}
-	preload, err := parsePreload(o.preload)
-	if err != nil {
-		return nil, noop, usageError{err}
-	}
+	kind, _ := sandbox.ParseKind(o.sandbox)
 	// What servers killed without a chance to clean up left behind (their
 	// cgroups) goes first; other live servers' groups are left alone.
 	if removed, err := cgroup.Reclaim(); err != nil {
@@ -280,25 +298,53 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 	} else if len(removed) > 0 {
 		log.Info("removed cgroups left by servers that are gone", "count", len(removed))
 	}
-	var backend sandbox.Backend
-	switch kind {
-	case sandbox.KindNative:
-		backend = sandbox.NewNative()
-	case sandbox.KindBwrap:
-		b, err := sandbox.NewBwrap()
-		if err != nil {
-			return nil, noop, err
-		}
-		backend = b
-	case sandbox.KindNone:
-		backend = sandbox.None{}
-	}
-	py, err := interp.Find(ctx, o.python)
+	backend, err := newBackend(kind)
 	if err != nil {
 		return nil, noop, err
 	}
-	if err := o.buildProxy(log); err != nil {
+	cfg, err := o.engineConfig(ctx, kind, backend, log)
+	if err != nil {
 		return nil, noop, err
+	}
+	cold, err := engine.New(cfg)
+	if err != nil {
+		return nil, noop, err
+	}
+	native, ok := backend.(*sandbox.Native)
+	if !ok || o.poolSize == 0 {
+		if preload, _ := parsePreload(o.preload); o.poolSize > 0 && len(preload) > 0 {
+			log.Warn("--preload needs the warm pool, which only the native backend has; ignoring it", "sandbox", o.sandbox)
+		}
+		return cold, noop, nil
+	}
+	return o.pooledEngine(ctx, cfg, cold, native, log)
+}
+
+// newBackend is the sandbox backend of kind.
+func newBackend(kind sandbox.Kind) (sandbox.Backend, error) {
+	switch kind {
+	case sandbox.KindNative:
+		return sandbox.NewNative(), nil
+	case sandbox.KindBwrap:
+		b, err := sandbox.NewBwrap()
+		if err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
+	return sandbox.None{}, nil
+}
+
+// engineConfig is the configuration of an engine on backend: the
+// interpreter, the network proxy and the dependency cache the flags
+// describe.
+func (o *options) engineConfig(ctx context.Context, kind sandbox.Kind, backend sandbox.Backend, log *slog.Logger) (engine.Config, error) {
+	py, err := interp.Find(ctx, o.python)
+	if err != nil {
+		return engine.Config{}, err
+	}
+	if err := o.buildProxy(log); err != nil {
+		return engine.Config{}, err
 	}
 	netOn := o.networkRules().Enabled()
 	if netOn && kind != sandbox.KindNative {
@@ -310,7 +356,7 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 	if err != nil {
 		var ue usageError
 		if errors.As(err, &ue) {
-			return nil, noop, err
+			return engine.Config{}, err
 		}
 		// Runs without dependencies need no cache: serve them, and say why
 		// the others cannot be.
@@ -318,7 +364,7 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 		log.Warn("dependencies disabled", "err", err)
 		cache = nil
 	}
-	cfg := engine.Config{
+	return engine.Config{
 		Backend:        backend,
 		Python:         py,
 		Discover:       interp.Discover,
@@ -333,18 +379,14 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 		MaxQueue:       o.maxQueue,
 		Network:        netOn,
 		Logger:         log,
-	}
-	cold, err := engine.New(cfg)
-	if err != nil {
-		return nil, noop, err
-	}
-	native, ok := backend.(*sandbox.Native)
-	if !ok || o.poolSize == 0 {
-		if o.poolSize > 0 && len(preload) > 0 {
-			log.Warn("--preload needs the warm pool, which only the native backend has; ignoring it", "sandbox", o.sandbox)
-		}
-		return cold, noop, nil
-	}
+	}, nil
+}
+
+// pooledEngine is an engine whose backend is a warm pool over native,
+// forking runs with cold's spec.
+func (o *options) pooledEngine(ctx context.Context, cfg engine.Config, cold *engine.Engine, native *sandbox.Native, log *slog.Logger) (*engine.Engine, func(), error) {
+	noop := func() {}
+	preload, _ := parsePreload(o.preload)
 	p, err := pool.New(ctx, pool.Config{
 		Backend:       native,
 		Spec:          cold.RunSpec(),
@@ -380,13 +422,8 @@ func (o *options) limits() sandbox.Limits {
 
 // depsCache opens the dependency cache; installs run in backend's sandboxes.
 func (o *options) depsCache(backend sandbox.Backend, log *slog.Logger) (*deps.Cache, error) {
-	for _, fl := range o.findLinks {
-		if !strings.Contains(fl, "://") && !filepath.IsAbs(fl) {
-			return nil, usageError{fmt.Errorf("--find-links %q: give an absolute directory or a URL", fl)}
-		}
-	}
-	if o.noIndex && len(o.findLinks) == 0 {
-		return nil, usageError{errors.New("--no-index needs at least one --find-links wheelhouse")}
+	if err := o.checkIndex(); err != nil {
+		return nil, err
 	}
 	return deps.New(deps.Config{
 		Dir:      o.cacheDir,
@@ -401,6 +438,19 @@ func (o *options) depsCache(backend sandbox.Backend, log *slog.Logger) (*deps.Ca
 		Network: o.proxy.Installer,
 		Logger:  log,
 	})
+}
+
+// checkIndex refuses package index flags that cannot work.
+func (o *options) checkIndex() error {
+	for _, fl := range o.findLinks {
+		if !strings.Contains(fl, "://") && !filepath.IsAbs(fl) {
+			return usageError{fmt.Errorf("--find-links %q: give an absolute directory or a URL", fl)}
+		}
+	}
+	if o.noIndex && len(o.findLinks) == 0 {
+		return usageError{errors.New("--no-index needs at least one --find-links wheelhouse")}
+	}
+	return nil
 }
 
 // parsePreload checks --preload: module names only, since the zygote
@@ -475,13 +525,9 @@ func (s *size) Set(v string) error {
 	return nil
 }
 
-// buildProxy parses --allow-net and builds the network proxy, which the
-// installer always uses and runs use when some host is allowed.
-func (o *options) buildProxy(log *slog.Logger) error {
-	if o.netRules != nil && len(o.allowNet) > 0 {
-		return usageError{errors.New("--allow-net and a policy file's network section both say which hosts runs may reach; put the hosts in the policy file")}
-	}
-	o.flagRules = &policy.NetworkRules{Limits: policy.DefaultNetLimits}
+// allowNetRules parses --allow-net.
+func (o *options) allowNetRules() ([]policy.HostRule, error) {
+	var rules []policy.HostRule
 	for _, h := range o.allowNet {
 		for _, one := range strings.Split(h, ",") {
 			if one = strings.TrimSpace(one); one == "" {
@@ -489,11 +535,25 @@ func (o *options) buildProxy(log *slog.Logger) error {
 			}
 			r, err := policy.ParseHostRule(one)
 			if err != nil {
-				return usageError{fmt.Errorf("--allow-net: %w", err)}
+				return nil, usageError{fmt.Errorf("--allow-net: %w", err)}
 			}
-			o.flagRules.Allow = append(o.flagRules.Allow, r)
+			rules = append(rules, r)
 		}
 	}
+	return rules, nil
+}
+
+// buildProxy parses --allow-net and builds the network proxy, which the
+// installer always uses and runs use when some host is allowed.
+func (o *options) buildProxy(log *slog.Logger) error {
+	if o.netRules != nil && len(o.allowNet) > 0 {
+		return usageError{errors.New("--allow-net and a policy file's network section both say which hosts runs may reach; put the hosts in the policy file")}
+	}
+	allow, err := o.allowNetRules()
+	if err != nil {
+		return err
+	}
+	o.flagRules = &policy.NetworkRules{Limits: policy.DefaultNetLimits, Allow: allow}
 	for _, w := range o.flagRules.Warnings("--allow-net") {
 		log.Warn("network rule that never takes effect", "warning", w)
 	}

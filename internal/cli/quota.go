@@ -1,8 +1,8 @@
 package cli
 
 import (
+	"errors"
 	"flag"
-	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -20,19 +20,28 @@ type quotaFlags struct {
 	mcp httpserver.SessionLimits
 }
 
-func addQuotaFlags(fs *flag.FlagSet) *quotaFlags {
-	q := &quotaFlags{}
+func (q *quotaFlags) add(fs *flag.FlagSet) {
 	fs.IntVar(&q.runs, "max-runs-per-caller", -1, "runs one caller (a token; all callers without a token together) may have executing at once; -1: half of --max-concurrent over HTTP, no bound over stdio; the policy file's quotas section overrides it")
 	fs.IntVar(&q.queue, "max-queue-per-caller", -1, "runs one caller may have waiting for those; -1: half of --max-queue over HTTP, no bound over stdio")
 	fs.IntVar(&q.sessions, "max-sessions-per-caller", -1, "sessions one caller may have open; -1: half of --max-sessions over HTTP, no bound over stdio")
 	fs.DurationVar(&q.mcp.Idle, "mcp-session-idle", 10*time.Minute, "with --http: an MCP session (protocols before 2026-07-28) without requests for this long ends (an open event stream or a call in flight keeps it)")
 	fs.IntVar(&q.mcp.PerCaller, "max-mcp-sessions-per-caller", 64, "with --http: MCP sessions plus sessionless requests in flight one caller may have at once (all callers without a token together); past it the request is answered with a JSON-RPC error saying so")
 	fs.IntVar(&q.mcp.Total, "max-mcp-sessions", 1024, "with --http: MCP sessions plus sessionless requests in flight the server keeps at once")
-	return q
 }
 
-// limits resolves the flags against the server's caps.
-func (q *quotaFlags) limits(http bool, maxConcurrent, maxQueue, maxSessions int) (quota.Limits, error) {
+// check refuses values the flags do not take.
+func (q *quotaFlags) check() error {
+	if q.mcp.Idle <= 0 || q.mcp.PerCaller <= 0 || q.mcp.Total <= 0 {
+		return usageError{errors.New("--mcp-session-idle, --max-mcp-sessions-per-caller and --max-mcp-sessions must be positive")}
+	}
+	if q.runs < -1 || q.queue < -1 || q.sessions < -1 {
+		return usageError{errors.New("--max-runs-per-caller, --max-queue-per-caller and --max-sessions-per-caller take -1 (automatic), 0 (no bound) or a positive number")}
+	}
+	return nil
+}
+
+// limits resolves the flags, checked, against the server's caps.
+func (q *quotaFlags) limits(http bool, maxConcurrent, maxQueue, maxSessions int) quota.Limits {
 	auto := func(v, capacity int) int {
 		if v >= 0 {
 			return v
@@ -42,17 +51,11 @@ func (q *quotaFlags) limits(http bool, maxConcurrent, maxQueue, maxSessions int)
 		}
 		return max(capacity/2, 1)
 	}
-	if q.mcp.Idle <= 0 || q.mcp.PerCaller <= 0 || q.mcp.Total <= 0 {
-		return quota.Limits{}, fmt.Errorf("--mcp-session-idle, --max-mcp-sessions-per-caller and --max-mcp-sessions must be positive")
-	}
-	if q.runs < -1 || q.queue < -1 || q.sessions < -1 {
-		return quota.Limits{}, fmt.Errorf("--max-runs-per-caller, --max-queue-per-caller and --max-sessions-per-caller take -1 (automatic), 0 (no bound) or a positive number")
-	}
 	return quota.Limits{
 		Runs:     auto(q.runs, maxConcurrent),
 		Queue:    auto(q.queue, maxQueue),
 		Sessions: auto(q.sessions, maxSessions),
-	}, nil
+	}
 }
 
 // quotaFunc is each caller's limits: the flags, then the policy in force's

@@ -26,20 +26,47 @@ import (
 // replicaFlags are serve's flags for running as one replica of several
 // (internal/cluster).
 type replicaFlags struct {
-	name, advertise, internalAddr, tokenFile *string
-	drain                                    *duration
+	name, advertise, internalAddr, tokenFile string
+	drain                                    duration
 }
 
-func addReplicaFlags(fs *flag.FlagSet) replicaFlags {
-	drain := duration(25 * time.Second)
-	fs.Var(&drain, "drain-timeout", "on SIGTERM, how long runs in flight may take to finish while no new session is taken (keep it below the pod's terminationGracePeriodSeconds)")
-	return replicaFlags{
-		name:         fs.String("replica", "", "with --internal-http: this replica's name, a DNS label (default: $POD_NAME, else the host name); the ids of its sessions carry it"),
-		advertise:    fs.String("advertise", "", "with --internal-http: the address the other replicas reach this one at (default: $POD_IP)"),
-		internalAddr: fs.String("internal-http", "", "run as one replica of several behind one address (needs --http and --store): serve the other replicas on this address (e.g. :8081; keep it inside the cluster). Requests for MCP sessions and pysandbox sessions another replica owns are served by their owner"),
-		tokenFile:    fs.String("replica-token-file", "", "with --internal-http: the token replicas authenticate to each other with (the same file for all; at least 32 characters, not readable by others)"),
-		drain:        &drain,
+func (f *replicaFlags) add(fs *flag.FlagSet) {
+	f.drain = duration(25 * time.Second)
+	fs.Var(&f.drain, "drain-timeout", "on SIGTERM, how long runs in flight may take to finish while no new session is taken (keep it below the pod's terminationGracePeriodSeconds)")
+	fs.StringVar(&f.name, "replica", "", "with --internal-http: this replica's name, a DNS label (default: $POD_NAME, else the host name); the ids of its sessions carry it")
+	fs.StringVar(&f.advertise, "advertise", "", "with --internal-http: the address the other replicas reach this one at (default: $POD_IP)")
+	fs.StringVar(&f.internalAddr, "internal-http", "", "run as one replica of several behind one address (needs --http and --store): serve the other replicas on this address (e.g. :8081; keep it inside the cluster). Requests for MCP sessions and pysandbox sessions another replica owns are served by their owner")
+	fs.StringVar(&f.tokenFile, "replica-token-file", "", "with --internal-http: the token replicas authenticate to each other with (the same file for all; at least 32 characters, not readable by others)")
+}
+
+// check refuses replica flags that do not go together, given serve's
+// --http and whether a shared store is named.
+func (f *replicaFlags) check(httpAddr string, store bool) error {
+	if f.internalAddr == "" {
+		if f.tokenFile != "" || f.advertise != "" || f.name != "" {
+			return usageError{errors.New("--replica, --advertise and --replica-token-file go with --internal-http")}
+		}
+		return nil
 	}
+	if httpAddr == "" || !store {
+		return usageError{errors.New("--internal-http needs --http and --store (the replicas' shared store)")}
+	}
+	if f.tokenFile == "" {
+		return usageError{errors.New("--internal-http needs --replica-token-file: the replicas' internal endpoint serves calls governance already decided, so only replicas may reach it")}
+	}
+	if f.advertised() == "" {
+		return usageError{errors.New("--internal-http needs --advertise (or $POD_IP): where the other replicas reach this one")}
+	}
+	return nil
+}
+
+// advertised is where the other replicas reach this one: --advertise,
+// else $POD_IP.
+func (f *replicaFlags) advertised() string {
+	if f.advertise != "" {
+		return f.advertise
+	}
+	return os.Getenv("POD_IP")
 }
 
 // replica is this server's place among several; the zero value (no
@@ -58,22 +85,14 @@ type replica struct {
 	srv      *http.Server
 }
 
-// join registers this replica when --internal-http is given.
-func (f replicaFlags) join(ctx context.Context, sh *shared, httpAddr string, log *slog.Logger) (*replica, error) {
-	r := &replica{drainFor: time.Duration(*f.drain)}
-	if *f.internalAddr == "" {
-		if *f.tokenFile != "" || *f.advertise != "" || *f.name != "" {
-			return nil, usageError{errors.New("--replica, --advertise and --replica-token-file go with --internal-http")}
-		}
+// join registers this replica when --internal-http is given. The flags
+// were checked (check).
+func (f *replicaFlags) join(ctx context.Context, sh *shared, log *slog.Logger) (*replica, error) {
+	r := &replica{drainFor: time.Duration(f.drain)}
+	if f.internalAddr == "" {
 		return r, nil
 	}
-	if httpAddr == "" || sh.store == nil {
-		return nil, usageError{errors.New("--internal-http needs --http and --store (the replicas' shared store)")}
-	}
-	if *f.tokenFile == "" {
-		return nil, usageError{errors.New("--internal-http needs --replica-token-file: the replicas' internal endpoint serves calls governance already decided, so only replicas may reach it")}
-	}
-	token, err := readSecretFile(*f.tokenFile, "--replica-token-file")
+	token, err := readSecretFile(f.tokenFile, "--replica-token-file")
 	if err != nil {
 		return nil, err
 	}
@@ -82,26 +101,19 @@ func (f replicaFlags) join(ctx context.Context, sh *shared, httpAddr string, log
 	}
 	// The token also signs the audit anchors this replica writes there.
 	sh.store.UseReplicaKey([]byte(token))
-	name := *f.name
+	name := f.name
 	if name == "" {
 		name = os.Getenv("POD_NAME")
 	}
 	if name == "" {
 		name, _ = os.Hostname()
 	}
-	host := *f.advertise
-	if host == "" {
-		host = os.Getenv("POD_IP")
-	}
-	if host == "" {
-		return nil, usageError{errors.New("--internal-http needs --advertise (or $POD_IP): where the other replicas reach this one")}
-	}
-	ln, err := net.Listen("tcp", *f.internalAddr)
+	ln, err := net.Listen("tcp", f.internalAddr)
 	if err != nil {
 		return nil, fmt.Errorf("--internal-http: %w", err)
 	}
 	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	base := "http://" + net.JoinHostPort(host, port)
+	base := "http://" + net.JoinHostPort(f.advertised(), port)
 	cl, err := cluster.Join(ctx, sh.store.Directory(), strings.ToLower(name), base, base, []byte(token), log)
 	if err != nil {
 		ln.Close()

@@ -17,15 +17,22 @@ import (
 // storeFlags are serve's flags for state shared by the replicas of one
 // deployment.
 type storeFlags struct {
-	url, namespace, keyFile *string
+	url, namespace, keyFile string
 }
 
-func addStoreFlags(fs *flag.FlagSet) storeFlags {
-	return storeFlags{
-		url:       fs.String("store", "", "shared state for several replicas behind one address: a Redis URL (redis://[user:password@]host:6379/0, rediss:// for TLS); rate limits and used approvals are then counted there, exactly as on one server. The environment variable PYSANDBOX_STORE_URL gives it too (keeps a password out of ps). Default: this process only"),
-		namespace: fs.String("store-namespace", "pysandbox", "with --store: the name of this deployment's keys, so several can share a Redis"),
-		keyFile:   fs.String("approval-key-file", "", "the key that seals approval state (32 random bytes, raw, hex or base64; the file must not be readable by others), shared by every replica so that an approval answered through one is honoured by any; default: a random key of this process"),
+func (f *storeFlags) add(fs *flag.FlagSet) {
+	fs.StringVar(&f.url, "store", "", "shared state for several replicas behind one address: a Redis URL (redis://[user:password@]host:6379/0, rediss:// for TLS); rate limits and used approvals are then counted there, exactly as on one server. The environment variable PYSANDBOX_STORE_URL gives it too (keeps a password out of ps). Default: this process only")
+	fs.StringVar(&f.namespace, "store-namespace", "pysandbox", "with --store: the name of this deployment's keys, so several can share a Redis")
+	fs.StringVar(&f.keyFile, "approval-key-file", "", "the key that seals approval state (32 random bytes, raw, hex or base64; the file must not be readable by others), shared by every replica so that an approval answered through one is honoured by any; default: a random key of this process")
+}
+
+// storeURL is the shared store's URL: --store, else $PYSANDBOX_STORE_URL;
+// "" for none.
+func (f *storeFlags) storeURL() string {
+	if f.url != "" {
+		return f.url
 	}
+	return os.Getenv("PYSANDBOX_STORE_URL")
 }
 
 // shared is what the store flags give: the store (nil without --store)
@@ -36,14 +43,11 @@ type shared struct {
 }
 
 // open connects the shared store and reads the approval key.
-func (f storeFlags) open(ctx context.Context, log *slog.Logger) (*shared, error) {
-	url := *f.url
-	if url == "" {
-		url = os.Getenv("PYSANDBOX_STORE_URL")
-	}
+func (f *storeFlags) open(ctx context.Context, log *slog.Logger) (*shared, error) {
+	url := f.storeURL()
 	sh := &shared{}
-	if *f.keyFile != "" {
-		key, err := readApprovalKey(*f.keyFile)
+	if f.keyFile != "" {
+		key, err := readApprovalKey(f.keyFile)
 		if err != nil {
 			return nil, err
 		}
@@ -52,7 +56,7 @@ func (f storeFlags) open(ctx context.Context, log *slog.Logger) (*shared, error)
 	if url == "" {
 		return sh, nil
 	}
-	st, err := sharedstate.Open(ctx, url, sharedstate.Options{Namespace: *f.namespace})
+	st, err := sharedstate.Open(ctx, url, sharedstate.Options{Namespace: f.namespace})
 	if err != nil {
 		return nil, fmt.Errorf("--store: %w", err)
 	}
@@ -60,7 +64,7 @@ func (f storeFlags) open(ctx context.Context, log *slog.Logger) (*shared, error)
 	if sh.key == nil {
 		log.Warn("--store without --approval-key-file: each replica seals approvals with its own key, so an approval answered through one replica is asked again on another")
 	}
-	log.Info("shared state in Redis", "namespace", *f.namespace)
+	log.Info("shared state in Redis", "namespace", f.namespace)
 	return sh, nil
 }
 
