@@ -73,7 +73,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return 1
 		}
 	case "bench":
-		err = bench(rest, stdout, stderr)
+		err = benchCmd(rest, stdout, stderr)
 	case "cache":
 		err = cacheCmd(rest, stdout, stderr)
 	case "audit":

@@ -1,4 +1,4 @@
-package cli
+package bench
 
 import (
 	"context"
@@ -9,10 +9,10 @@ import (
 	"github.com/pysandbox/pysandbox/internal/engine"
 )
 
-// benchUnderFlood measures req while burners runs spin the CPU (a pure
-// Python busy loop each, as long as the measurement lasts): with a CPU
-// quota per run, the burners cannot starve the trivial runs or the server.
-func benchUnderFlood(ctx context.Context, eng *engine.Engine, n, burners int, req engine.RunRequest, between func() error) ([]time.Duration, error) {
+// underFlood measures req while burners runs spin the CPU (a pure Python
+// busy loop each, as long as the measurement lasts): with a CPU quota per
+// run, the burners cannot starve the trivial runs or the server.
+func underFlood(ctx context.Context, eng *engine.Engine, n, burners int, req engine.RunRequest, between func() error) ([]time.Duration, error) {
 	floodCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup

@@ -1,10 +1,9 @@
-package cli
+package bench
 
 import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,7 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/pool"
 )
 
@@ -64,11 +62,15 @@ var teardownPhases = []phase{
 	{"pool: reset the cgroup for reuse", "s:closing", "s:closed"},
 }
 
+// tracedRun is one run as the bench timed it (start and end on the
+// pool's clock) and the trace of the child that served it.
 type tracedRun struct {
 	t          *pool.Trace
 	start, end int64
 }
 
+// at is the stamp a phase's end names: "r:" the run's own start or end,
+// "s:" a server stamp, "c:" a child's.
 func (r tracedRun) at(ref string) (stamp pool.Stamp, ok bool) {
 	kind, name, _ := strings.Cut(ref, ":")
 	switch kind {
@@ -94,78 +96,101 @@ func (r tracedRun) at(ref string) (stamp pool.Stamp, ok bool) {
 	return pool.Stamp{}, false
 }
 
-// benchPhases runs n traced print('hi') runs one at a time, each on a child
+// tracedRuns is what phases measured: the runs, every trace the pool
+// sent meanwhile, and the CPU this process and the kernel's threads used.
+type tracedRuns struct {
+	runs     []tracedRun
+	traces   []*pool.Trace
+	ru0, ru1 syscall.Rusage
+	k0, k1   time.Duration
+	busy     time.Duration
+}
+
+// phases runs n traced print('hi') runs one at a time, each on a child
 // prepared while nothing else ran, and prints where the time and the CPU
 // of one pooled run go.
-func benchPhases(ctx context.Context, o *options, log *slog.Logger, n int, out io.Writer) error {
-	traces := make(chan *pool.Trace, n+64)
-	lo := *o
-	lo.preload = ""
-	lo.learnPreload = 0
-	lo.trace = func(t *pool.Trace) {
+func phases(ctx context.Context, cfg Config) error {
+	traces := make(chan *pool.Trace, cfg.N+64)
+	v := cfg.Defaults
+	v.Preload, v.Learn = "", 0
+	v.Trace = func(t *pool.Trace) {
 		select {
 		case traces <- t:
 		default:
 		}
 	}
-	var p *pool.Pool
-	lo.onPool = func(pp *pool.Pool) { p = pp }
-	eng, release, err := lo.engine(ctx, log)
+	eng, err := cfg.Engine(ctx, v)
 	if err != nil {
 		return err
 	}
-	defer release()
-	if p == nil {
-		fmt.Fprintln(out, "\n(no warm pool: --pool-size 0 or a backend other than native; phase breakdown skipped)")
+	defer eng.Release()
+	if eng.Pool == nil {
+		fmt.Fprintln(cfg.Out, "\n(no warm pool: --pool-size 0 or a backend other than native; phase breakdown skipped)")
 		return nil
 	}
-	size := p.Info().Size
+	tr, err := runTraced(ctx, eng, cfg.N, traces)
+	if err != nil {
+		return err
+	}
+	matched := tr.match()
+	if len(matched) == 0 {
+		return fmt.Errorf("bench: no traced run was served from the pool")
+	}
+	writePhases(cfg.Out, matched)
+	writeCPU(cfg.Out, tr.cpu(matched, cfg.N))
+	return nil
+}
+
+// runTraced runs print('hi') n times, each on a full pool, and collects
+// the traces of the children.
+func runTraced(ctx context.Context, eng *Engine, n int, traces <-chan *pool.Trace) (*tracedRuns, error) {
+	size := eng.Pool.Info().Size
 	waitFull := func() {
-		waitPoolFull(p, 30*time.Second)
+		waitPoolFull(eng.Pool, 30*time.Second)
 		// Let the kernel finish the last run's deferred cleanup too.
 		time.Sleep(20 * time.Millisecond)
 	}
-	hello := engine.RunRequest{Code: "print('hi')"}
 	waitFull()
-	if err := runOK(ctx, eng, hello); err != nil {
-		return err
+	if err := runOK(ctx, eng.Engine, hello); err != nil {
+		return nil, err
 	}
-	var runs []tracedRun
-	var ru0, ru1 syscall.Rusage
-	k0 := kernelThreadsCPU()
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
-	var busy time.Duration
+	tr := &tracedRuns{}
+	tr.k0 = kernelThreadsCPU()
+	syscall.Getrusage(syscall.RUSAGE_SELF, &tr.ru0)
 	for range n {
 		waitFull()
 		start := pool.Monotonic()
-		if err := runOK(ctx, eng, hello); err != nil {
-			return err
+		if err := runOK(ctx, eng.Engine, hello); err != nil {
+			return nil, err
 		}
 		end := pool.Monotonic()
-		busy += time.Duration(end - start)
-		runs = append(runs, tracedRun{start: start, end: end})
+		tr.busy += time.Duration(end - start)
+		tr.runs = append(tr.runs, tracedRun{start: start, end: end})
 	}
 	waitFull()
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
-	k1 := kernelThreadsCPU()
-	// Match each run to the child that served it: the one taken within
-	// the run's span.
-	var all []*pool.Trace
+	syscall.Getrusage(syscall.RUSAGE_SELF, &tr.ru1)
+	tr.k1 = kernelThreadsCPU()
 	deadline := time.After(10 * time.Second)
 collect:
-	for len(all) < n+size+1 {
+	for len(tr.traces) < n+size+1 {
 		select {
 		case t := <-traces:
-			all = append(all, t)
+			tr.traces = append(tr.traces, t)
 		case <-deadline:
 			break collect
 		case <-time.After(500 * time.Millisecond):
 			break collect
 		}
 	}
-	matched := runs[:0]
-	for _, r := range runs {
-		for _, t := range all {
+	return tr, nil
+}
+
+// match pairs each run with the child that served it: the one taken
+// within the run's span. Runs without one are left out.
+func (tr *tracedRuns) match() []tracedRun {
+	var matched []tracedRun
+	for _, r := range tr.runs {
+		for _, t := range tr.traces {
 			if tk, ok := t.Server["taken"]; ok && tk >= r.start && tk <= r.end {
 				r.t = t
 				matched = append(matched, r)
@@ -173,56 +198,19 @@ collect:
 			}
 		}
 	}
-	if len(matched) == 0 {
-		return fmt.Errorf("bench: no traced run was served from the pool")
-	}
-	fmt.Fprintf(out, "\nOne pooled print('hi') by phase (median of %d runs, each on a child prepared while nothing else ran):\n", len(matched))
-	fmt.Fprintf(out, "%-46s %9s %9s %8s\n", "setup, ahead of demand", "wall", "CPU", "faults")
-	printPhases(out, matched, setupPhases)
-	fmt.Fprintf(out, "%-46s %9s %9s %8s\n", "the run, on the caller's path", "", "", "")
-	printPhases(out, matched, runPhases)
-	fmt.Fprintf(out, "%-46s %9s %9s %8s\n", "teardown, after the answer", "", "", "")
-	printPhases(out, matched, teardownPhases)
+	return matched
+}
 
-	// CPU per run, wherever it was spent.
-	med := func(f func(tracedRun) time.Duration) time.Duration {
-		v := make([]time.Duration, 0, len(matched))
-		for _, r := range matched {
-			v = append(v, f(r))
-		}
-		slices.Sort(v)
-		return v[len(v)/2]
-	}
-	bSetup := func(r tracedRun) time.Duration {
-		s, _ := r.at("c:b.user_paths")
-		return time.Duration(s.CPU)
-	}
-	bSetupCPU := med(bSetup)
-	bRunCPU := med(func(r tracedRun) time.Duration { return max(r.t.B.CPU-bSetup(r), 0) })
-	var zyg []time.Duration
-	slices.SortFunc(all, func(a, b *pool.Trace) int { return int(a.Server["spawn"] - b.Server["spawn"]) })
-	for i := 1; i < len(all); i++ {
-		if d := all[i].ZygoteCPU - all[i-1].ZygoteCPU; d >= 0 {
-			zyg = append(zyg, d)
-		}
-	}
-	slices.Sort(zyg)
-	var zygCPU time.Duration
-	if len(zyg) > 0 {
-		zygCPU = zyg[len(zyg)/2]
-	}
-	server := time.Duration((ru1.Utime.Nano()+ru1.Stime.Nano())-(ru0.Utime.Nano()+ru0.Stime.Nano())) / time.Duration(n)
-	kern := (k1 - k0) / time.Duration(n)
-	total := bSetupCPU + bRunCPU + zygCPU + server + kern
-	fmt.Fprintf(out, "\nCPU per pooled run: %s in all\n", msd(total))
-	fmt.Fprintf(out, "  %-44s %9s\n", "server (engine, pool, this bench)", msd(server))
-	fmt.Fprintf(out, "  %-44s %9s\n", "zygote (fork, and its pages copied after)", msd(zygCPU))
-	fmt.Fprintf(out, "  %-44s %9s\n", "child setup (namespaces, mounts, lockdown)", msd(bSetupCPU))
-	fmt.Fprintf(out, "  %-44s %9s\n", "child run and exit (code, reply, teardown)", msd(bRunCPU))
-	fmt.Fprintf(out, "  %-44s %9s\n", "kernel threads (deferred namespace cleanup)", msd(kern))
-	fmt.Fprintf(out, "  (wall time per run, for comparison: %s; the child's minor page faults: %d)\n", msd(busy/time.Duration(n)),
-		medInt(matched, func(r tracedRun) int64 { return r.t.B.Minflt }))
-	return nil
+// writePhases is the breakdown of one pooled run, phase by phase: the
+// median wall time of each, and the child's CPU and faults in it.
+func writePhases(w io.Writer, matched []tracedRun) {
+	fmt.Fprintf(w, "\nOne pooled print('hi') by phase (median of %d runs, each on a child prepared while nothing else ran):\n", len(matched))
+	fmt.Fprintf(w, "%-46s %9s %9s %8s\n", "setup, ahead of demand", "wall", "CPU", "faults")
+	printPhases(w, matched, setupPhases)
+	fmt.Fprintf(w, "%-46s %9s %9s %8s\n", "the run, on the caller's path", "", "", "")
+	printPhases(w, matched, runPhases)
+	fmt.Fprintf(w, "%-46s %9s %9s %8s\n", "teardown, after the answer", "", "", "")
+	printPhases(w, matched, teardownPhases)
 }
 
 func printPhases(out io.Writer, runs []tracedRun, phases []phase) {
@@ -252,20 +240,67 @@ func printPhases(out io.Writer, runs []tracedRun, phases []phase) {
 	}
 }
 
-func median(v []int64) int64 {
-	slices.Sort(v)
-	return v[len(v)/2]
+// cpuPerRun is where one pooled run's CPU goes, medians and means over
+// the runs measured.
+type cpuPerRun struct {
+	server, zygote, childSetup, childRun, kernel time.Duration
+	// wall is the time a run took; minflt, its child's minor page
+	// faults.
+	wall   time.Duration
+	minflt int64
 }
 
-func medInt(runs []tracedRun, f func(tracedRun) int64) int64 {
-	v := make([]int64, 0, len(runs))
-	for _, r := range runs {
-		v = append(v, f(r))
+// cpu is the CPU per run of n runs, wherever it was spent.
+func (tr *tracedRuns) cpu(matched []tracedRun, n int) cpuPerRun {
+	med := func(f func(tracedRun) time.Duration) time.Duration {
+		v := make([]time.Duration, 0, len(matched))
+		for _, r := range matched {
+			v = append(v, f(r))
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
 	}
-	return median(v)
+	setup := func(r tracedRun) time.Duration {
+		s, _ := r.at("c:b.user_paths")
+		return time.Duration(s.CPU)
+	}
+	var c cpuPerRun
+	c.childSetup = med(setup)
+	c.childRun = med(func(r tracedRun) time.Duration { return max(r.t.B.CPU-setup(r), 0) })
+	// The zygote's CPU between one child's spawn and the next.
+	all := slices.Clone(tr.traces)
+	var zyg []time.Duration
+	slices.SortFunc(all, func(a, b *pool.Trace) int { return int(a.Server["spawn"] - b.Server["spawn"]) })
+	for i := 1; i < len(all); i++ {
+		if d := all[i].ZygoteCPU - all[i-1].ZygoteCPU; d >= 0 {
+			zyg = append(zyg, d)
+		}
+	}
+	slices.Sort(zyg)
+	if len(zyg) > 0 {
+		c.zygote = zyg[len(zyg)/2]
+	}
+	c.server = time.Duration((tr.ru1.Utime.Nano()+tr.ru1.Stime.Nano())-(tr.ru0.Utime.Nano()+tr.ru0.Stime.Nano())) / time.Duration(n)
+	c.kernel = (tr.k1 - tr.k0) / time.Duration(n)
+	c.wall = tr.busy / time.Duration(n)
+	flt := make([]int64, 0, len(matched))
+	for _, r := range matched {
+		flt = append(flt, r.t.B.Minflt)
+	}
+	c.minflt = median(flt)
+	return c
 }
 
-func msd(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d.Microseconds())/1000) }
+func writeCPU(w io.Writer, c cpuPerRun) {
+	total := c.childSetup + c.childRun + c.zygote + c.server + c.kernel
+	fmt.Fprintf(w, "\nCPU per pooled run: %s in all\n", msd(total))
+	fmt.Fprintf(w, "  %-44s %9s\n", "server (engine, pool, this bench)", msd(c.server))
+	fmt.Fprintf(w, "  %-44s %9s\n", "zygote (fork, and its pages copied after)", msd(c.zygote))
+	fmt.Fprintf(w, "  %-44s %9s\n", "child setup (namespaces, mounts, lockdown)", msd(c.childSetup))
+	fmt.Fprintf(w, "  %-44s %9s\n", "child run and exit (code, reply, teardown)", msd(c.childRun))
+	fmt.Fprintf(w, "  %-44s %9s\n", "kernel threads (deferred namespace cleanup)", msd(c.kernel))
+	fmt.Fprintf(w, "  (wall time per run, for comparison: %s; the child's minor page faults: %d)\n", msd(c.wall), c.minflt)
+}
 
 // kernelThreadsCPU is the CPU time of every kernel thread so far (from
 // schedstat, in ns): where the kernel's deferred work runs, such as

@@ -1,0 +1,83 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// serveStdio starts this binary as `serve` over stdio with args and
+// connects a real SDK client to it.
+func serveStdio(ctx context.Context, cfg Config, args []string) (*mcp.ClientSession, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self, append([]string{"serve", "--log-level", "error"}, args...)...)
+	cmd.Stderr = os.Stderr
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "pysandbox-bench", Version: cfg.Version}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("start MCP server: %w", err)
+	}
+	return cs, nil
+}
+
+// mcpLatency starts this binary as `serve` over stdio with args and times
+// tools/call round trips from a real SDK client: n calls with between()
+// before each (not timed), with a progress token and without,
+// interleaved, then n back to back.
+func mcpLatency(ctx context.Context, cfg Config, args []string, between func() error) (paced, backToBack, withProgress []time.Duration, err error) {
+	cs, err := serveStdio(ctx, cfg, args)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer cs.Close()
+	calls := 0
+	call := func(progress bool) func() error {
+		return func() error {
+			params := &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "print('hi')"}}
+			if progress {
+				// With a token, the server watches the call (heartbeat
+				// and live output): what that costs.
+				calls++
+				params.Meta = mcp.Meta{"progressToken": fmt.Sprint("bench-", calls)}
+			}
+			res, err := cs.CallTool(ctx, params)
+			if err != nil {
+				return err
+			}
+			if res.IsError {
+				return fmt.Errorf("run_python failed: %v", res.Content)
+			}
+			return nil
+		}
+	}
+	// Let its pool fill before anything is timed.
+	time.Sleep(1500 * time.Millisecond)
+	// With and without a token, interleaved, so both see the same machine.
+	var plain, tokened []time.Duration
+	for range cfg.N {
+		for _, p := range []bool{false, true} {
+			if err := between(); err != nil {
+				return nil, nil, nil, err
+			}
+			start := time.Now()
+			if err := call(p)(); err != nil {
+				return nil, nil, nil, err
+			}
+			if p {
+				tokened = append(tokened, time.Since(start))
+			} else {
+				plain = append(plain, time.Since(start))
+			}
+		}
+	}
+	if backToBack, err = measure(cfg.N, call(false)); err != nil {
+		return nil, nil, nil, err
+	}
+	return plain, backToBack, tokened, nil
+}
