@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/pysandbox/pysandbox/internal/deps"
@@ -101,6 +102,9 @@ func cacheCopy(cacheDir string, n int, out io.Writer) error {
 		}
 		a, b = append(a, d1), append(b, d2)
 	}
+	// Sorted, as pct wants them (their p50 and p99 were taken unsorted).
+	slices.Sort(a)
+	slices.Sort(b)
 	writeCache(out, total, a, b)
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -79,5 +80,8 @@ func mcpLatency(ctx context.Context, cfg Config, args []string, between func() e
 	if backToBack, err = measure(cfg.N, call(false)); err != nil {
 		return nil, nil, nil, err
 	}
+	// Sorted, as pct wants them (their p50 and p99 were taken unsorted).
+	slices.Sort(plain)
+	slices.Sort(tokened)
 	return plain, backToBack, tokened, nil
 }
