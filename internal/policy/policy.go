@@ -95,14 +95,14 @@ const (
 
 // Policy is a parsed, validated policy file.
 type Policy struct {
-	Version  string               `json:"version"`
-	Default  Action               `json:"default"`
-	Tools    map[string]*ToolRule `json:"tools,omitempty"`
+	Version string               `json:"version"`
+	Default Action               `json:"default"`
+	Tools   map[string]*ToolRule `json:"tools,omitempty"`
 	// Hide lists tools removed from tools/list and refused ("*": all).
 	Hide []string `json:"hide,omitempty"`
 	// AllTools are rate limits every tool call counts against (the
 	// gateway's all_tools.limits), besides its tool's own.
-	AllTools []Limit     `json:"all_tools,omitempty"`
+	AllTools []Limit      `json:"all_tools,omitempty"`
 	Packages PackageRules `json:"packages"`
 	// Quotas bound what one identity may hold at once (runs in flight,
 	// queue places, sessions); nil when the file has no quotas section.

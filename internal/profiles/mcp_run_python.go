@@ -3,6 +3,7 @@ package profiles
 import (
 	"context"
 	"encoding/json"
+	"github.com/pysandbox/pysandbox/internal/govern"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -122,7 +123,7 @@ func returnText(v any) string {
 	if s, ok := v.(string); ok {
 		return s
 	}
-	b, _ := tools.PlainJSON(v, "  ")
+	b, _ := govern.PlainJSON(v, "  ")
 	return string(b)
 }
 
@@ -136,15 +137,7 @@ func escapeTags(s string) string {
 }
 
 // refusalText is the message of a result that refused a call.
-func refusalText(res *mcp.CallToolResult) string {
-	var b strings.Builder
-	for _, c := range res.Content {
-		if t, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(t.Text)
-		}
-	}
-	return b.String()
-}
+func refusalText(r *govern.Refusal) string { return r.Message }
 
 // cutText bounds a text result by the server's reply limit, as it goes
 // on the wire (JSON escapes included), at a character boundary.

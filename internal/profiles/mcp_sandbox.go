@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/pysandbox/pysandbox/internal/govern"
 	"maps"
 	"slices"
 	"strconv"
@@ -346,8 +347,8 @@ func (m orderedMap) MarshalJSON() ([]byte, error) {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		k, _ := tools.PlainJSON(kv.k, "")
-		v, err := tools.PlainJSON(kv.v, "")
+		k, _ := govern.PlainJSON(kv.k, "")
+		v, err := govern.PlainJSON(kv.v, "")
 		if err != nil {
 			return nil, err
 		}

@@ -2,6 +2,7 @@ package profiles
 
 import (
 	"context"
+	"github.com/pysandbox/pysandbox/internal/govern"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -23,13 +24,13 @@ func newWorkspaces() *workspaces { return &workspaces{byID: map[string]string{}}
 
 // get returns the caller's session, creating it when needed; refused is
 // the result to return when none could be had.
-func (w *workspaces) get(ctx context.Context, h *tools.Host, req *mcp.CallToolRequest) (string, *mcp.CallToolResult) {
+func (w *workspaces) get(ctx context.Context, h *tools.Host, req *mcp.CallToolRequest) (string, *govern.Refusal) {
 	me := h.CallerKey(req)
 	if me == "" {
 		// Nothing ties two calls of this caller together, and a session
 		// kept under a shared name would hand one caller's files to
 		// another.
-		return "", tools.Refusal(engine.StatusInvalidRequest, "This tool keeps your files in a workspace of your own, and on this server nothing tells you apart from other callers: you have no token, and your client uses the sessionless protocol (2026-07-28). Connect with a bearer token (the server's --auth-token-file), or with a client that keeps an MCP session.")
+		return "", tools.Refusal(govern.StatusInvalidRequest, "This tool keeps your files in a workspace of your own, and on this server nothing tells you apart from other callers: you have no token, and your client uses the sessionless protocol (2026-07-28). Connect with a bearer token (the server's --auth-token-file), or with a client that keeps an MCP session.")
 	}
 	w.mu.Lock()
 	id := w.byID[me]
@@ -60,13 +61,13 @@ func (w *workspaces) get(ctx context.Context, h *tools.Host, req *mcp.CallToolRe
 
 // runIn runs code in a session with inputs (JSON-encoded here, so that
 // no argument is ever pasted into code).
-func runIn(ctx context.Context, h *tools.Host, req *mcp.CallToolRequest, session, code, filename string, inputs map[string]any) (*engine.Result, *mcp.CallToolResult) {
+func runIn(ctx context.Context, h *tools.Host, req *mcp.CallToolRequest, session, code, filename string, inputs map[string]any) (*engine.Result, *govern.Refusal) {
 	return h.Run(ctx, req, tools.RunPythonInput{Code: code, Inputs: inputs, SessionID: session, Filename: filename})
 }
 
 // helperIn is runIn for the profile's own code (a file listing, a
 // version): its outcome is not the call's.
-func helperIn(ctx context.Context, h *tools.Host, req *mcp.CallToolRequest, session, code string, inputs map[string]any) (*engine.Result, *mcp.CallToolResult) {
+func helperIn(ctx context.Context, h *tools.Host, req *mcp.CallToolRequest, session, code string, inputs map[string]any) (*engine.Result, *govern.Refusal) {
 	return h.Helper(ctx, req, tools.RunPythonInput{Code: code, Inputs: inputs, SessionID: session, Filename: "<pysandbox>"})
 }
 

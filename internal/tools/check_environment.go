@@ -26,7 +26,7 @@ func (s *server) addCheckEnvironment(srv *mcp.Server) {
 
 func (s *server) checkEnvironment(ctx context.Context, req *mcp.CallToolRequest, _ CheckEnvironmentInput) (*mcp.CallToolResult, *engine.Posture, error) {
 	p := *s.posture(ctx) // a copy: the shared posture stays as measured
-	p.Governance = s.gov.summary()
+	p.Governance = s.governanceSummary()
 	p.Governance.Network = s.networkSummary()
 	p.Governance.Upstream = s.upstreamSummary()
 	if !s.upstreamsOn() {
@@ -41,8 +41,8 @@ func (s *server) checkEnvironment(ctx context.Context, req *mcp.CallToolRequest,
 	}, &p, nil
 }
 
-func (g *governor) summary() *engine.Governance {
-	pol := g.policy()
+func (s *server) governanceSummary() *engine.Governance {
+	pol := s.gov.Policy()
 	sum := &engine.Governance{Policy: pol.Source, Tools: map[string]string{},
 		PackagesAllowed: pol.Packages.Allow, PackagesDenied: pol.Packages.Deny}
 	for _, name := range Names {

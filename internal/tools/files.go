@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/pysandbox/pysandbox/internal/govern"
 	"mime"
 	"net/http"
 	"net/url"
@@ -133,32 +134,32 @@ const maxListEntries = 1000
 
 func (s *server) uploadFile(ctx context.Context, req *mcp.CallToolRequest, in UploadFileInput) (*mcp.CallToolResult, *FileOutput, error) {
 	if err := s.ownSession(req, in.SessionID); err != nil {
-		return sessionError(ctx, err), nil, nil
+		return nil, nil, sessionError(ctx, err)
 	}
 	p, err := workspace.CleanPath(in.Path)
 	if err != nil {
-		return errorResult(err.Error()), nil, nil
+		return nil, nil, errorResult(err.Error())
 	}
 	var data []byte
 	switch {
 	case in.Content != "" && in.ContentBase64 != "":
-		return errorResult("pass either content (text) or content_base64 (binary), not both."), nil, nil
+		return nil, nil, errorResult("pass either content (text) or content_base64 (binary), not both.")
 	case in.ContentBase64 != "":
 		if int64(base64.StdEncoding.DecodedLen(len(in.ContentBase64))) > s.maxUpload+3 {
-			return errorResult(fmt.Sprintf("the file is larger than the %d MiB upload limit.", s.maxUpload>>20)), nil, nil
+			return nil, nil, errorResult(fmt.Sprintf("the file is larger than the %d MiB upload limit.", s.maxUpload>>20))
 		}
 		if data, err = base64.StdEncoding.DecodeString(in.ContentBase64); err != nil {
-			return errorResult(fmt.Sprintf("content_base64 is not valid base64: %v.", err)), nil, nil
+			return nil, nil, errorResult(fmt.Sprintf("content_base64 is not valid base64: %v.", err))
 		}
 	default:
 		data = []byte(in.Content)
 	}
 	if int64(len(data)) > s.maxUpload {
-		return errorResult(fmt.Sprintf("the file is %d bytes, above the %d MiB upload limit.", len(data), s.maxUpload>>20)), nil, nil
+		return nil, nil, errorResult(fmt.Sprintf("the file is %d bytes, above the %d MiB upload limit.", len(data), s.maxUpload>>20))
 	}
 	err = s.sessions.Workspace(in.SessionID, func(d *workspace.Dir) error { return d.Write(p, data, s.maxUpload) })
 	if err != nil {
-		return fileError(err, p), nil, nil
+		return nil, nil, fileError(err, p)
 	}
 	out := &FileOutput{Path: p, Size: int64(len(data)), MIMEType: mimeType(p, data), URI: fileURI(in.SessionID, p)}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("wrote %s (%d bytes) to /work/%s", p, len(data), p)}}}, out, nil
@@ -166,13 +167,13 @@ func (s *server) uploadFile(ctx context.Context, req *mcp.CallToolRequest, in Up
 
 func (s *server) listFiles(ctx context.Context, req *mcp.CallToolRequest, in ListFilesInput) (*mcp.CallToolResult, *ListFilesOutput, error) {
 	if err := s.ownSession(req, in.SessionID); err != nil {
-		return sessionError(ctx, err), nil, nil
+		return nil, nil, sessionError(ctx, err)
 	}
 	dir := in.Path
 	if dir != "" && dir != "." {
 		var err error
 		if dir, err = workspace.CleanPath(dir); err != nil {
-			return errorResult(err.Error()), nil, nil
+			return nil, nil, errorResult(err.Error())
 		}
 	}
 	out := &ListFilesOutput{}
@@ -182,7 +183,7 @@ func (s *server) listFiles(ctx context.Context, req *mcp.CallToolRequest, in Lis
 		return err
 	})
 	if err != nil {
-		return fileError(err, dir), nil, nil
+		return nil, nil, fileError(err, dir)
 	}
 	if out.Files == nil {
 		out.Files = []workspace.FileInfo{}
@@ -220,11 +221,11 @@ func encodedLen(v any) int64 {
 
 func (s *server) downloadFile(ctx context.Context, req *mcp.CallToolRequest, in DownloadFileInput) (*mcp.CallToolResult, *FileOutput, error) {
 	if err := s.ownSession(req, in.SessionID); err != nil {
-		return sessionError(ctx, err), nil, nil
+		return nil, nil, sessionError(ctx, err)
 	}
 	p, err := workspace.CleanPath(in.Path)
 	if err != nil {
-		return errorResult(err.Error()), nil, nil
+		return nil, nil, errorResult(err.Error())
 	}
 	var data []byte
 	var info workspace.FileInfo
@@ -243,7 +244,7 @@ func (s *server) downloadFile(ctx context.Context, req *mcp.CallToolRequest, in 
 		}}, out, nil
 	}
 	if err != nil {
-		return fileError(err, p), nil, nil
+		return nil, nil, fileError(err, p)
 	}
 	mt := mimeType(p, data)
 	out := &FileOutput{Path: p, Size: int64(len(data)), MIMEType: mt, URI: uri, Inline: true}
@@ -301,7 +302,7 @@ func mimeType(p string, data []byte) string {
 }
 
 // fileError turns a file operation's failure into advice.
-func fileError(err error, p string) *mcp.CallToolResult {
+func fileError(err error, p string) *govern.Refusal {
 	switch {
 	case errors.Is(err, workspace.ErrNotFound):
 		return errorResult(fmt.Sprintf("%s does not exist in /work; list_files shows what does.", p))

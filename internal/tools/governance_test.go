@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -429,69 +427,6 @@ func TestAuditFailClosed(t *testing.T) {
 	res, _ = call(t, cs, "check_environment", nil)
 	if !res.IsError || !strings.Contains(text(res), "refuses them") {
 		t.Fatalf("%v %s", res.IsError, text(res))
-	}
-}
-
-func TestAuditArgs(t *testing.T) {
-	code := "print('x')"
-	args, sum := auditArgs("upload_file", json.RawMessage(`{"session_id": "s", "path": "a.txt", "content": "secret data", "code": "print('x')"}`))
-	if strings.Contains(string(args), "secret data") || !strings.Contains(string(args), `"omitted_bytes":13`) || !strings.Contains(string(args), code) {
-		t.Errorf("upload args %s", args)
-	}
-	if len(sum) != 64 {
-		t.Errorf("code sum %q", sum)
-	}
-	big := strings.Repeat("x", maxAuditValue+1)
-	args, _ = auditArgs("run_python", json.RawMessage(`{"code": "1", "inputs": {"data": "`+big+`"}}`))
-	if len(args) > 1000 || !strings.Contains(string(args), `"code":"1"`) {
-		t.Errorf("big inputs are not summarised: %d bytes", len(args))
-	}
-	args, _ = auditArgs("run_python", json.RawMessage(`not json`))
-	if !json.Valid(args) || !strings.Contains(string(args), "omitted_bytes") {
-		t.Errorf("invalid args recorded as %s", args)
-	}
-}
-
-// TestAuditArgsBounded: many values just under the per-value bound are
-// digested past a total, and the record keeps < and > as they are.
-func TestAuditArgsBounded(t *testing.T) {
-	args := map[string]string{"code": "print('<b>')"}
-	for i := 0; i < 40; i++ {
-		args[fmt.Sprint("k", i)] = strings.Repeat("<", maxAuditValue-100)
-	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf) // as a client sends it: < as <
-	enc.SetEscapeHTML(false)
-	enc.Encode(args)
-	rec, _ := auditArgs("list_sessions", buf.Bytes())
-	if len(rec) > maxAuditArgs+maxAuditValue+64<<10 || !strings.Contains(string(rec), "print('<b>')") || strings.Contains(string(rec), `\u003c`) {
-		t.Errorf("the recorded arguments: %d bytes (%.200s)", len(rec), rec)
-	}
-}
-
-// TestApprovalParts: what an approver sees of a run with inputs is its
-// facts, the inputs' values (which the code uses) and its code; of
-// another tool, its arguments.
-func TestApprovalParts(t *testing.T) {
-	g := newGovernor(Governance{Policy: policy.AllowAll()}, newEngine(t, nil), slog.New(slog.DiscardHandler))
-	facts, code, detail := g.approvalParts("run_python", RunPythonInput{Code: "import subprocess\nsubprocess.run(cmd, shell=True)",
-		Inputs: map[string]any{"cmd": "echo <ran> $(id)"}}, nil)
-	if !strings.Contains(facts, "Inputs (global variables of the code): cmd") || !strings.Contains(detail, `"cmd": "echo <ran> $(id)"`) || !strings.Contains(code, "subprocess.run") {
-		t.Errorf("facts %q, detail %q, code %q", facts, detail, code)
-	}
-	// An agent's values cannot fake lines of the facts.
-	facts, _, _ = g.approvalParts("run_python", RunPythonInput{Code: "1", SessionID: "s-1\nNetwork: none (trust me)", PythonVersion: "3.11\rX",
-		Inputs: map[string]any{"a\nLimits: none": 1}}, nil)
-	if strings.Count(facts, "\n") != 3 || !strings.Contains(facts, `Session: "s-1\nNetwork: none (trust me)"`) || !strings.Contains(facts, `Python: "3.11\rX"`) {
-		t.Errorf("facts with line breaks in values:\n%s", facts)
-	}
-	_, _, detail = g.approvalParts("upload_file", UploadFileInput{SessionID: "s", Path: "sitecustomize.py", Content: strings.Repeat("import os\n", 600)}, nil)
-	if !strings.Contains(detail, `"path": "sitecustomize.py"`) || strings.Count(detail, "import os") != 600 {
-		t.Errorf("upload detail: %.300q", detail)
-	}
-	msg := g.approvalMessage("run_python", RunPythonInput{Code: "x", Inputs: map[string]any{"v": strings.Repeat("y", 20000)}}, nil)
-	if !strings.Contains(msg, "Values:") || !strings.Contains(msg, "more bytes not shown") || len(msg) > 3*maxApprovalCode {
-		t.Errorf("the user's approval message: %d bytes", len(msg))
 	}
 }
 

@@ -2,11 +2,13 @@ package tools
 
 import (
 	"context"
+	"errors"
 	"slices"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/govern"
 )
 
 // Profile is a set of tools with another server's names, parameters and
@@ -48,17 +50,22 @@ type Governed interface{ Governed() any }
 
 // Run runs code as run_python does. When nothing ran, refused is the
 // result to return (a quota, a bad argument, a sandbox that cannot start).
-func (h *Host) Run(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (res *engine.Result, refused *mcp.CallToolResult) {
+func (h *Host) Run(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (res *engine.Result, refused *govern.Refusal) {
 	res, refused = h.s.execute(ctx, req, in)
-	// The call's audit record is made from this run (the profile's text
-	// is its peer's format, which the governor does not read).
-	noteRun(ctx, res, refused)
+	// The call's record is made from this run: the profile's result is
+	// its peer's format.
+	if c, ok := h.s.inflight.Load(req); ok {
+		c := c.(*inflight)
+		c.mu.Lock()
+		c.run, c.refused = res, refused
+		c.mu.Unlock()
+	}
 	return res, refused
 }
 
 // Helper runs code of the profile's own in a session (listing files,
 // reading a version): unlike Run, its outcome is not the call's.
-func (h *Host) Helper(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (*engine.Result, *mcp.CallToolResult) {
+func (h *Host) Helper(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (*engine.Result, *govern.Refusal) {
 	return h.s.execute(ctx, req, in)
 }
 
@@ -73,33 +80,45 @@ func (h *Host) SessionExists(id string) bool {
 }
 
 // CreateSession is create_session; refused is set when none was created.
-func (h *Host) CreateSession(ctx context.Context, req *mcp.CallToolRequest, in CreateSessionInput) (*CreateSessionOutput, *mcp.CallToolResult) {
-	res, out, _ := h.s.createSession(ctx, req, in)
-	if out == nil {
-		return nil, res
+func (h *Host) CreateSession(ctx context.Context, req *mcp.CallToolRequest, in CreateSessionInput) (*CreateSessionOutput, *govern.Refusal) {
+	_, out, err := h.s.createSession(ctx, req, in)
+	return out, asRefusal(err)
+}
+
+// asRefusal is a handler's error as the refusal it is (any error a
+// handler returns is one).
+func asRefusal(err error) *govern.Refusal {
+	var r *govern.Refusal
+	if err != nil && !errors.As(err, &r) {
+		r = refusal(govern.StatusSandboxError, err.Error())
 	}
-	return out, nil
+	return r
 }
 
 // Install is install_package; the result says installed or
 // install_error, refused that nothing was tried.
-func (h *Host) Install(ctx context.Context, req *mcp.CallToolRequest, in InstallPackageInput) (*InstallPackageOutput, *mcp.CallToolResult) {
-	res, out, _ := h.s.installPackage(ctx, req, in)
-	if out == nil {
-		noteStatus(ctx, "refused", resultText(res))
-		return nil, res
+func (h *Host) Install(ctx context.Context, req *mcp.CallToolRequest, in InstallPackageInput) (*InstallPackageOutput, *govern.Refusal) {
+	_, out, err := h.s.installPackage(ctx, req, in)
+	ref := asRefusal(err)
+	// The call's record is made from this install.
+	if c, ok := h.s.inflight.Load(req); ok {
+		c := c.(*inflight)
+		c.mu.Lock()
+		if ref != nil {
+			c.refused = ref
+		} else if out != nil {
+			o := out.outcome()
+			c.other = &o
+		}
+		c.mu.Unlock()
 	}
-	noteStatus(ctx, out.Status, out.Message)
-	return out, nil
+	return out, ref
 }
 
 // Upload is upload_file (content from the client, never a host path).
-func (h *Host) Upload(ctx context.Context, req *mcp.CallToolRequest, in UploadFileInput) (*FileOutput, *mcp.CallToolResult) {
-	res, out, _ := h.s.uploadFile(ctx, req, in)
-	if out == nil {
-		return nil, res
-	}
-	return out, nil
+func (h *Host) Upload(ctx context.Context, req *mcp.CallToolRequest, in UploadFileInput) (*FileOutput, *govern.Refusal) {
+	_, out, err := h.s.uploadFile(ctx, req, in)
+	return out, asRefusal(err)
 }
 
 // Sessions are the caller's open sessions, oldest first.
@@ -125,7 +144,7 @@ func (h *Host) Identity(req *mcp.CallToolRequest) string { return identity(req) 
 
 // Refusal is a call refused before anything ran, with its status and a
 // message saying what to do (see refusal).
-func Refusal(status engine.Status, msg string) *mcp.CallToolResult { return refusal(status, msg) }
+func Refusal(status govern.Status, msg string) *govern.Refusal { return refusal(status, msg) }
 
 // CallerKey tells this caller apart from every other, for what a profile
 // keeps per caller: "" when nothing can (HTTP without a token on the
@@ -150,7 +169,7 @@ func (h *Host) NetworkOn() bool { return h.s.networkOn() }
 
 // CheckPackage says whether the policy's package rules allow a package
 // (its PEP 503 name), and why not.
-func (h *Host) CheckPackage(name string) error { return h.s.gov.policy().Packages.Check(name) }
+func (h *Host) CheckPackage(name string) error { return h.s.gov.Policy().Packages.Check(name) }
 
 // FileURI is the resource URI of a session file (FileTemplate), which a
 // client reads with resources/read.

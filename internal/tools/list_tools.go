@@ -66,7 +66,7 @@ func (s *server) addListTools(srv *mcp.Server) {
 
 // visibleTools are the upstream tools the policy lets code see.
 func (s *server) visibleTools() ([]worker.ToolSpec, []worker.ServerStatus) {
-	pol := s.gov.policy()
+	pol := s.gov.Policy()
 	var specs []worker.ToolSpec
 	for _, t := range s.up.Tools() {
 		d := pol.Decide(t.Full)
@@ -96,10 +96,10 @@ func (s *server) listTools(ctx context.Context, req *mcp.CallToolRequest, in Lis
 		detail = "names"
 	case "names", "summary", "full":
 	default:
-		return errorResult(fmt.Sprintf("detail %q is not one of names, summary, full.", in.Detail)), ListToolsOutput{}, nil
+		return nil, ListToolsOutput{}, errorResult(fmt.Sprintf("detail %q is not one of names, summary, full.", in.Detail))
 	}
 	if len(in.Filter) > 200 {
-		return errorResult("filter is longer than 200 characters; pass a shorter glob or substring."), ListToolsOutput{}, nil
+		return nil, ListToolsOutput{}, errorResult("filter is longer than 200 characters; pass a shorter glob or substring.")
 	}
 	// As the tools module's catalog does: listed at once after startup,
 	// it has the tools of servers still on their first attempt.
@@ -347,7 +347,7 @@ func (s *server) upstreamSummary() *engine.UpstreamPolicy {
 	if !s.upstreamsOn() {
 		return nil
 	}
-	pol := s.gov.policy()
+	pol := s.gov.Policy()
 	_, servers := s.visibleTools()
 	u := &engine.UpstreamPolicy{Default: string(pol.Default), Rules: map[string]string{}}
 	lim := pol.UpstreamLimitsOf()

@@ -2,8 +2,6 @@ package tools
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"regexp"
@@ -14,7 +12,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/pysandbox/pysandbox/internal/audit"
 	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/policy"
@@ -25,19 +22,18 @@ import (
 // the proxy (internal/egress) serving its sandbox's listener. A grant's
 // connections are recorded under the tool call they happen in.
 
-// newCallID names a tool call in the audit log, so that its connections
-// can be tied to it.
-func newCallID() string {
-	var b [8]byte
-	rand.Read(b[:])
-	return "c-" + hex.EncodeToString(b[:])
+// callIDKey carries the id of the call a handler serves (its audit
+// record's, or the forwarding replica's), which ties the connections and
+// upstream calls of its run to it.
+type callIDKey struct{}
+
+func withCallID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, callIDKey{}, id)
 }
 
 func callIDOf(ctx context.Context) string {
-	if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
-		return ci.callID
-	}
-	return ""
+	id, _ := ctx.Value(callIDKey{}).(string)
+	return id
 }
 
 // networkOn reports whether runs may reach any host now.
@@ -203,47 +199,6 @@ func (s *server) consent(ctx context.Context, req *mcp.CallToolRequest, gctx con
 		return fmt.Errorf("the user did not allow %s (%s); do not retry it", a.what, res.Action)
 	}
 	return nil
-}
-
-// netRecord writes a connection's audit record and counts it.
-func (g *governor) netRecord(r egress.Record) {
-	if r.Unrecorded != nil {
-		// A summary: the connections it counts are counted now.
-		for d, n := range r.Unrecorded {
-			g.metrics.NetConns(d, n)
-		}
-	} else {
-		g.metrics.NetConn(r.Decision, r.BytesIn, r.BytesOut)
-	}
-	if g.audit == nil {
-		return
-	}
-	rec := &audit.Record{Event: audit.EventConnect, Identity: r.Identity, Tool: r.Tool, CallID: r.CallID,
-		Decision: r.Decision, Reason: r.Reason, DurationMS: r.Duration.Milliseconds(),
-		Net: &audit.Connection{Method: r.Method, Host: r.Host, Port: r.Port, Address: r.Address, Session: r.Session, BytesIn: r.BytesIn, BytesOut: r.BytesOut, Unrecorded: r.Unrecorded}}
-	if r.Limit != "" {
-		rec.LimitsHit = []string{"net:" + r.Limit}
-	}
-	g.appendRecord(rec)
-}
-
-// appendRecord writes a record that is not a tool call's own (a
-// connection, an upstream call). A failed write breaks the log: every
-// later call is refused.
-func (g *governor) appendRecord(rec *audit.Record) error {
-	if g.audit == nil {
-		return nil
-	}
-	err := g.audit.Append(rec)
-	if err != nil {
-		g.mu.Lock()
-		if g.broken == nil {
-			g.broken = err
-		}
-		g.mu.Unlock()
-		g.log.Error("audit log write failed; refusing every call from now on", "err", err)
-	}
-	return err
 }
 
 // networkSummary is the network part of check_environment; nil when runs

@@ -76,8 +76,8 @@ func TestRefusedCallsSayWhatHappened(t *testing.T) {
 				t.Errorf("%s: refusal does not validate against the output schema: %v\n%v", tc.tool, err, out)
 			}
 		}
-		if res.Meta[refusalKey] != nil {
-			t.Errorf("%s: the internal refusal key reached the wire: %v", tc.tool, res.Meta)
+		if res.Meta["pysandbox/refusal"] != nil {
+			t.Errorf("%s: the old internal refusal key reached the wire: %v", tc.tool, res.Meta)
 		}
 	}
 }

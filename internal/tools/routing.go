@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/pysandbox/pysandbox/internal/govern"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -47,7 +48,7 @@ func routed[In, Out any](s *server, tool string, h mcp.ToolHandlerFor[In, Out]) 
 		// parsed for its replica nor echoed whole (one of 20 MB cost the
 		// server hundreds of MB in copies).
 		if !plausibleID(ref.sessionRef()) {
-			return errorResult(fmt.Sprintf("Unknown session (%s is not a session id). Create a session with create_session and use the session_id it returns.", shortQuote(ref.sessionRef()))), zero, nil
+			return nil, zero, errorResult(fmt.Sprintf("Unknown session (%s is not a session id). Create a session with create_session and use the session_id it returns.", shortQuote(ref.sessionRef())))
 		}
 		if s.cl == nil {
 			return h(ctx, req, in)
@@ -57,9 +58,9 @@ func routed[In, Out any](s *server, tool string, h mcp.ToolHandlerFor[In, Out]) 
 		case local:
 			return h(ctx, req, in)
 		case errors.Is(err, cluster.ErrLost):
-			return errorResult(fmt.Sprintf("session %q: %v.", ref.sessionRef(), err)), zero, nil
+			return nil, zero, errorResult(fmt.Sprintf("session %q: %v.", ref.sessionRef(), err))
 		case err != nil:
-			return refusal(engine.StatusBusy, fmt.Sprintf("session %q: %v.", ref.sessionRef(), err)), zero, nil
+			return nil, zero, refusal(govern.StatusBusy, fmt.Sprintf("session %q: %v.", ref.sessionRef(), err))
 		}
 		// The arguments as the client sent them: re-encoding would escape
 		// <, > and & six bytes over, past the owner's bound on a request.
@@ -70,13 +71,13 @@ func routed[In, Out any](s *server, tool string, h mcp.ToolHandlerFor[In, Out]) 
 		res, err := s.fwd.Call(ctx, m, &mcp.CallToolParams{Name: tool, Arguments: args}, identity(req), callIDOf(ctx), int64(len(args)))
 		if err != nil {
 			if ctx.Err() != nil {
-				return refusal(engine.StatusCancelled, "The call was cancelled."), zero, nil
+				return nil, zero, refusal(govern.StatusCancelled, "The call was cancelled.")
 			}
 			// The owner may have stopped between the lookup and the call.
 			if _, _, again := s.cl.Owner(ctx, ref.sessionRef(), false); errors.Is(again, cluster.ErrLost) {
-				return errorResult(fmt.Sprintf("session %q: %v.", ref.sessionRef(), again)), zero, nil
+				return nil, zero, errorResult(fmt.Sprintf("session %q: %v.", ref.sessionRef(), again))
 			}
-			return refusal(engine.StatusBusy, fmt.Sprintf("session %q: %v.", ref.sessionRef(), err)), zero, nil
+			return nil, zero, refusal(govern.StatusBusy, fmt.Sprintf("session %q: %v.", ref.sessionRef(), err))
 		}
 		return forwardedResult[Out](res)
 	}
@@ -92,7 +93,7 @@ func forwardedResult[Out any](res *mcp.CallToolResult) (*mcp.CallToolResult, Out
 			err = json.Unmarshal(data, &out)
 		}
 		if err != nil {
-			return errorResult(fmt.Sprintf("the replica holding the session answered with a result this one cannot read: %v", err)), out, nil
+			return nil, out, errorResult(fmt.Sprintf("the replica holding the session answered with a result this one cannot read: %v", err))
 		}
 	}
 	res.StructuredContent = nil
@@ -108,19 +109,19 @@ func internalCall[In, Out any](h mcp.ToolHandlerFor[In, Out]) mcp.ToolHandlerFor
 		callID, _ := meta[cluster.MetaCallID].(string)
 		var zero Out
 		if id == "" {
-			return errorResult("a forwarded call without the caller's identity"), zero, nil
+			return nil, zero, errorResult("a forwarded call without the caller's identity")
 		}
 		// Only calls on a session of this replica are forwarded here (and
 		// list_sessions): nothing else may skip the forwarding replica's
 		// governance.
 		if ref, ok := any(in).(sessionRef); ok && ref.sessionRef() == "" {
-			return errorResult("a forwarded call must name a session of this replica"), zero, nil
+			return nil, zero, errorResult("a forwarded call must name a session of this replica")
 		}
 		if req.Extra == nil {
 			req.Extra = &mcp.RequestExtra{}
 		}
 		req.Extra.TokenInfo = &auth.TokenInfo{UserID: id, Expiration: time.Now().Add(time.Hour)}
-		return h(context.WithValue(ctx, callInfoKey{}, &callInfo{callID: callID}), req, in)
+		return h(withCallID(ctx, callID), req, in)
 	}
 }
 
@@ -131,13 +132,13 @@ func (s *server) registerInternal(srv *mcp.Server) {
 	add := func(name string) *mcp.Tool {
 		return &mcp.Tool{Name: name, Description: "internal: forwarded by another replica"}
 	}
-	mcp.AddTool(srv, add("run_python"), withRefusal(internalCall(s.runPython)))
-	mcp.AddTool(srv, add("close_session"), withRefusal(internalCall(s.closeSession)))
-	mcp.AddTool(srv, add("list_sessions"), withRefusal(internalCall(s.listSessions)))
-	mcp.AddTool(srv, add("install_package"), withRefusal(internalCall(s.installPackage)))
-	mcp.AddTool(srv, add("upload_file"), withRefusal(internalCall(s.uploadFile)))
-	mcp.AddTool(srv, add("list_files"), withRefusal(internalCall(s.listFiles)))
-	mcp.AddTool(srv, add("download_file"), withRefusal(internalCall(s.downloadFile)))
+	addInternal(srv, add("run_python"), internalCall(s.runPython))
+	addInternal(srv, add("close_session"), internalCall(s.closeSession))
+	addInternal(srv, add("list_sessions"), internalCall(s.listSessions))
+	addInternal(srv, add("install_package"), internalCall(s.installPackage))
+	addInternal(srv, add("upload_file"), internalCall(s.uploadFile))
+	addInternal(srv, add("list_files"), internalCall(s.listFiles))
+	addInternal(srv, add("download_file"), internalCall(s.downloadFile))
 	// Reads of this replica's session files and figures, which only it
 	// holds.
 	srv.AddResourceTemplate(&mcp.ResourceTemplate{Name: "session-file", URITemplate: FileTemplate, Description: "internal: forwarded by another replica"}, internalResource(s.readFileResource))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/pysandbox/pysandbox/internal/govern"
 	"math"
 	"strings"
 	"time"
@@ -65,7 +66,7 @@ const (
 func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (*mcp.CallToolResult, *engine.Result, error) {
 	res, refused := s.execute(ctx, req, in)
 	if refused != nil {
-		return refused, nil, nil
+		return nil, nil, refused
 	}
 	content := s.boundReply(res, in.SessionID, identity(req))
 	return &mcp.CallToolResult{IsError: res.Status != engine.StatusSuccess, Content: content}, res, nil
@@ -74,7 +75,7 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 // execute runs code as run_python does (the caller's quota, its session,
 // the network the policy gives it, tools from code); when nothing ran,
 // refused is the result to return instead.
-func (s *server) execute(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (res *engine.Result, refused *mcp.CallToolResult) {
+func (s *server) execute(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (res *engine.Result, refused *govern.Refusal) {
 	run, msg := s.checkRunInput(in)
 	if msg != "" {
 		return nil, errorResult(msg)
@@ -121,7 +122,7 @@ func (s *server) execute(ctx context.Context, req *mcp.CallToolRequest, in RunPy
 			res.ToolCalls = tr.Usage()
 		}
 	}
-	if r, ok := deniedError(ctx, err); ok {
+	if r, ok := deniedError(err); ok {
 		return nil, r
 	}
 	var reqErr *engine.RequestError
@@ -131,10 +132,10 @@ func (s *server) execute(ctx context.Context, req *mcp.CallToolRequest, in RunPy
 	case errors.Is(err, engine.ErrBusy):
 		return nil, busyResult(err)
 	case err != nil && ctx.Err() != nil:
-		return nil, refusal(engine.StatusCancelled, "The call was cancelled before the code ran.")
+		return nil, refusal(govern.StatusCancelled, "The call was cancelled before the code ran.")
 	case err != nil:
 		s.log.Error("run failed", "err", err)
-		return nil, refusal(engine.StatusSandboxError, fmt.Sprintf("The sandbox could not run the code: %v. Nothing was run; run check_environment to see whether the sandbox works on this server.", err))
+		return nil, refusal(govern.StatusSandboxError, fmt.Sprintf("The sandbox could not run the code: %v. Nothing was run; run check_environment to see whether the sandbox works on this server.", err))
 	}
 	return res, nil
 }

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/cluster"
 	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/govern"
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/policy"
 	"github.com/pysandbox/pysandbox/internal/quota"
@@ -92,7 +92,13 @@ type server struct {
 	figures  *figureStore
 	log      *slog.Logger
 	posture  func(context.Context) *engine.Posture
-	gov      *governor
+	gov      *govern.Governor
+	// governed are the tools whose calls are decided, audited and
+	// counted: pysandbox's own (unless left out) and the profiles'.
+	governed map[string]bool
+	// inflight are the governed calls whose handlers run, by request
+	// (see Host.Run).
+	inflight sync.Map
 	quotas   *quota.Quotas
 	net      *egress.Proxy
 	up       *upstream.Manager
@@ -185,31 +191,30 @@ func NewServers(opts Options) (*mcp.Server, *mcp.Server) {
 	}
 	srv := mcp.NewServer(impl, &mcp.ServerOptions{GetSessionID: getSessionID, Instructions: instructions, Logger: sdkLog})
 	s.sessions.SetDetached(connEnded(srv.Sessions))
-	s.gov = newGovernor(opts.Governance, opts.Engine, log)
-	s.gov.netWords = s.networkWords
-	s.gov.governed = map[string]bool{}
+	s.gov = govern.New(opts.Governance, govern.Sandbox{Limits: s.limitsText, Facts: s.codeFacts}, log)
+	s.governed = map[string]bool{}
 	if !s.noNative {
 		for _, n := range Names {
-			s.gov.governed[n] = true
+			s.governed[n] = true
 		}
 	}
 	for _, p := range s.profiles {
 		for _, n := range p.Tools {
-			s.gov.governed[n] = true
+			s.governed[n] = true
 		}
 	}
 	if s.net != nil {
-		s.net.AddRecorder(s.gov.netRecord)
+		s.net.AddRecorder(s.gov.NetRecord)
 	}
 	s.register(srv)
-	srv.AddReceivingMiddleware(s.gov.middleware)
+	srv.AddReceivingMiddleware(s.middleware)
 	// Outermost, so that a wait in the governor is kept alive too (live.go).
 	srv.AddReceivingMiddleware(heartbeat)
 	srv.AddSendingMiddleware(numberProgress)
 	if up := opts.Governance.Updates; up != nil {
 		go func() {
 			for pol := range up {
-				s.gov.pol.Store(pol)
+				s.gov.SetPolicy(pol)
 				// Clients are told the tool list changed.
 				s.register(srv)
 				log.Info("policy replaced", "source", pol.Source, "sha256", pol.SHA256)
@@ -252,7 +257,7 @@ func (s *server) register(srv *mcp.Server) {
 		p.Register(h)
 		names = append(slices.Clip(names), p.Tools...)
 	}
-	pol := s.gov.policy()
+	pol := s.gov.Policy()
 	for _, name := range names {
 		if pol.Hidden(name) {
 			srv.RemoveTools(name)
@@ -264,39 +269,33 @@ func (s *server) register(srv *mcp.Server) {
 	}
 }
 
-// addTool registers a tool behind the policy's per-call checks.
-func addTool[In, Out any](s *server, srv *mcp.Server, t *mcp.Tool, h mcp.ToolHandlerFor[In, Out]) {
-	mcp.AddTool(srv, t, withRefusal(gated(s, t.Name, routed(s, t.Name, h))))
-}
+// Governance is the policy, audit log and metrics (internal/govern); the
+// zero value allows everything and records nothing.
+type Governance = govern.Config
 
-// errorResult is a failure the agent should read and act on; its
-// structured result says invalid_request (see withRefusal).
-func errorResult(msg string) *mcp.CallToolResult {
-	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: msg}}}
+// errorResult is a failure the agent should read and act on: the
+// arguments, with status invalid_request.
+func errorResult(msg string) *govern.Refusal {
+	return &govern.Refusal{Status: govern.StatusInvalidRequest, Message: msg}
 }
 
 // Outcome is embedded in the output of every tool whose output has no
-// status of its own: set only when the call was refused (see withRefusal).
+// status of its own: set only when the call was refused.
 type Outcome struct {
 	Status  string `json:"status,omitempty" jsonschema:"only when the call was refused: invalid_request, denied, busy, quota, install_error, sandbox_error or cancelled"`
 	Message string `json:"message,omitempty" jsonschema:"only when the call was refused: what happened and what to do"`
 }
 
-// refusalKey carries a refusal's status from the handler to withRefusal;
-// it never reaches the wire.
-const refusalKey = "pysandbox/refusal"
-
-// refusal is errorResult with another status for the structured result.
-func refusal(status engine.Status, msg string) *mcp.CallToolResult {
-	r := errorResult(msg)
-	r.Meta = mcp.Meta{refusalKey: string(status)}
-	return r
+// refusal is a call refused before anything ran, with its status; a
+// handler returns it as its error.
+func refusal(status govern.Status, msg string) *govern.Refusal {
+	return &govern.Refusal{Status: status, Message: msg}
 }
 
 // takeQuota takes one of the caller's run slots (see internal/quota),
 // waiting in one of its queue places if need be; a refusal is the result
 // to return instead.
-func (s *server) takeQuota(ctx context.Context, req *mcp.CallToolRequest) (func(), *mcp.CallToolResult) {
+func (s *server) takeQuota(ctx context.Context, req *mcp.CallToolRequest) (func(), *govern.Refusal) {
 	release, err := s.quotas.Run(ctx, identity(req))
 	switch {
 	case errors.Is(err, quota.ErrQuota):
@@ -304,53 +303,14 @@ func (s *server) takeQuota(ctx context.Context, req *mcp.CallToolRequest) (func(
 		if callerOf(req).anonymous() {
 			msg += " Every caller without a token counts against this one quota (nothing tells them apart), so the runs may be another's; wait for one to finish, or use a server started with --auth-token-file, where each token has a quota of its own."
 		}
-		return nil, refusal(engine.StatusQuota, msg)
+		return nil, refusal(govern.StatusQuota, msg)
 	case err != nil:
-		return nil, refusal(engine.StatusCancelled, "The call was cancelled while it waited for one of your runs to finish. Nothing was run.")
+		return nil, refusal(govern.StatusCancelled, "The call was cancelled while it waited for one of your runs to finish. Nothing was run.")
 	}
 	return release, nil
 }
 
 // busyResult answers a call the server cannot take now.
-func busyResult(err error) *mcp.CallToolResult {
-	return refusal(engine.StatusBusy, fmt.Sprintf("The server is busy (%v). Nothing was run; try again shortly.", err))
-}
-
-// withRefusal gives a call refused before anything ran a structured result
-// of its own: the SDK would otherwise fill structuredContent with the
-// output type's zero value (status "", exit_code 0), which a client reading
-// it would take for a run that happened. The result's Status says what
-// happened and its Message what to do; the other fields stay empty.
-func withRefusal[In, Out any](h mcp.ToolHandlerFor[In, Out]) mcp.ToolHandlerFor[In, Out] {
-	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
-		res, out, err := h(ctx, req, in)
-		if err != nil || res == nil || !res.IsError || res.InputRequests != nil {
-			return res, out, err
-		}
-		status := string(engine.StatusInvalidRequest)
-		if v, ok := res.Meta[refusalKey].(string); ok {
-			status = v
-			delete(res.Meta, refusalKey)
-			if len(res.Meta) == 0 {
-				res.Meta = nil
-			}
-		}
-		if v := reflect.ValueOf(&out).Elem(); v.Kind() == reflect.Pointer && v.IsNil() && v.Type().Elem().Kind() == reflect.Struct {
-			o := reflect.New(v.Type().Elem())
-			msg := ""
-			if len(res.Content) > 0 {
-				if tc, ok := res.Content[0].(*mcp.TextContent); ok {
-					msg = tc.Text
-				}
-			}
-			if f := o.Elem().FieldByName("Status"); f.IsValid() && f.Kind() == reflect.String {
-				f.SetString(status)
-			}
-			if f := o.Elem().FieldByName("Message"); f.IsValid() && f.Kind() == reflect.String {
-				f.SetString(msg)
-			}
-			v.Set(o)
-		}
-		return res, out, err
-	}
+func busyResult(err error) *govern.Refusal {
+	return refusal(govern.StatusBusy, fmt.Sprintf("The server is busy (%v). Nothing was run; try again shortly.", err))
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pysandbox/pysandbox/internal/deps"
 	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/govern"
 	"github.com/pysandbox/pysandbox/internal/pep"
 )
 
@@ -78,13 +79,13 @@ func (s *server) addSessionTools(srv *mcp.Server) {
 func (s *server) createSession(ctx context.Context, req *mcp.CallToolRequest, in CreateSessionInput) (*mcp.CallToolResult, *CreateSessionOutput, error) {
 	switch {
 	case len(in.Dependencies) > pep.MaxDependencies:
-		return errorResult(fmt.Sprintf("too many dependencies (%d; the limit is %d).", len(in.Dependencies), pep.MaxDependencies)), nil, nil
+		return nil, nil, errorResult(fmt.Sprintf("too many dependencies (%d; the limit is %d).", len(in.Dependencies), pep.MaxDependencies))
 	case in.TTLSeconds < 0 || in.TTLSeconds != in.TTLSeconds:
-		return errorResult("ttl_seconds must be a positive number of seconds."), nil, nil
+		return nil, nil, errorResult("ttl_seconds must be a positive number of seconds.")
 	}
 	maxTTL := s.sessions.Config().MaxTTL
 	if in.TTLSeconds > maxTTL.Seconds() {
-		return errorResult(fmt.Sprintf("ttl_seconds %.0f is above this server's maximum of %.0f seconds; pass a smaller value.", in.TTLSeconds, maxTTL.Seconds())), nil, nil
+		return nil, nil, errorResult(fmt.Sprintf("ttl_seconds %.0f is above this server's maximum of %.0f seconds; pass a smaller value.", in.TTLSeconds, maxTTL.Seconds()))
 	}
 	snet, attach := s.sessionNetwork(ctx, req)
 	info, err := s.sessions.Create(ctx, time.Duration(in.TTLSeconds*float64(time.Second)), engine.CreateOptions{
@@ -92,7 +93,7 @@ func (s *server) createSession(ctx context.Context, req *mcp.CallToolRequest, in
 		Network: attach,
 	})
 	if err != nil {
-		return sessionError(ctx, err), nil, nil
+		return nil, nil, sessionError(ctx, err)
 	}
 	s.keepSessionNet(info.ID, snet)
 	out := &CreateSessionOutput{SessionID: info.ID, ExpiresAt: info.ExpiresAt}
@@ -129,10 +130,10 @@ func (s *server) listSessions(ctx context.Context, req *mcp.CallToolRequest, _ L
 
 func (s *server) closeSession(ctx context.Context, req *mcp.CallToolRequest, in SessionIDInput) (*mcp.CallToolResult, *CloseSessionOutput, error) {
 	if err := s.ownSession(req, in.SessionID); err != nil {
-		return sessionError(ctx, err), nil, nil
+		return nil, nil, sessionError(ctx, err)
 	}
 	if err := s.sessions.Close(in.SessionID); err != nil {
-		return sessionError(ctx, err), nil, nil
+		return nil, nil, sessionError(ctx, err)
 	}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "session " + in.SessionID + " closed; its files are deleted."}}},
 		&CloseSessionOutput{SessionID: in.SessionID, Closed: true}, nil
@@ -165,14 +166,14 @@ func (s *server) addInstallPackage(srv *mcp.Server) {
 
 func (s *server) installPackage(ctx context.Context, req *mcp.CallToolRequest, in InstallPackageInput) (*mcp.CallToolResult, *InstallPackageOutput, error) {
 	if len(in.Packages) == 0 || len(in.Packages) > pep.MaxDependencies {
-		return errorResult(fmt.Sprintf("packages must list 1 to %d requirements.", pep.MaxDependencies)), nil, nil
+		return nil, nil, errorResult(fmt.Sprintf("packages must list 1 to %d requirements.", pep.MaxDependencies))
 	}
 	if err := s.ownSession(req, in.SessionID); err != nil {
-		return sessionError(ctx, err), nil, nil
+		return nil, nil, sessionError(ctx, err)
 	}
 	release, refused := s.takeQuota(ctx, req)
 	if refused != nil {
-		return refused, nil, nil
+		return nil, nil, refused
 	}
 	defer release()
 	env, err := s.sessions.Install(ctx, in.SessionID, in.Packages, progressFunc(ctx, req))
@@ -183,9 +184,9 @@ func (s *server) installPackage(ctx context.Context, req *mcp.CallToolRequest, i
 		out := &InstallPackageOutput{SessionID: in.SessionID, Status: "install_error", Requirements: in.Packages, Message: ie.Error()}
 		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "install_error: " + ie.Error() + "\n" + strings.Join(ie.Lines, "\n")}}}, out, nil
 	case errors.As(err, &reqErr):
-		return errorResult(reqErr.Error() + "."), nil, nil
+		return nil, nil, errorResult(reqErr.Error() + ".")
 	case err != nil:
-		return sessionError(ctx, err), nil, nil
+		return nil, nil, sessionError(ctx, err)
 	}
 	out := &InstallPackageOutput{SessionID: in.SessionID, Status: "installed", Requirements: env.Requirements}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "installed: " + strings.Join(env.Requirements, ", ") + "; import them in the next run_python call"}}}, out, nil
@@ -207,8 +208,8 @@ func (s *server) ownSession(req mcp.Request, id string) error {
 }
 
 // sessionError turns a session failure into a message the agent can act on.
-func sessionError(ctx context.Context, err error) *mcp.CallToolResult {
-	if res, ok := deniedError(ctx, err); ok {
+func sessionError(ctx context.Context, err error) *govern.Refusal {
+	if res, ok := deniedError(err); ok {
 		return res
 	}
 	var gone *engine.SessionGoneError
@@ -218,7 +219,7 @@ func sessionError(ctx context.Context, err error) *mcp.CallToolResult {
 	case errors.As(err, &reqErr):
 		return errorResult(reqErr.Error() + ".")
 	case errors.As(err, &ie):
-		return refusal(engine.StatusInstallError, "install_error: "+ie.Error())
+		return refusal(govern.StatusInstallError, "install_error: "+ie.Error())
 	case errors.As(err, &gone):
 		return errorResult(gone.Error() + ".")
 	case errors.Is(err, engine.ErrNoSession):
@@ -231,11 +232,20 @@ func sessionError(ctx context.Context, err error) *mcp.CallToolResult {
 			msg = fmt.Sprintf("Refused by the session quota of callers without a token: together they have %d sessions open, all the quota allows (nothing tells such callers apart, so they share it). Nothing was created. Close a session you no longer need with close_session, using the session_id create_session gave you (on a connection with an MCP session, list_sessions shows the ones it made or used); or wait: one expires at %s unless used. A session whose MCP session has ended stops counting; one made or last used on the sessionless protocol counts until it is closed or expires. A server started with --auth-token-file gives each token a quota of its own.",
 				q.Open, q.NextExpiry.UTC().Format(time.RFC3339))
 		}
-		return refusal(engine.StatusQuota, msg)
+		return refusal(govern.StatusQuota, msg)
 	case errors.Is(err, engine.ErrDraining):
-		return refusal(engine.StatusBusy, fmt.Sprintf("Cannot create a session: %v.", err))
+		return refusal(govern.StatusBusy, fmt.Sprintf("Cannot create a session: %v.", err))
 	case errors.Is(err, engine.ErrTooManySessions):
-		return refusal(engine.StatusBusy, fmt.Sprintf("Cannot create another session: %v.", err))
+		return refusal(govern.StatusBusy, fmt.Sprintf("Cannot create another session: %v.", err))
 	}
-	return refusal(engine.StatusSandboxError, fmt.Sprintf("The session operation failed: %v.", err))
+	return refusal(govern.StatusSandboxError, fmt.Sprintf("The session operation failed: %v.", err))
+}
+
+// outcome is the install's, for its record.
+func (o *InstallPackageOutput) outcome() govern.Outcome {
+	out := govern.Outcome{Status: o.Status}
+	if o.Status != "installed" {
+		out.Error = o.Message
+	}
+	return out
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/pysandbox/pysandbox/internal/govern"
 	"sort"
 	"strconv"
 	"strings"
@@ -74,7 +75,7 @@ func (s *server) newToolRun(ctx context.Context, req *mcp.CallToolRequest, sessi
 		return nil
 	}
 	return &toolRun{s: s, ctx: ctx, req: req, identity: identity(req), callID: callIDOf(ctx), tool: "run_python",
-		session: session, limits: s.gov.policy().UpstreamLimitsOf(), approved: map[string]bool{}}
+		session: session, limits: s.gov.Policy().UpstreamLimitsOf(), approved: map[string]bool{}}
 }
 
 // tools returns r as a worker.Tools, or nil (a nil *toolRun must not
@@ -117,7 +118,7 @@ func (r *toolRun) Call(ctx context.Context, name string, args json.RawMessage) w
 	rec.Upstream = up
 	// Value by value: a long value is digested, the others stay readable
 	// (a path next to a long content).
-	rec.Arguments, _ = auditArgs(name, args)
+	rec.Arguments, _ = govern.AuditArgs(name, args)
 	reply, decision, limit := r.decideAndCall(ctx, name, args, rec)
 	rec.Decision = decision
 	if reply.Error != nil {
@@ -142,9 +143,9 @@ func (r *toolRun) Call(ctx context.Context, name string, args json.RawMessage) w
 	if ran {
 		out = int64(len(args))
 	}
-	r.s.gov.metrics.Upstream(server, decision, 1, out, up.ResultBytes)
+	r.s.gov.Metrics().Upstream(server, decision, 1, out, up.ResultBytes)
 	if ran || r.noteRefusal(decision) {
-		if err := r.s.gov.appendRecord(rec); err != nil {
+		if err := r.s.gov.Append(rec); err != nil {
 			// The call happened but cannot be recorded: its result is
 			// withheld, like a tool call's.
 			return failure(worker.ToolFailUnavailable, name+": the call could not be recorded in the server's audit log, so its result is withheld")
@@ -156,7 +157,7 @@ func (r *toolRun) Call(ctx context.Context, name string, args json.RawMessage) w
 // decideAndCall returns the reply, the audit decision, and the limit that
 // refused the call, if one did.
 func (r *toolRun) decideAndCall(ctx context.Context, name string, args json.RawMessage, rec *audit.Record) (worker.ToolReply, string, string) {
-	if err := r.s.gov.brokenErr(); err != nil {
+	if err := r.s.gov.Broken(); err != nil {
 		return failure(worker.ToolFailUnavailable, "this server cannot record calls in its audit log, so it refuses them; tell the server's operator"), "deny", ""
 	}
 	// A server that is connecting (just started, or restarting after it
@@ -173,7 +174,7 @@ func (r *toolRun) decideAndCall(ctx context.Context, name string, args json.RawM
 		}
 		return failure(worker.ToolFailUnknown, r.unknownMessage(name)), "unknown_tool", ""
 	}
-	pol := r.s.gov.policy()
+	pol := r.s.gov.Policy()
 	d := pol.Decide(name)
 	if d.Action == policy.Deny {
 		reason := d.Reason
@@ -200,13 +201,13 @@ func (r *toolRun) decideAndCall(ctx context.Context, name string, args json.RawM
 	if err := r.s.up.Validate(name, args); err != nil {
 		return failure(worker.ToolFailArguments, fmt.Sprintf("%s: %v", name, err)), "invalid_arguments", ""
 	}
-	reservation, exceeded, err := r.s.gov.limiter.Reserve(ctx, d.Limits, r.identity)
+	reservation, exceeded, err := r.s.gov.Reserve(ctx, d.Limits, r.identity)
 	if err != nil {
 		return failure(worker.ToolFailUnavailable, fmt.Sprintf("%s: %v; retry in a moment", name, err)), "error", ""
 	}
 	if exceeded != nil {
-		r.s.gov.metrics.RateLimited(name, exceeded.Limit.Counter)
-		rec.LimitsHit = append(rec.LimitsHit, rateHit(exceeded))
+		r.s.gov.Metrics().RateLimited(name, exceeded.Limit.Counter)
+		rec.LimitsHit = append(rec.LimitsHit, govern.RateHit(exceeded))
 		return failure(worker.ToolFailRateLimited, fmt.Sprintf("%s: refused by the server's %s", name, exceeded.Error())), "rate_limited", ""
 	}
 	decision := "allow"
@@ -219,7 +220,7 @@ func (r *toolRun) decideAndCall(ctx context.Context, name string, args json.RawM
 		decision = "approved"
 		// The wait can be long: a policy reloaded meanwhile that denies
 		// the tool wins over the answer.
-		if d := r.s.gov.policy().Decide(name); d.Action == policy.Deny {
+		if d := r.s.gov.Policy().Decide(name); d.Action == policy.Deny {
 			reservation.Cancel()
 			return failure(worker.ToolFailDenied, fmt.Sprintf("the server's policy no longer allows %s (it was reloaded while the user was asked); do not retry", name)), "deny", ""
 		}
@@ -302,7 +303,7 @@ func (r *toolRun) finish() {
 		n += unrec[d]
 		parts = append(parts, fmt.Sprintf("%s %d", d, unrec[d]))
 	}
-	r.s.gov.appendRecord(&audit.Record{Event: audit.EventUpstream, Identity: r.identity, CallID: r.callID, Decision: "limit",
+	r.s.gov.Append(&audit.Record{Event: audit.EventUpstream, Identity: r.identity, CallID: r.callID, Decision: "limit",
 		LimitsHit: []string{"tools:refusals"},
 		Reason:    fmt.Sprintf("%d more refused tool calls (%s) have no record of their own: a run gets at most %d refusal records", n, strings.Join(parts, ", "), maxToolRefusalRecords),
 		Upstream:  &audit.UpstreamCall{Session: r.session, Unrecorded: unrec}})

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/pysandbox/pysandbox/internal/govern"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -391,7 +392,7 @@ for i in range(10000):
 // unknown tools, arguments against the schema, an upstream that is down.
 func TestToolsFromCodeServerSide(t *testing.T) {
 	s := newUpServer(t, `{"version": "1", "default": "allow"}`)
-	srv := &server{up: s.ups, gov: newGovernor(Governance{Policy: policy.AllowAll()}, nil, slog.New(slog.DiscardHandler))}
+	srv := &server{up: s.ups, gov: govern.New(Governance{Policy: policy.AllowAll()}, govern.Sandbox{}, slog.New(slog.DiscardHandler))}
 	tr := &toolRun{s: srv, ctx: context.Background(), limits: policy.DefaultUpstreamLimits, approved: map[string]bool{}}
 	for _, c := range []struct{ name, args, kind string }{
 		{"everything.nope", `{}`, "unknown_tool"},

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/pysandbox/pysandbox/internal/govern"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -59,7 +60,7 @@ func TestToolsFromCodeEarlyCall(t *testing.T) {
 		upstream.Options{ConnectWait: 2 * time.Minute}, false)
 	// A call as code that writes to the control channel itself makes it:
 	// no catalog was taken first.
-	srv := &server{up: s.ups, gov: newGovernor(Governance{Policy: policy.AllowAll()}, nil, slog.New(slog.DiscardHandler))}
+	srv := &server{up: s.ups, gov: govern.New(Governance{Policy: policy.AllowAll()}, govern.Sandbox{}, slog.New(slog.DiscardHandler))}
 	tr := &toolRun{s: srv, ctx: context.Background(), limits: policy.DefaultUpstreamLimits, approved: map[string]bool{}}
 	direct := make(chan string, 1)
 	go func() {

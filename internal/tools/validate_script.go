@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pysandbox/pysandbox/internal/govern"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -57,10 +58,10 @@ func (s *server) addValidateScript(srv *mcp.Server) {
 
 func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, in ValidateScriptInput) (*mcp.CallToolResult, *ValidateScriptOutput, error) {
 	if msg := checkCode(in.Code); msg != "" {
-		return errorResult(msg), nil, nil
+		return nil, nil, errorResult(msg)
 	}
 	if len(in.Dependencies) > pep.MaxDependencies {
-		return errorResult(fmt.Sprintf("too many dependencies (%d; the limit is %d).", len(in.Dependencies), pep.MaxDependencies)), nil, nil
+		return nil, nil, errorResult(fmt.Sprintf("too many dependencies (%d; the limit is %d).", len(in.Dependencies), pep.MaxDependencies))
 	}
 	out := &ValidateScriptOutput{Dependencies: []Dependency{}, Problems: []string{}}
 
@@ -90,7 +91,7 @@ func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, i
 		seen[req.String()] = true
 		dep := Dependency{Requirement: strings.TrimSpace(r), Valid: true, Name: req.Normalized}
 		// Say now what run_python would refuse.
-		if err := s.gov.policy().Packages.Check(req.Normalized); err != nil {
+		if err := s.gov.Policy().Packages.Check(req.Normalized); err != nil {
 			dep.Error = err.Error()
 			out.Problems = append(out.Problems, fmt.Sprintf("dependency %q: %v", r, err))
 		}
@@ -113,18 +114,18 @@ func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, i
 
 	release, refused := s.takeQuota(ctx, req)
 	if refused != nil {
-		return refused, nil, nil
+		return nil, nil, refused
 	}
 	defer release()
 	v, err := s.eng.Validate(ctx, in.Code, "")
 	if err != nil {
 		if ctx.Err() != nil || errors.Is(err, context.Canceled) {
-			return refusal(engine.StatusCancelled, "The call was cancelled."), nil, nil
+			return nil, nil, refusal(govern.StatusCancelled, "The call was cancelled.")
 		}
 		if errors.Is(err, engine.ErrBusy) {
-			return busyResult(err), nil, nil
+			return nil, nil, busyResult(err)
 		}
-		return refusal(engine.StatusSandboxError, fmt.Sprintf("The sandbox could not compile the code: %v. Run check_environment to see whether the sandbox works on this server.", err)), nil, nil
+		return nil, nil, refusal(govern.StatusSandboxError, fmt.Sprintf("The sandbox could not compile the code: %v. Run check_environment to see whether the sandbox works on this server.", err))
 	}
 	if !v.Valid {
 		out.SyntaxError = v.SyntaxError

@@ -1,0 +1,511 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/govern"
+)
+
+// This file is where the MCP layer meets governance (internal/govern),
+// and the one place a call and its result are converted: a request to a
+// govern.Call, a parsed input to a govern.Subject, a handler's output to
+// a govern.Outcome, a govern.Refusal to a tool result.
+//
+// Tools are registered with the SDK as raw handlers, so that every call
+// of a governed tool passes through one function: admitted, its
+// arguments parsed and validated against the tool's schema, checked,
+// run, and recorded, in order, with nothing carried through the context.
+
+// approvalKey names the one input request of an approval.
+const approvalKey = "approval"
+
+// handler is a tool's typed handler. A call refused before anything ran
+// returns a *govern.Refusal as its error (see refusal): its result then
+// says the status and what to do, in text and in structured form.
+type handler[In, Out any] = mcp.ToolHandlerFor[In, Out]
+
+// outcomer is an output that says how its call went, for the record: an
+// install's status, say. Outputs without it are "ok" (or "error" when
+// the result is an error).
+type outcomer interface{ outcome() govern.Outcome }
+
+// schemas are a tool's input and output schemas, and the structured
+// result of a refusal: the output type's zero value with its status and
+// message set, so that it still matches the output schema.
+type schemas struct {
+	in      *jsonschema.Resolved
+	outZero map[string]any  // nil: no output schema
+	props   map[string]bool // the output schema's properties
+}
+
+func schemasFor[In, Out any](t *mcp.Tool) (*schemas, error) {
+	sc := &schemas{}
+	it := reflect.TypeFor[In]()
+	if t.InputSchema == nil {
+		s, err := jsonschema.ForType(it, &jsonschema.ForOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("input schema of %s: %w", t.Name, err)
+		}
+		t.InputSchema = s
+	}
+	s, err := asSchema(t.InputSchema)
+	if err != nil {
+		return nil, fmt.Errorf("input schema of %s: %w", t.Name, err)
+	}
+	r, err := s.Resolve(&jsonschema.ResolveOptions{ValidateDefaults: true})
+	if err != nil {
+		return nil, fmt.Errorf("input schema of %s: %w", t.Name, err)
+	}
+	sc.in = r
+	ot := reflect.TypeFor[Out]()
+	if ot == reflect.TypeFor[any]() {
+		return sc, nil
+	}
+	if ot.Kind() == reflect.Pointer {
+		ot = ot.Elem()
+	}
+	if t.OutputSchema == nil {
+		s, err := jsonschema.ForType(ot, &jsonschema.ForOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("output schema of %s: %w", t.Name, err)
+		}
+		t.OutputSchema = s
+	}
+	if os, err := asSchema(t.OutputSchema); err == nil {
+		sc.props = map[string]bool{}
+		for k := range os.Properties {
+			sc.props[k] = true
+		}
+	}
+	zero, _ := json.Marshal(reflect.Zero(ot).Interface())
+	json.Unmarshal(zero, &sc.outZero)
+	if sc.outZero == nil {
+		sc.outZero = map[string]any{}
+	}
+	return sc, nil
+}
+
+// asSchema is a schema a tool was given (a profile writes its peer's
+// as JSON) as a *jsonschema.Schema.
+func asSchema(v any) (*jsonschema.Schema, error) {
+	if s, ok := v.(*jsonschema.Schema); ok {
+		return s, nil
+	}
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var s jsonschema.Schema
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// addTool registers a governed tool.
+func addTool[In, Out any](s *server, srv *mcp.Server, t *mcp.Tool, h handler[In, Out]) {
+	tt := *t
+	sc, err := schemasFor[In, Out](&tt)
+	if err != nil {
+		// A programming error: every tool's types are fixed.
+		panic(err)
+	}
+	h = routed(s, tt.Name, h)
+	srv.AddTool(&tt, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return callTool(ctx, s, req, sc, h)
+	})
+}
+
+// callTool is one call of a governed tool, from its arrival to its
+// record.
+func callTool[In, Out any](ctx context.Context, s *server, req *mcp.CallToolRequest, sc *schemas, h handler[In, Out]) (*mcp.CallToolResult, error) {
+	tool := req.Params.Name
+	actx, t, ref := s.gov.Admit(ctx, callOf(req))
+	if ref != nil {
+		return s.refused(t, sc, ref, govern.Outcome{Refused: ref})
+	}
+	in, ref := decodeInput[In](tool, req.Params.Arguments, sc)
+	if ref != nil {
+		return s.refused(t, sc, ref, govern.Outcome{Refused: ref})
+	}
+	v := t.Check(actx, subjectOf(in), approverOf(actx, req))
+	switch {
+	case v.Refusal != nil:
+		return s.refused(t, sc, v.Refusal, govern.Outcome{Refused: v.Refusal})
+	case v.Ask != nil:
+		res := &mcp.CallToolResult{
+			InputRequests: mcp.InputRequestMap{approvalKey: &mcp.ElicitParams{
+				Message:         v.Ask.Message,
+				RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{}},
+			}},
+			RequestState: v.Ask.State,
+		}
+		if err := t.End(govern.Outcome{}); err != nil {
+			return withheld(err), nil
+		}
+		return res, nil
+	}
+	// In flight: an operator may look at its resources or stop it.
+	actx = engine.WithUsageObserver(actx, func(probe engine.UsageProbe) {
+		s.gov.Activity().SetProbe(t.ID(), func() (time.Duration, int64) { u := probe(); return u.CPU, u.MemoryBytes })
+	})
+	actx = withCallID(actx, t.ID())
+	call := &inflight{ticket: t}
+	s.inflight.Store(req, call)
+	res, out, err := h(actx, req, in)
+	s.inflight.Delete(req)
+	var o govern.Outcome
+	var r *govern.Refusal
+	switch {
+	case errors.As(err, &r):
+		o.Refused = r
+	case err != nil:
+		o.Failed = err
+	default:
+		o = call.outcome(any(out), res)
+	}
+	o.Killed = govern.KilledBy(actx, ctx)
+	if r != nil {
+		return s.refused(t, sc, r, o)
+	}
+	if err != nil {
+		if endErr := t.End(o); endErr != nil {
+			return withheld(endErr), nil
+		}
+		return nil, err
+	}
+	res, err = reply(sc, res, out)
+	if err != nil {
+		t.End(govern.Outcome{Failed: err})
+		return nil, err
+	}
+	if o.Killed != "" {
+		res.Content = append(res.Content, &mcp.TextContent{Text: "This call was " + o.Killed + "."})
+	}
+	if err := t.End(o); err != nil {
+		return withheld(err), nil
+	}
+	return res, nil
+}
+
+// reply is a handler's result with its output as structured content
+// (and as text, when the handler gave none).
+func reply(sc *schemas, res *mcp.CallToolResult, out any) (*mcp.CallToolResult, error) {
+	if res == nil {
+		res = &mcp.CallToolResult{}
+	}
+	if sc.outZero != nil && !isNil(out) {
+		raw, err := govern.PlainJSON(out, "")
+		if err != nil {
+			return nil, fmt.Errorf("marshaling output: %w", err)
+		}
+		res.StructuredContent = json.RawMessage(raw)
+		if res.Content == nil {
+			res.Content = []mcp.Content{&mcp.TextContent{Text: string(raw)}}
+		}
+	}
+	if res.Content == nil {
+		res.Content = []mcp.Content{}
+	}
+	return res, nil
+}
+
+// addInternal registers a tool of the internal endpoint other replicas
+// forward to: not governed here (the forwarding replica decided and
+// records), but answered as a governed tool is.
+func addInternal[In, Out any](srv *mcp.Server, t *mcp.Tool, h handler[In, Out]) {
+	tt := *t
+	sc, err := schemasFor[In, Out](&tt)
+	if err != nil {
+		panic(err)
+	}
+	srv.AddTool(&tt, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		in, ref := decodeInput[In](tt.Name, req.Params.Arguments, sc)
+		if ref == nil {
+			var res *mcp.CallToolResult
+			var out Out
+			res, out, err := h(ctx, req, in)
+			if !errors.As(err, &ref) {
+				if err != nil {
+					return nil, err
+				}
+				return reply(sc, res, out)
+			}
+		}
+		return refusalResult(sc, ref), nil
+	})
+}
+
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	return (rv.Kind() == reflect.Pointer || rv.Kind() == reflect.Map || rv.Kind() == reflect.Slice) && rv.IsNil()
+}
+
+// withheld answers a call whose record could not be written.
+func withheld(err error) *mcp.CallToolResult {
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "The call could not be recorded in the server's audit log (" + err.Error() + "), so its result is withheld. Tell the server's operator."}}}
+}
+
+// refused ends a refused call and answers it.
+func (s *server) refused(t *govern.Ticket, sc *schemas, ref *govern.Refusal, o govern.Outcome) (*mcp.CallToolResult, error) {
+	if err := t.End(o); err != nil {
+		return withheld(err), nil
+	}
+	return refusalResult(sc, ref), nil
+}
+
+// refusalResult is a refused call's result: the message, and a
+// structured result whose status says what happened.
+func refusalResult(sc *schemas, ref *govern.Refusal) *mcp.CallToolResult {
+	res := &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: ref.Message}}}
+	if sc != nil && sc.outZero != nil {
+		out := make(map[string]any, len(sc.outZero)+2)
+		for k, v := range sc.outZero {
+			out[k] = v
+		}
+		if sc.props["status"] {
+			out["status"] = string(ref.Status)
+		}
+		if sc.props["message"] {
+			out["message"] = ref.Message
+		}
+		raw, _ := govern.PlainJSON(out, "")
+		res.StructuredContent = json.RawMessage(raw)
+	}
+	return res
+}
+
+// decodeInput parses and validates a call's arguments: a failure is a
+// plain sentence, with status invalid_request.
+func decodeInput[In any](tool string, raw json.RawMessage, sc *schemas) (In, *govern.Refusal) {
+	var in In
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
+		return in, &govern.Refusal{Status: govern.StatusInvalidRequest, Message: fmt.Sprintf("The arguments of %s must be a JSON object. Nothing was run.", tool)}
+	}
+	if err := sc.in.Validate(&m); err != nil {
+		return in, &govern.Refusal{Status: govern.StatusInvalidRequest, Message: fmt.Sprintf("The arguments of %s are not valid: %s. Nothing was run; fix them (the tool's input schema says what each takes).", tool, plainError(err))}
+	}
+	if err := json.Unmarshal(raw, &in); err != nil {
+		return in, &govern.Refusal{Status: govern.StatusInvalidRequest, Message: fmt.Sprintf("The arguments of %s are not valid: %v. Nothing was run; fix them.", tool, err)}
+	}
+	return in, nil
+}
+
+// plainError shortens a schema validation error to its last, most
+// specific line.
+func plainError(err error) string {
+	msg := strings.TrimSpace(err.Error())
+	if i := strings.LastIndex(msg, "\n"); i >= 0 {
+		msg = strings.TrimSpace(msg[i+1:])
+	}
+	return msg
+}
+
+// inflight is a governed call while its handler runs. A profile's tool
+// answers in its peer's format, so the run it made through its Host is
+// the call's outcome: the Host finds the call by its request.
+type inflight struct {
+	ticket  *govern.Ticket
+	mu      sync.Mutex
+	run     *engine.Result
+	refused *govern.Refusal
+	other   *govern.Outcome
+}
+
+// outcome is what the handler's output says happened.
+func (c *inflight) outcome(out any, res *mcp.CallToolResult) govern.Outcome {
+	c.mu.Lock()
+	run, refused, other := c.run, c.refused, c.other
+	c.mu.Unlock()
+	switch v := out.(type) {
+	case *engine.Result:
+		if v != nil {
+			return runOutcome(v, res)
+		}
+	case outcomer:
+		if !isNil(v) {
+			return v.outcome()
+		}
+	}
+	switch {
+	case other != nil:
+		return *other
+	case run != nil:
+		return runOutcome(run, res)
+	case refused != nil:
+		return govern.Outcome{Refused: refused}
+	}
+	o := govern.Outcome{Status: "ok"}
+	if res != nil && res.IsError {
+		o.Status, o.Error = "error", resultText(res)
+	}
+	return o
+}
+
+// runOutcome is what a run measured, for its record.
+func runOutcome(r *engine.Result, res *mcp.CallToolResult) govern.Outcome {
+	exit := r.ExitCode
+	o := govern.Outcome{Status: string(r.Status), ExitCode: &exit, PeakMemoryBytes: r.PeakMemoryBytes, CPUTimeMS: r.CPUTimeMS}
+	switch r.Status {
+	case engine.StatusTimeout:
+		o.LimitsHit = append(o.LimitsHit, govern.HitTimeout)
+	case engine.StatusMemoryLimit:
+		o.LimitsHit = append(o.LimitsHit, govern.HitMemory)
+	case engine.StatusOutputLimit:
+		o.LimitsHit = append(o.LimitsHit, govern.HitOutput)
+	default:
+		if r.StdoutTruncated || r.StderrTruncated {
+			o.LimitsHit = append(o.LimitsHit, govern.HitOutput)
+		}
+	}
+	if r.Status != engine.StatusSuccess && res != nil {
+		o.Error = resultText(res)
+	}
+	return o
+}
+
+// callOf is a request as governance sees it.
+func callOf(req *mcp.CallToolRequest) govern.Call {
+	c := govern.Call{Tool: req.Params.Name, Identity: identity(req), Args: req.Params.Arguments,
+		Session: argString(req.Params.Arguments, "session_id", "sandbox_id"), Code: argString(req.Params.Arguments, "code", "python_code", "script", "command")}
+	if !authenticated(req) {
+		// Callers without a token are told apart only by their MCP
+		// session, which costs nothing to open: together, they get one
+		// identity's share of the operators' queue.
+		c.Group = "unauthenticated"
+	}
+	return c
+}
+
+// approverOf is how the caller's user can be asked.
+func approverOf(ctx context.Context, req *mcp.CallToolRequest) govern.Approver {
+	ap := govern.Approver{CanAsk: canElicit(req)}
+	if req.Params.RequestState != "" || len(req.Params.InputResponses) > 0 {
+		a := &govern.Answer{State: req.Params.RequestState}
+		if r, ok := req.Params.InputResponses[approvalKey].(*mcp.ElicitResult); ok && r != nil {
+			a.Action = r.Action
+		}
+		ap.Answer = a
+	}
+	if tok := req.Params.GetProgressToken(); tok != nil && req.Session != nil {
+		n := 0.0
+		ap.Wait = func(msg string) {
+			n++
+			req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: n, Message: msg})
+		}
+	}
+	return ap
+}
+
+// canElicit reports whether the client can show a form to its user.
+func canElicit(req *mcp.CallToolRequest) bool {
+	if req.Session == nil {
+		return false
+	}
+	p := req.Session.InitializeParams()
+	if p == nil || p.Capabilities == nil || p.Capabilities.Elicitation == nil {
+		return false
+	}
+	e := p.Capabilities.Elicitation
+	// Neither mode named means form, for older clients.
+	return e.Form != nil || e.URL == nil
+}
+
+// argString is the first of keys a call has as a string argument, or ""
+// (profiles name code and sessions their peers' ways: python_code,
+// script, command; sandbox_id).
+func argString(raw json.RawMessage, keys ...string) string {
+	var args map[string]json.RawMessage
+	if json.Unmarshal(raw, &args) != nil {
+		return ""
+	}
+	for _, k := range keys {
+		var v string
+		if json.Unmarshal(args[k], &v) == nil && v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// resultText is a result's text content, as the client sees it.
+func resultText(res *mcp.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
+}
+
+// subjectOf is what a call's parsed input amounts to. A profile's input
+// is judged as the native input it stands for (see Governed).
+func subjectOf(in any) govern.Subject {
+	if gv, ok := in.(Governed); ok {
+		in = gv.Governed()
+	}
+	switch v := in.(type) {
+	case RunPythonInput:
+		s := govern.Subject{Kind: govern.KindRun, Code: v.Code, Session: v.SessionID, PythonVersion: v.PythonVersion,
+			Packages: v.Dependencies, Inputs: v.Inputs}
+		if v.TimeoutSeconds > 0 && v.TimeoutSeconds < 1e6 {
+			s.Timeout = time.Duration(v.TimeoutSeconds * float64(time.Second))
+		}
+		return s
+	case ValidateScriptInput:
+		return govern.Subject{Kind: govern.KindValidate, Code: v.Code, Checks: v.Dependencies}
+	case InstallPackageInput:
+		return govern.Subject{Kind: govern.KindInstall, Session: v.SessionID, Packages: v.Packages}
+	case CreateSessionInput:
+		return govern.Subject{Kind: govern.KindSession, PythonVersion: v.PythonVersion, Packages: v.Dependencies}
+	}
+	return govern.Subject{Detail: in}
+}
+
+// deniedError turns an engine refusal of a package (one pulled in as a
+// dependency, found during the install) into the policy's refusal.
+func deniedError(err error) (*govern.Refusal, bool) {
+	var denied *engine.PackageDeniedError
+	if !errors.As(err, &denied) {
+		return nil, false
+	}
+	return &govern.Refusal{Status: govern.StatusDenied, Message: govern.PackageMessage(denied.Err), ByPolicy: true}, true
+}
+
+// limitsText describes the limits of a run (for whoever approves it).
+func (s *server) limitsText(timeout time.Duration) string {
+	cfg := s.eng.Config()
+	if timeout <= 0 {
+		timeout = cfg.DefaultTimeout
+	}
+	l := cfg.Limits
+	parts := []string{fmt.Sprintf("timeout %s", timeout)}
+	if l.MemoryBytes > 0 {
+		parts = append(parts, fmt.Sprintf("memory %d MiB", l.MemoryBytes>>20))
+	}
+	if l.MaxProcs > 0 {
+		parts = append(parts, fmt.Sprintf("%d processes", l.MaxProcs))
+	}
+	if cfg.Backend.Kind() == "none" {
+		parts = append(parts, "UNSANDBOXED: the code runs directly on the server's machine")
+	} else {
+		parts = append(parts, s.networkWords(), "no access to the host's files ("+string(cfg.Backend.Kind())+" sandbox)")
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,156 @@
+package tools
+
+import (
+	"context"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// TestPolicyLayerDocument loads examples/policylayer.json, a policy in
+// the gateway's format, and checks that it means here what the gateway's
+// documentation says: hidden and unlisted tools are gone, require and
+// deny_if refuse with their on_deny, and the all_tools limit counts the
+// calls of every tool that passed its rules, and only those.
+func TestPolicyLayerDocument(t *testing.T) {
+	doc, err := os.ReadFile("../../examples/policylayer.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newGovServer(t, string(doc), nil)
+	cs := g.connect(nil, nil)
+	lt, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tool := range lt.Tools {
+		names = append(names, tool.Name)
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, []string{"check_environment", "run_python", "upload_file"}) {
+		t.Errorf("tools/list: %v", names)
+	}
+	refused := func(name string, args map[string]any, want string) {
+		t.Helper()
+		res, out := call(t, cs, name, args)
+		if st, has := out["status"]; !res.IsError || !strings.Contains(text(res), want) || (has && st != "denied") {
+			t.Errorf("%s %v: %v %s %v", name, args, res.IsError, text(res), out)
+		}
+	}
+	refused("install_package", map[string]any{"session_id": "s", "packages": []string{"x"}}, "hides it")
+	refused("list_sessions", nil, "default: deny")
+	refused("run_python", map[string]any{"code": "print(1)"}, "Runs must set timeout_seconds, at most 60.")
+	refused("run_python", map[string]any{"code": "print(1)", "timeout_seconds": 61}, "Runs must set timeout_seconds, at most 60.")
+	refused("run_python", map[string]any{"code": "import os\nos.system('RM  -rf /')", "timeout_seconds": 5}, "Destructive shell commands are not allowed.")
+	refused("run_python", map[string]any{"code": "print(1)", "timeout_seconds": 5, "python_version": "3.6"}, "End-of-life Python versions are not allowed.")
+	refused("upload_file", map[string]any{"session_id": "s", "path": "../x", "content": "x"}, "Paths must stay inside the workspace.")
+
+	// Five calls a minute in all, whichever tools: none of the refused
+	// calls above counted.
+	for i := range 3 {
+		res, out := call(t, cs, "run_python", map[string]any{"code": "print(" + string(rune('1'+i)) + ")", "timeout_seconds": 5})
+		if res.IsError || out["status"] != "success" {
+			t.Fatalf("allowed run %d: %s", i, text(res))
+		}
+	}
+	for i := range 2 {
+		if res, _ := call(t, cs, "check_environment", map[string]any{}); res.IsError && strings.Contains(text(res), "rate") {
+			t.Fatalf("check_environment %d: %s", i, text(res))
+		}
+	}
+	refused("check_environment", nil, `"all_calls_per_minute": 5 per minute`)
+	refused("run_python", map[string]any{"code": "print(9)", "timeout_seconds": 5}, `"all_calls_per_minute": 5 per minute`)
+
+	recs := g.records(t)
+	byReason := map[string]string{}
+	for _, r := range recs {
+		if r.Decision == "deny" {
+			byReason[r.Reason] = r.Detail["rule"]
+		}
+	}
+	for reason, rule := range map[string]string{
+		"Runs must set timeout_seconds, at most 60.":   "tools.run_python.require[0]",
+		"Destructive shell commands are not allowed.":  "tools.run_python.deny_if[0]",
+		"End-of-life Python versions are not allowed.": "tools.run_python.deny_if[1]",
+		"Paths must stay inside the workspace.":        "tools.upload_file.deny_if[0]",
+		"the policy hides it (hide)":                   "",
+	} {
+		got, ok := byReason[reason]
+		if !ok || got != rule {
+			t.Errorf("record of %q: rule %q (present %v)", reason, got, ok)
+		}
+	}
+}
+
+// TestApproveIf: an argument condition asks the user instead of refusing
+// (here: uploads of .env files), and the prompt says why; other uploads
+// go through without asking.
+func TestApproveIf(t *testing.T) {
+	g := newGovServer(t, `{"version": "1", "default": "allow", "tools": {"upload_file": {"approve_if": [
+		{"conditions": [{"path": "args.path", "op": "regex", "value": "(^|/)\\.env$"}], "reason": "it writes an .env file"}]}}}`, nil)
+	el := &elicitor{action: "decline"}
+	cs := g.connect(&mcp.ClientOptions{ElicitationHandler: el.handler}, nil)
+	_, out := call(t, cs, "create_session", nil)
+	id, _ := out["session_id"].(string)
+	if res, _ := call(t, cs, "upload_file", map[string]any{"session_id": id, "path": "data.csv", "content": "a,b\n"}); res.IsError {
+		t.Fatalf("plain upload: %s", text(res))
+	}
+	if n := len(el.asked()); n != 0 {
+		t.Fatalf("asked %d times for a plain upload", n)
+	}
+	res, _ := call(t, cs, "upload_file", map[string]any{"session_id": id, "path": "app/.env", "content": "KEY=1\n"})
+	if !res.IsError || !strings.Contains(text(res), "did not approve") {
+		t.Fatalf("declined .env upload: %s", text(res))
+	}
+	asked := el.asked()
+	if len(asked) != 1 || !strings.Contains(asked[0], "Asked because: it writes an .env file") || !strings.Contains(asked[0], `"path": "app/.env"`) {
+		t.Fatalf("asked: %q", asked)
+	}
+	recs := g.records(t)
+	last := recs[len(recs)-1]
+	if last.Decision != "declined" || last.Detail["rule"] != "tools.upload_file.approve_if[0]" {
+		t.Errorf("record %+v", last)
+	}
+}
+
+// TestCodeAwareApproval: a rule on the facts Python's parser derives from
+// the code (in a sandbox, without running it) asks the user when the code
+// imports subprocess or uses dynamic code, obfuscated or not; the prompt
+// and the record show the facts that decided; other code runs unasked.
+func TestCodeAwareApproval(t *testing.T) {
+	g := newGovServer(t, `{"version": "1", "default": "allow", "tools": {"run_python": {"approve_if": [
+		{"conditions": [{"path": "code.imports", "op": "contains", "value": "subprocess"}], "reason": "the code starts processes"},
+		{"conditions": [{"path": "code.dynamic_code", "op": "exists", "value": true}], "reason": "the code runs code it builds"}]}}}`, nil)
+	el := &elicitor{action: "decline"}
+	cs := g.connect(&mcp.ClientOptions{ElicitationHandler: el.handler}, nil)
+	if res, out := call(t, cs, "run_python", map[string]any{"code": "import json\nprint(json.dumps([1]))"}); res.IsError || out["stdout"] != "[1]\n" {
+		t.Fatalf("plain run: %s", text(res))
+	}
+	if n := len(el.asked()); n != 0 {
+		t.Fatalf("asked %d times for plain code", n)
+	}
+	for i, c := range []struct{ code, why string }{
+		{"import subprocess\nsubprocess.run(['id'])", "the code starts processes"},
+		{"getattr(__builtins__, 'ex' + 'ec')('print(1)')", "the code runs code it builds"},
+		{"import base64\nexec(base64.b64decode('cHJpbnQoMSk=').decode())", "the code runs code it builds"},
+		{"import importlib\nimportlib.import_module('o' + 's')", "the code runs code it builds"},
+	} {
+		res, _ := call(t, cs, "run_python", map[string]any{"code": c.code})
+		if !res.IsError || !strings.Contains(text(res), "did not approve") {
+			t.Fatalf("%q: %s", c.code, text(res))
+		}
+		asked := el.asked()
+		if len(asked) != i+1 || !strings.Contains(asked[i], "Asked because: "+c.why) || !strings.Contains(asked[i], "What the code does") {
+			t.Fatalf("%q: asked %q", c.code, asked)
+		}
+	}
+	recs := g.records(t)
+	last := recs[len(recs)-1]
+	if last.Decision != "declined" || last.Detail["rule"] != "tools.run_python.approve_if[1]" || !strings.Contains(last.Detail["code_facts"], "importlib") {
+		t.Errorf("record %+v", last)
+	}
+}
