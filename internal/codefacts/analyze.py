@@ -2,7 +2,8 @@
 # running it (internal/codefacts). This file is the code of a sandboxed run;
 # the program to look at is the string global codefacts_source (a run input,
 # never part of this code). It parses it with ast.parse, never compile() or
-# exec(), walks the tree without recursion, and prints one JSON line.
+# exec(), walks the tree in loops (never recursing with its depth), and
+# prints one JSON line.
 #
 # It runs on Python 3.6 through 3.13: no syntax or ast API newer than 3.6.
 # The parse happens in a forked child, since before 3.11 ast.parse crashes
@@ -36,7 +37,7 @@ def _codefacts_main(source):
     except ImportError:  # pragma: no cover
         _b = None
     BUILTIN_NAMES = set(dir(_b)) if _b is not None else set()
-    BUILTIN_NAMES.update(("exec", "execfile", "file", "__builtins__", "__import__", "reload"))
+    BUILTIN_NAMES.update(("exec", "__builtins__", "__import__"))
 
     # Module prefixes: a dotted name rooted in an import matches a prefix p
     # when it is p or starts with p + ".". "os.exec" and "os.spawn" also
@@ -121,12 +122,14 @@ def _codefacts_main(source):
         "threading.settrace", "atexit.register", "signal.signal",
     )
     # Builtins, by their bare names (or builtins.X).
-    B_FILE = set(("open", "file"))
-    B_DYNAMIC = set(("eval", "exec", "compile", "execfile", "__import__", "reload"))
+    B_FILE = set(("open",))
+    B_DYNAMIC = set(("eval", "exec", "compile", "__import__"))
     SENSITIVE_BUILTINS = set((
-        "eval", "exec", "compile", "execfile", "__import__", "open", "file", "getattr",
-        "setattr", "delattr", "globals", "locals", "vars", "type", "reload", "breakpoint",
+        "eval", "exec", "compile", "__import__", "open", "getattr", "setattr", "delattr",
+        "globals", "locals", "vars", "type",
     ))
+    IMPORT_HOOKS = ("sys.modules", "sys.meta_path", "sys.path_hooks", "sys.path_importer_cache",
+                    "importlib")
     IMPORT_CALLS = set(("__import__", "importlib.import_module", "importlib.__import__"))
     ATTR_CALLS = set(("getattr", "setattr", "delattr", "hasattr"))
     NAMESPACE_CALLS = set(("globals", "locals", "vars"))
@@ -233,7 +236,7 @@ def _codefacts_main(source):
 
     facts = dict((k, set()) for k in LISTS)
     urls = set()
-    state = {"syntax_error": "", "urls_over": False}
+    state = {"syntax_error": "", "urls_over": False, "decoded": False}
 
     def add(kind, name):
         facts[kind].add(clip(name, MAX_NAME))
@@ -467,14 +470,14 @@ def _codefacts_main(source):
             elif matches(name, FILE):
                 add("file_calls", name)
 
-        decoded = {}  # ids of the nodes with a decoding call in them
+        decoded = set()  # ids of the nodes with a decoding call in them
 
         def contains_decoder(node):
             """Whether node has a call that decodes (base64, codecs,
             .decode(), ...) in it: from a table of the whole tree, built
             once, children first, so nested exec(exec(...)) stays linear."""
-            if not decoded:
-                decoded[None] = True
+            if not state["decoded"]:
+                state["decoded"] = True
                 for n in reversed(nodes):  # a child comes after its parent
                     found = False
                     if tname(n) == "Call":
@@ -492,10 +495,11 @@ def _codefacts_main(source):
                                 found = True
                                 break
                     if found:
-                        decoded[id(n)] = True
+                        decoded.add(id(n))
             return id(node) in decoded
 
         inner = set()  # ids of nodes that are part of a larger name or f-string
+        callee = set()  # ids of the nodes called
         for node in nodes:
             t = tname(node)
             if t == "Attribute":
@@ -516,10 +520,12 @@ def _codefacts_main(source):
                         if rooted and n in NAMESPACE_CALLS:
                             add("dynamic_code", n + "()." + attr)
                 if tname(node.ctx) in ("Store", "Del"):
+                    # Replacing a builtin, or hooking the import system.
                     for n, rooted in resolve(base):
-                        if rooted and (n in ("builtins", "__builtin__", "__builtins__", "sys", "os",
-                                             "importlib") or matches(n, ("builtins", "sys", "importlib"))):
-                            add("dynamic_code", clip(n + "." + attr, MAX_NAME - 1) + "=")
+                        full = n + "." + attr
+                        if rooted and (n in ("builtins", "__builtin__", "__builtins__")
+                                       or matches(full, IMPORT_HOOKS)):
+                            add("dynamic_code", clip(full, MAX_NAME - 1) + "=")
                 if id(node) not in inner:
                     for n, rooted in resolve(node):
                         classify(n, rooted)
@@ -532,7 +538,11 @@ def _codefacts_main(source):
                 if tname(node.ctx) == "Load":
                     for n, rooted in resolve(node):
                         classify(n, rooted)
+                        if rooted and n in ATTR_CALLS and id(node) not in callee:
+                            # getattr passed around: its names are unknown.
+                            add("dynamic_code", n + "(non-literal)")
             elif t == "Call":
+                callee.add(id(node.func))
                 fn = resolve(node.func)
                 args = node.args
                 arg0 = args[0] if args else None
@@ -557,7 +567,7 @@ def _codefacts_main(source):
                                 if r and (m in facts["imports"] or m in (
                                         "builtins", "__builtins__", "__builtin__")):
                                     add("dynamic_code", n + "(module)")
-                    elif n in ("eval", "exec", "compile", "execfile"):
+                    elif n in ("eval", "exec", "compile"):
                         if arg0 is None or str_const(arg0) is None:
                             add("dynamic_code", n + "(non-literal)")
                         # The code argument (a literal is not decoded).

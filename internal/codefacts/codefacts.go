@@ -17,13 +17,16 @@
 // The analysis runs inside the sandbox, as any code does: the analyzer
 // (analyze.py, embedded) is the run's code and the program is a run input,
 // never part of the analyzer's code. It parses the program with ast.parse
-// (never compile or exec), on the interpreter the program would run on,
-// walks the tree without recursion, and prints one JSON line. Everything it
-// prints is treated as hostile: only the last line of stdout is read, with
-// a size bound, every list is validated and re-capped, and Bytes, Lines and
+// (never compile or exec), on the interpreter the program would run on, in
+// a forked child (before 3.11 the parser can crash on a deep tree, which is
+// then a fact, "unanalysable"), walks the tree in loops (never recursing
+// with its depth), and prints one JSON line. Everything it prints is
+// treated as hostile: only the last line of stdout is read, with a size
+// bound, every list is validated and re-capped, and Bytes, Lines and
 // Dependencies are computed here in Go, never taken from the sandbox. A run
 // that fails, times out or prints anything else is an error, on which the
-// caller fails closed.
+// caller fails closed. An analysis is one sandboxed run, and takes a run
+// slot of the engine like any other.
 package codefacts
 
 import (
@@ -32,6 +35,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"slices"
 	"strconv"
@@ -120,7 +124,7 @@ type Facts struct {
 	// "*.create_connection" and the like on an object it cannot name.
 	NetworkCalls []string `json:"network_calls"`
 	// DynamicCode is how the code may do what the parser cannot see:
-	//   - eval, exec, compile, execfile, __import__ (referenced, called or
+	//   - eval, exec, compile, __import__ (referenced, called or
 	//     not; a name that is one of these builtins counts even when an
 	//     import or assignment also binds it, since that binding may never
 	//     run: `from re import compile; compile(...)` lists "compile"),
@@ -133,12 +137,15 @@ type Facts struct {
 	//     sys._getframe, inspect.currentframe/stack, gc.get_objects/
 	//     get_referents/get_referrers, timeit.*, operator.attrgetter, ...;
 	//   - "importlib.import_module(non-literal)", "__import__(non-literal)";
-	//   - "getattr(non-literal)" (and setattr, delattr, hasattr), a dunder
-	//     name such as "getattr(__globals__)", "setattr(module)";
+	//   - "getattr(non-literal)" (and setattr, delattr, hasattr) for a
+	//     computed name, or getattr itself passed as a value; a dunder
+	//     name such as "getattr(__globals__)"; "setattr(module)";
 	//   - "globals()[...]", "vars()[...]", "locals()[...]", "globals().get"
 	//     and the like, "vars(module)";
 	//   - "__builtins__", "__loader__", "__spec__" as names, and
-	//     "builtins.X=" for an assignment to a builtin;
+	//     "builtins.X=" for an assignment to a builtin, "sys.meta_path="
+	//     and the like for one to the import system (sys.modules,
+	//     sys.path_hooks, importlib.*);
 	//   - ".__globals__", ".__subclasses__", ".__bases__", ".__code__",
 	//     ".__dict__" (but on self and cls), ... : any dunder attribute
 	//     beyond the everyday ones (__name__, __class__, __init__, ...), and
@@ -268,7 +275,7 @@ func parseLine(stdout string) (*Facts, error) {
 	if err := dec.Decode(&w); err != nil {
 		return nil, fmt.Errorf("codefacts: the analysis printed junk: %v", clean(err.Error(), 200))
 	}
-	if dec.More() {
+	if _, err := dec.Token(); err != io.EOF {
 		return nil, errors.New("codefacts: the analysis printed junk after its facts")
 	}
 	if w.V != 1 {

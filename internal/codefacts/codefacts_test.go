@@ -159,6 +159,9 @@ func factCases() []factCase {
 			want{process: []string{"*.popen", "*.system"}, dynamic: []string{"sys.modules"}}},
 		{"builtin behind a dead import", "if 0:\n    from re import compile\ncompile('x', 'f', 'exec')",
 			want{dynamic: []string{"compile"}}},
+		{"getattr as a value", "import os\nlist(map(getattr, [os], ['sys' + 'tem']))",
+			want{dynamic: []string{"getattr(non-literal)"}}},
+		{"import hook", "import sys\nsys.meta_path = []", want{dynamic: []string{"sys.meta_path="}}},
 		{"walrus alias", "import os\n(r := os.system)('x')", want{process: []string{"os.system"}, since: "3.8"}},
 	}
 	for name, code := range bombs {
@@ -455,6 +458,8 @@ func TestHostileOutput(t *testing.T) {
 		{"not an object", ok(`["os"]`), nil, nil},
 		{"junk", ok("hello\n"), nil, nil},
 		{"trailing junk", ok(good + ` {"v":1}`), nil, nil},
+		{"a trailing bracket", ok(good + `]`), nil, nil},
+		{"trailing spaces", ok(good + "  \n"), nil, func(f *Facts) bool { return slices.Equal(f.Imports, []string{"os"}) }},
 		{"nothing", ok(""), nil, nil},
 		{"a huge line", ok(`{"v":1,"syntax_error":"` + strings.Repeat("a", maxLine) + `"}`), nil, nil},
 		{"syntax error cleaned", ok(`{"v":1,"syntax_error":"bad \u202e txt\u0000 (line 1)"}`), nil, func(f *Facts) bool {
