@@ -1,9 +1,6 @@
 package engine
 
 import (
-	"github.com/pysandbox/pysandbox/internal/deps"
-	"github.com/pysandbox/pysandbox/internal/egress"
-	"github.com/pysandbox/pysandbox/internal/sandbox"
 	"github.com/pysandbox/pysandbox/internal/testutil"
 	"github.com/pysandbox/pysandbox/internal/testutil/pypi"
 
@@ -87,11 +84,7 @@ func BenchmarkSessionRoundTrip(b *testing.B) {
 func BenchmarkCachedDependencies(b *testing.B) {
 	idx := pypi.NewIndex(b, alpha, beta)
 	e := newEngine(b, func(c *Config) {
-		cache, err := deps.New(deps.Config{Dir: b.TempDir(), Index: deps.IndexConfig{IndexURL: idx.URL}, Backend: sandbox.NewNative(), Limits: c.Limits, Network: egress.New(egress.Config{}).Installer})
-		if err != nil {
-			b.Fatal(err)
-		}
-		c.Deps = cache
+		c.Deps = testDeps(b, idx, c.Limits)
 		poolize(b, c)
 	})
 	ctx := context.Background()

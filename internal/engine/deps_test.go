@@ -8,10 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pysandbox/pysandbox/internal/deps"
-	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/interp"
-	"github.com/pysandbox/pysandbox/internal/sandbox"
 	"github.com/pysandbox/pysandbox/internal/testutil/pypi"
 )
 
@@ -27,11 +24,7 @@ func depsEngine(t *testing.T, idx *pypi.Index) *Engine {
 	return newEngine(t, func(c *Config) {
 		c.MaxTimeout = time.Minute
 		c.Interpreters = interp.Discover(context.Background())
-		cache, err := deps.New(deps.Config{Dir: t.TempDir(), Index: deps.IndexConfig{IndexURL: idx.URL}, Backend: sandbox.NewNative(), Limits: c.Limits, Network: egress.New(egress.Config{}).Installer})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Deps = cache
+		c.Deps = testDeps(t, idx, c.Limits)
 		if escPooled {
 			poolize(t, c)
 		}

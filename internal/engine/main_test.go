@@ -5,8 +5,11 @@ import (
 	"os"
 	"testing"
 
+	"github.com/pysandbox/pysandbox/internal/deps"
+	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/sandbox"
+	"github.com/pysandbox/pysandbox/internal/testutil/pypi"
 )
 
 func TestMain(m *testing.M) {
@@ -16,7 +19,9 @@ func TestMain(m *testing.M) {
 }
 
 // newEngine builds an engine on the native backend with the system python3,
-// the same default a user gets.
+// the same default a user gets. (Other packages' tests build theirs with
+// testutil/enginetest, which imports this package and so cannot be
+// imported here.)
 func newEngine(t testing.TB, mod func(*Config)) *Engine {
 	t.Helper()
 	py, err := interp.Find(context.Background(), "")
@@ -40,4 +45,15 @@ func newEngine(t testing.TB, mod func(*Config)) *Engine {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// testDeps is a dependency cache over the test index idx, its installs in
+// native sandboxes with limits (as enginetest.Deps).
+func testDeps(t testing.TB, idx *pypi.Index, limits sandbox.Limits) *deps.Cache {
+	t.Helper()
+	cache, err := deps.New(deps.Config{Dir: t.TempDir(), Index: deps.IndexConfig{IndexURL: idx.URL}, Backend: sandbox.NewNative(), Limits: limits, Network: egress.New(egress.Config{}).Installer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cache
 }

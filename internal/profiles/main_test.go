@@ -15,12 +15,10 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/pysandbox/pysandbox/internal/audit"
-	"github.com/pysandbox/pysandbox/internal/deps"
-	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/engine"
-	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/policy"
 	"github.com/pysandbox/pysandbox/internal/sandbox"
+	"github.com/pysandbox/pysandbox/internal/testutil/enginetest"
 	"github.com/pysandbox/pysandbox/internal/testutil/pypi"
 	"github.com/pysandbox/pysandbox/internal/tools"
 )
@@ -48,20 +46,9 @@ type serverOpts struct {
 func connect(t testing.TB, spec string, so serverOpts) *mcp.ClientSession {
 	t.Helper()
 	ctx := context.Background()
-	py, err := interp.Find(ctx, "")
-	if err != nil {
-		t.Fatalf("no python3: %v", err)
-	}
-	cfg := engine.Config{
-		Backend:        sandbox.NewNative(),
-		Python:         py,
-		Limits:         sandbox.Limits{MemoryBytes: 256 << 20, MaxProcs: 64, TmpBytes: 64 << 20},
-		DefaultTimeout: 20 * time.Second,
-		MaxTimeout:     60 * time.Second,
-		MaxOutput:      16 << 10, // small: the goldens hold a cut output
-		MaxConcurrent:  8,
-		MaxQueue:       16,
-	}
+	cfg := enginetest.Config(t)
+	cfg.MaxOutput = 16 << 10 // small: the goldens hold a cut output
+	cfg.MaxConcurrent, cfg.MaxQueue = 8, 16
 	if so.output > 0 {
 		cfg.MaxOutput = so.output
 	}
@@ -69,12 +56,7 @@ func connect(t testing.TB, spec string, so serverOpts) *mcp.ClientSession {
 		cfg.DefaultTimeout = so.timeout
 	}
 	if so.index != nil {
-		cache, err := deps.New(deps.Config{Dir: t.TempDir(), Index: deps.IndexConfig{IndexURL: so.index.URL}, Backend: sandbox.NewNative(), Limits: cfg.Limits,
-			Network: egress.New(egress.Config{}).Installer})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Deps = cache
+		cfg.Deps = enginetest.Deps(t, so.index.URL, cfg.Limits)
 	}
 	eng, err := engine.New(cfg)
 	if err != nil {
