@@ -2,7 +2,9 @@ package bench
 
 import (
 	"bytes"
+	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,4 +110,39 @@ func TestPhasesReport(t *testing.T) {
 	writePhases(&b, tr.match())
 	writeCPU(&b, tr.cpu(tr.match(), 3))
 	testutil.Golden(t, filepath.Join("testdata", "phases.golden"), b.Bytes(), *update)
+}
+
+// TestPhasesOnAPool: `bench --phases` on a real warm pool finds the
+// child of every run and a stamp for every phase it prints (a stamp the
+// pool renamed or dropped would leave its line out of the report).
+func TestPhasesOnAPool(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs sandboxes")
+	}
+	var b bytes.Buffer
+	err := Run(context.Background(), Config{N: 3, Phases: true, Baseline: "/usr/bin/python3", Defaults: Variant{PoolSize: 1}, Engine: testEngines(t), Out: &b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	if !strings.Contains(out, "One pooled print('hi') by phase (median of 3 runs") || !strings.Contains(out, "CPU per pooled run: ") {
+		t.Fatalf("no breakdown:\n%s", out)
+	}
+	for _, phases := range [][]phase{setupPhases, runPhases, teardownPhases} {
+		for _, ph := range phases {
+			if !strings.Contains(out, "  "+ph.name+" ") {
+				t.Errorf("no line for %q", ph.name)
+			}
+		}
+	}
+	if t.Failed() {
+		t.Logf("the report:\n%s", out)
+	}
+
+	// Without a pool there is nothing to break down.
+	b.Reset()
+	if err := Run(context.Background(), Config{N: 3, Phases: true, Baseline: "/usr/bin/python3", Engine: testEngines(t), Out: &b}); err != nil ||
+		b.String() != "\n(no warm pool: --pool-size 0 or a backend other than native; phase breakdown skipped)\n" {
+		t.Errorf("without a pool: %v %q", err, b.String())
+	}
 }
