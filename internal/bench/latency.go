@@ -94,6 +94,19 @@ func (s *suite) engineCalls() (err error) {
 	return err
 }
 
+// rulesPolicy has five argument conditions on run_python and a rule on
+// its code's facts, none of which refuses the benchmark's call.
+const rulesPolicy = `{"version": "1", "default": "deny", "tools": {"run_python": {
+  "limits": [{"counter": "runs", "window": "second", "max": 1000000}],
+  "require": [{"conditions": [{"path": "args.code", "op": "exists", "value": true}]}],
+  "deny_if": [
+    {"conditions": [{"path": "args.code", "op": "regex", "value": "(?i)rm\\s+-rf"}]},
+    {"conditions": [{"path": "args.python_version", "op": "in", "value": ["3.6", "3.7"]}]},
+    {"conditions": [{"path": "args.timeout_seconds", "op": "gt", "value": 600}]},
+    {"conditions": [{"path": "args.session_id", "op": "contains", "value": ".."}]},
+    {"conditions": [{"path": "code.imports", "op": "contains", "value": "socket"}]}
+  ]}}}`
+
 // mcpCalls times this binary's `serve` over stdio: as the command line
 // gives it, then governed by a policy with a rate limit and an audit log
 // that is fsynced before every result.
@@ -117,6 +130,17 @@ func (s *suite) mcpCalls() (err error) {
 	}
 	governed := append(args[:len(args):len(args)], "--policy", polFile, "--audit-log", filepath.Join(govDir, "audit.log"))
 	if s.r.mcpGoverned, _, _, err = mcpLatency(s.ctx, s.cfg, governed, pause); err != nil {
+		return err
+	}
+	// The policy language at work: five conditions on the arguments, and
+	// a rule on the code's facts (derived by Python's parser in a pooled
+	// sandbox before the run).
+	rulesFile := filepath.Join(govDir, "rules.json")
+	if err := os.WriteFile(rulesFile, []byte(rulesPolicy), 0o600); err != nil {
+		return err
+	}
+	ruled := append(args[:len(args):len(args)], "--policy", rulesFile, "--audit-log", filepath.Join(govDir, "rules-audit.log"))
+	if s.r.mcpRules, _, _, err = mcpLatency(s.ctx, s.cfg, ruled, pause); err != nil {
 		return err
 	}
 	s.r.writeCalls(s.cfg.Out)

@@ -21,7 +21,7 @@ type latencyReport struct {
 	// One call at a time and back to back, through the engine and over
 	// MCP stdio: plain, governed, with a progress token.
 	eng1, engB2B                               []time.Duration
-	mcpStdio, mcpB2B, mcpGoverned, mcpProgress []time.Duration
+	mcpStdio, mcpB2B, mcpGoverned, mcpRules, mcpProgress []time.Duration
 	flooded                                    []time.Duration
 	hasPandas                                  bool
 	coldPandas, pandasRuns, learned, session   []time.Duration
@@ -78,6 +78,9 @@ func (r *latencyReport) writeCalls(w io.Writer) {
 	t.ratioRow("  its p99", ratio(pct(r.mcpStdio, 99), pct(r.mcpStdio, 50)), "of its p50 (goal <= 3x)")
 	t.row("  the same, calls back to back (no pause)", r.mcpB2B, r.base, ofSpawn, "")
 	t.row("  the same with --policy and --audit-log", r.mcpGoverned, r.mcpStdio, "of ungoverned MCP", "<= 1.10x")
+	if r.mcpRules != nil {
+		t.row("  governed, five argument conditions and code facts", r.mcpRules, r.mcpStdio, "of ungoverned MCP", "<= 1.10x")
+	}
 	t.row("  the same with a progress token (heartbeat, live output)", r.mcpProgress, r.mcpStdio, "of the call without one", "")
 }
 
