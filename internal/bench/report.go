@@ -20,13 +20,13 @@ type latencyReport struct {
 
 	// One call at a time and back to back, through the engine and over
 	// MCP stdio: plain, governed, with a progress token.
-	eng1, engB2B                               []time.Duration
+	eng1, engB2B                                         []time.Duration
 	mcpStdio, mcpB2B, mcpGoverned, mcpRules, mcpProgress []time.Duration
-	flooded                                    []time.Duration
-	hasPandas                                  bool
-	coldPandas, pandasRuns, learned, session   []time.Duration
-	throughputCalls, concurrency               int
-	pooledPerSecond, spawnedPerSecond          float64
+	flooded                                              []time.Duration
+	hasPandas                                            bool
+	coldPandas, pandasRuns, learned, session             []time.Duration
+	throughputCalls, concurrency                         int
+	pooledPerSecond, spawnedPerSecond                    float64
 }
 
 // writeHeader is the report's first line, written before anything is
