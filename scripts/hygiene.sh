@@ -25,6 +25,6 @@ fi
 "$bin/staticcheck" ./...
 go test -race -count=1 -timeout 20m \
 	./internal/activity/ ./internal/audit/ ./internal/cluster/ ./internal/console/ ./internal/egress/ \
-	./internal/httpserver/ ./internal/metrics/ ./internal/policy/ ./internal/quota/ ./internal/sharedstate/ \
+	./internal/govern/ ./internal/confdoc/ ./internal/httpserver/ ./internal/metrics/ ./internal/policy/ ./internal/quota/ ./internal/sharedstate/ \
 	./internal/upstream/ ./internal/tools/ ./internal/worker/
 echo "hygiene: gofmt, go mod tidy, go vet, staticcheck $STATICCHECK_VERSION and the race detector are clean"
