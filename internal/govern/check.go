@@ -219,3 +219,19 @@ func (t *Ticket) PackageRefusal(err error) *Refusal {
 func PackageMessage(err error) string {
 	return fmt.Sprintf("Refused by the server's package policy: %v. Nothing was installed or run; use only packages the policy allows (check_environment lists the rules).", err)
 }
+
+// Judge applies the argument rules of tool to raw arguments: the upstream
+// tools code calls, which have no Subject and no code facts.
+func (g *Governor) Judge(tool string, args json.RawMessage) (policy.Judgement, error) {
+	pol := g.Policy()
+	if !pol.HasRules(tool) {
+		return policy.Judgement{}, nil
+	}
+	var f policy.Facts
+	dec := json.NewDecoder(bytes.NewReader(args))
+	dec.UseNumber()
+	if err := dec.Decode(&f.Args); err != nil || f.Args == nil {
+		return policy.Judgement{}, fmt.Errorf("the arguments are not a JSON object")
+	}
+	return pol.Judge(tool, f), nil
+}

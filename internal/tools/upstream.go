@@ -2,6 +2,8 @@ package tools
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -201,6 +203,21 @@ func (r *toolRun) decideAndCall(ctx context.Context, name string, args json.RawM
 	if err := r.s.up.Validate(name, args); err != nil {
 		return failure(worker.ToolFailArguments, fmt.Sprintf("%s: %v", name, err)), "invalid_arguments", ""
 	}
+	// The policy's rules on the call's arguments (require, deny_if,
+	// approve_if), before it counts against any limit.
+	j, err := r.s.gov.Judge(name, args)
+	if err != nil {
+		return failure(worker.ToolFailArguments, fmt.Sprintf("%s: %v", name, err)), "invalid_arguments", ""
+	}
+	if j.Rule != nil {
+		rec.Detail = map[string]string{"rule": j.Rule.Field()}
+	}
+	if j.Deny {
+		return failure(worker.ToolFailDenied, fmt.Sprintf("the server's policy does not allow this call of %s: %s; do not retry the same call", name, j.Reason)), "deny", ""
+	}
+	if j.Approve && j.By == policy.ApproveByOperator {
+		return failure(worker.ToolFailDenied, fmt.Sprintf("the server's policy wants an operator to approve this call of %s (%s), and calls from code cannot wait for one; call the tool another way, or ask the user", name, j.Reason)), "deny", ""
+	}
 	reservation, exceeded, err := r.s.gov.Reserve(ctx, d.Limits, r.identity)
 	if err != nil {
 		return failure(worker.ToolFailUnavailable, fmt.Sprintf("%s: %v; retry in a moment", name, err)), "error", ""
@@ -211,8 +228,8 @@ func (r *toolRun) decideAndCall(ctx context.Context, name string, args json.RawM
 		return failure(worker.ToolFailRateLimited, fmt.Sprintf("%s: refused by the server's %s", name, exceeded.Error())), "rate_limited", ""
 	}
 	decision := "allow"
-	if d.Action == policy.Approve {
-		if err := r.approve(ctx, name, args); err != nil {
+	if d.Action == policy.Approve || j.Approve {
+		if err := r.approve(ctx, name, args, j); err != nil {
 			// The user was asked (or could not be): the limits count it,
 			// as they do for the server's own tools.
 			return failure(worker.ToolFailDeclined, err.Error()), "declined", ""
@@ -311,11 +328,18 @@ func (r *toolRun) finish() {
 
 // approve asks the user, once per tool per run (per session call), before
 // the first call to a tool under an approve rule.
-func (r *toolRun) approve(ctx context.Context, name string, args json.RawMessage) error {
+func (r *toolRun) approve(ctx context.Context, name string, args json.RawMessage, j policy.Judgement) error {
 	r.askMu.Lock()
 	defer r.askMu.Unlock()
+	// An approval the policy asks for by a rule on the arguments holds
+	// for those arguments only; one for the tool, for every call to it.
+	key := name
+	if j.Approve {
+		sum := sha256.Sum256(args)
+		key = name + "\x00" + hex.EncodeToString(sum[:])
+	}
 	r.mu.Lock()
-	ok := r.approved[name]
+	ok := r.approved[key]
 	r.mu.Unlock()
 	if ok {
 		return nil
@@ -325,9 +349,13 @@ func (r *toolRun) approve(ctx context.Context, name string, args json.RawMessage
 	if r.session != "" {
 		scope = "session call"
 	}
+	holds := fmt.Sprintf("The answer holds for every call to %s in this %s.", name, scope)
+	if j.Approve {
+		holds = fmt.Sprintf("Asked because: %s. The answer holds for these arguments only.", j.Reason)
+	}
 	err := r.s.consent(r.ctx, r.req, ctx, consentAsk{
-		question: fmt.Sprintf("The Python code of this %s call wants to call the tool %s with these arguments:%s\nAllow it? The answer holds for every call to %s in this %s.",
-			r.tool, name, shown, name, scope),
+		question: fmt.Sprintf("The Python code of this %s call wants to call the tool %s with these arguments:%s\nAllow it? %s",
+			r.tool, name, shown, holds),
 		subject: name, rules: "policy", what: "the call to " + name,
 		instead: fmt.Sprintf("ask the user to allow %s in the server's policy", name),
 	})
@@ -335,7 +363,7 @@ func (r *toolRun) approve(ctx context.Context, name string, args json.RawMessage
 		return err
 	}
 	r.mu.Lock()
-	r.approved[name] = true
+	r.approved[key] = true
 	r.mu.Unlock()
 	return nil
 }

@@ -671,3 +671,35 @@ for t in threads: t.join()
 		t.Errorf("%v", out)
 	}
 }
+
+// TestToolsFromCodeArgumentRules: the policy's rules on arguments apply
+// to the upstream tools code calls, as to the server's own: deny_if
+// refuses the matching call only, require refuses a call with the
+// argument value it names, and approve_if asks for these arguments
+// only (once: the answer holds for the same arguments in the run).
+func TestToolsFromCodeArgumentRules(t *testing.T) {
+	s := newUpServer(t, `{"version": "1", "default": "allow", "tools": {"everything.echo": {
+		"require": [{"conditions": [{"path": "args.message", "op": "neq", "value": "forbidden"}], "on_deny": "say something else"}],
+		"deny_if": [{"conditions": [{"path": "args.message", "op": "regex", "value": "(?i)secret"}], "on_deny": "no secrets"}],
+		"approve_if": [{"conditions": [{"path": "args.message", "op": "eq", "value": "ask"}], "reason": "it says ask"}]}}}`)
+	el := &elicitor{action: "accept"}
+	cs := s.connect(&mcp.ClientOptions{ElicitationHandler: el.handler}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-06-18"})
+	_, out := runCode(t, cs, map[string]any{"code": `
+import tools
+got = []
+for m in ["hello", "my SECRET", "forbidden", "ask", "ask"]:
+    try:
+        r = tools.everything.echo(message=m)
+        got.append("ok")
+    except tools.ToolError as e:
+        got.append(type(e).__name__ + ": " + str(e))
+got`})
+	got, _ := out["return_value"].([]any)
+	if len(got) != 5 || got[0] != "ok" || !strings.Contains(fmt.Sprint(got[1]), "no secrets") || !strings.Contains(fmt.Sprint(got[2]), "say something else") || got[3] != "ok" || got[4] != "ok" {
+		t.Fatalf("results: %v (%v)", got, out)
+	}
+	asked := el.asked()
+	if len(asked) != 1 || !strings.Contains(asked[0], "Asked because: it says ask") {
+		t.Errorf("asked %q", asked)
+	}
+}
