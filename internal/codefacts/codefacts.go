@@ -15,7 +15,7 @@
 // bounded by the sandbox, which is the boundary, whatever the facts said.
 //
 // The analysis runs inside the sandbox, as any code does: the analyzer
-// (analyze.py, embedded) is the run's code and the program is a run input,
+// (the worker's codefacts.py) is the run's code and the program is a run input,
 // never part of the analyzer's code. It parses the program with ast.parse
 // (never compile or exec), on the interpreter the program would run on, in
 // a forked child (before 3.11 the parser can crash on a deep tree, which is
@@ -31,7 +31,6 @@ package codefacts
 
 import (
 	"context"
-	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,10 +45,12 @@ import (
 
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/pep"
+	"github.com/pysandbox/pysandbox/internal/worker"
 )
 
-//go:embed analyze.py
-var analyzer string
+// analyzer is the code of the analysis run (the worker's codefacts.py,
+// which the worker also loads to gate a run on its own code's facts).
+var analyzer = string(worker.CodeFactsSource)
 
 // Limits on what Derive takes and returns.
 const (
@@ -225,14 +226,22 @@ func Derive(ctx context.Context, r Runner, code, pythonVersion string) (*Facts, 
 	if res.StdoutTruncated {
 		return nil, errors.New("codefacts: the analysis printed too much")
 	}
-	f, err := parseLine(res.Stdout)
+	return FromLine(res.Stdout, code)
+}
+
+// FromLine is the facts of code from the analyzer's output, as a run of
+// it printed it or as the worker sent it before running code of its own
+// (worker.Request.Gate): hostile, validated and re-capped; what Go can
+// tell itself (size, lines, PEP 723 dependencies) is recomputed here.
+func FromLine(out, code string) (*Facts, error) {
+	f, err := parseLine(out)
 	if err != nil {
 		return nil, err
 	}
 	f.Bytes = len(code)
 	f.Lines = countLines(code)
 	f.Dependencies = []string{}
-	if metaErr == nil && meta != nil {
+	if meta, err := pep.ParseScriptMetadata(code); err == nil && meta != nil {
 		f.Dependencies = sortUnique(slices.Clone(meta.Dependencies))
 		f.capList("dependencies", &f.Dependencies, MaxEntries)
 	}

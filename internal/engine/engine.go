@@ -61,6 +61,10 @@ const workerPath = "/.pysandbox/worker.py"
 // (which looks for it there: worker.ToolsFile).
 const toolsPath = "/.pysandbox/" + worker.ToolsFile
 
+// factsPath is where the worker finds codefacts.py, to gate a run on its
+// code's facts (RunRequest.Gate).
+const factsPath = "/.pysandbox/" + worker.CodeFactsFile
+
 // Config configures an Engine.
 type Config struct {
 	Backend sandbox.Backend
@@ -220,6 +224,11 @@ type RunRequest struct {
 	// Tools serves the calls the code makes to upstream tools (its
 	// "tools" module); nil: the run has none.
 	Tools worker.Tools
+	// Gate, when set, decides from the facts of the code (derived by
+	// Python's parser in the run's own sandbox, before any of it runs)
+	// whether it may run; see worker.Request.Gate. A refused run ends
+	// with an error of type PolicyRefusal.
+	Gate func(ctx context.Context, facts json.RawMessage) string
 }
 
 // Result is the outcome of a run; its JSON form is the tool's output.
@@ -429,6 +438,7 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 			MaxReturnBytes: 64 << 10,
 			MaxFigureBytes: e.cfg.MaxFigureBytes,
 			Tools:          req.Tools,
+			Gate:           req.Gate,
 		})
 	}
 	if res != nil {

@@ -171,7 +171,7 @@ func (e *Engine) specFor(r *runEnv, oneshot bool, stdout, stderr io.Writer) *san
 		Args:   worker.Command(py.Path, workerPath, oneshot, sites...)[1:],
 		Env:    e.workerEnv(),
 		Proxy:  e.cfg.Network,
-		Files:  []sandbox.File{{Path: workerPath, Content: worker.Source}, {Path: toolsPath, Content: worker.ToolsSource}},
+		Files:  []sandbox.File{{Path: workerPath, Content: worker.Source}, {Path: toolsPath, Content: worker.ToolsSource}, {Path: factsPath, Content: worker.CodeFactsSource}},
 		Binds:  binds,
 		Limits: e.cfg.Limits,
 		Stdout: stdout,

@@ -692,7 +692,7 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	}
 	res, runErr := sess.conn.Run(callCtx, worker.Request{
 		Code: req.Code, Inputs: req.Inputs, Filename: filename, MaxReturnBytes: 64 << 10,
-		MaxFigureBytes: s.e.cfg.MaxFigureBytes, Tools: req.Tools, ToolsCtx: toolsCtx,
+		MaxFigureBytes: s.e.cfg.MaxFigureBytes, Tools: req.Tools, ToolsCtx: toolsCtx, Gate: req.Gate,
 	})
 	var why string
 	select {

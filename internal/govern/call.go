@@ -75,6 +75,7 @@ type Ticket struct {
 	asked                  bool // the first pass of a user's approval
 	ended                  bool
 	unrecorded             bool // refused because the audit log is broken
+	gate                   *gate
 }
 
 // ID is the call's id in the audit log and the console (c-HEX).

@@ -50,6 +50,14 @@ type Subject struct {
 type Verdict struct {
 	Refusal *Refusal
 	Ask     *Ask
+	// Gate, when set, must be the run's worker.Request.Gate: the code's
+	// facts come from its own sandbox, and the call is decided there,
+	// before any of its code runs. After the run, AfterRun says what was
+	// decided.
+	Gate func(ctx context.Context, facts json.RawMessage) string
+	// Rerun (from AfterRun) says to run the call again: an operator
+	// approved it.
+	Rerun bool
 }
 
 // Ask is an approval request for the user: its message, and the sealed
@@ -106,23 +114,38 @@ func (s *Subject) packages() []requested {
 func (t *Ticket) Check(ctx context.Context, s Subject, ap Approver) Verdict {
 	ctx, span := tracing.Tracer().Start(ctx, "policy.check")
 	defer span.End()
-	g := t.g
-	pol := g.Policy()
+	pol := t.g.Policy()
 	pkgs := s.packages()
 	for _, p := range pkgs {
 		if err := pol.Packages.Check(p.name); err != nil {
 			return Verdict{Refusal: t.PackageRefusal(err)}
 		}
 	}
-	d := pol.Decide(t.call.Tool)
-	var j policy.Judgement
-	var codeSummary string
+	if pol.HasRules(t.call.Tool) && pol.NeedsCode(t.call.Tool) && s.Kind == KindRun && s.Code != "" && t.g.sandbox.FromRun != nil {
+		// The facts come from the run's own sandbox, before its code
+		// runs: the rest is decided then (see Gate).
+		t.gate = &gate{subject: s, pkgs: pkgs, ap: ap}
+		return Verdict{Gate: t.runGate}
+	}
+	var f policy.Facts
+	summary := ""
 	if pol.HasRules(t.call.Tool) {
-		f, summary, ref := t.facts(ctx, pol, s)
-		if ref != nil {
+		var ref *Refusal
+		if f, summary, ref = t.facts(ctx, pol, s); ref != nil {
 			return Verdict{Refusal: ref}
 		}
-		codeSummary = summary
+	}
+	return t.decide(ctx, pol, s, pkgs, ap, f, summary, false)
+}
+
+// decide is the rest of Check, once the facts are known: the rules, the
+// limits, a human's approval. inRun says the run's sandbox waits: an
+// operator's approval is then awaited after it (see AfterRun).
+func (t *Ticket) decide(ctx context.Context, pol *policy.Policy, s Subject, pkgs []requested, ap Approver, f policy.Facts, codeSummary string, inRun bool) Verdict {
+	g := t.g
+	d := pol.Decide(t.call.Tool)
+	var j policy.Judgement
+	if pol.HasRules(t.call.Tool) {
 		j = pol.Judge(t.call.Tool, f)
 		if j.Rule != nil {
 			t.note("rule", j.Rule.Field())
@@ -134,21 +157,25 @@ func (t *Ticket) Check(ctx context.Context, s Subject, ap Approver) Verdict {
 	if j.Deny {
 		return Verdict{Refusal: t.deny(j.Reason, "rule", fmt.Sprintf("The server's policy does not allow this %s call: %s. Nothing was run. Do not retry the same call; change it to meet the policy, or ask the user.", t.call.Tool, j.Reason))}
 	}
-	// The policy's rate limits (a shared store's round trip, with --store).
-	pctx, pspan := tracing.Tracer().Start(ctx, "policy.rate_limits", trace.WithAttributes(attribute.Int("pysandbox.limits", len(d.Limits))))
-	res, exceeded, err := g.limiter.Reserve(pctx, d.Limits, t.call.Identity)
-	pspan.End()
-	switch {
-	case err != nil:
-		t.decision, t.reason = "error", err.Error()
-		return Verdict{Refusal: &Refusal{Status: StatusBusy, Message: fmt.Sprintf("Refused: %v. Nothing was run; retry in a moment, and tell the server's operator if it persists.", err)}}
-	case exceeded != nil:
-		t.decision, t.reason = "rate_limited", exceeded.Error()
-		t.rec.LimitsHit = []string{RateHit(exceeded)}
-		g.metrics.RateLimited(t.call.Tool, exceeded.Limit.Counter)
-		return Verdict{Refusal: &Refusal{Status: StatusDenied, Message: fmt.Sprintf("Refused: the server's %s. Nothing was run; wait until then before calling %s again.", exceeded.Error(), t.call.Tool)}}
+	if t.reservation == nil {
+		// The policy's rate limits (a shared store's round trip, with
+		// --store); taken once, even when the call is run again after an
+		// operator approved it.
+		pctx, pspan := tracing.Tracer().Start(ctx, "policy.rate_limits", trace.WithAttributes(attribute.Int("pysandbox.limits", len(d.Limits))))
+		res, exceeded, err := g.limiter.Reserve(pctx, d.Limits, t.call.Identity)
+		pspan.End()
+		switch {
+		case err != nil:
+			t.decision, t.reason = "error", err.Error()
+			return Verdict{Refusal: &Refusal{Status: StatusBusy, Message: fmt.Sprintf("Refused: %v. Nothing was run; retry in a moment, and tell the server's operator if it persists.", err)}}
+		case exceeded != nil:
+			t.decision, t.reason = "rate_limited", exceeded.Error()
+			t.rec.LimitsHit = []string{RateHit(exceeded)}
+			g.metrics.RateLimited(t.call.Tool, exceeded.Limit.Counter)
+			return Verdict{Refusal: &Refusal{Status: StatusDenied, Message: fmt.Sprintf("Refused: the server's %s. Nothing was run; wait until then before calling %s again.", exceeded.Error(), t.call.Tool)}}
+		}
+		t.reservation = res
 	}
-	t.reservation = res
 	why := ""
 	by := d.By
 	switch {
@@ -158,15 +185,96 @@ func (t *Ticket) Check(ctx context.Context, s Subject, ap Approver) Verdict {
 	default:
 		return Verdict{}
 	}
+	if t.decision == "approved" {
+		// An operator approved this call; it runs again now.
+		return Verdict{}
+	}
 	q := question{tool: t.call.Tool, subject: s, pkgs: pkgs, why: why, facts: codeSummary, limits: d.Limits}
 	if t.call.NoAsk {
 		return Verdict{Refusal: t.deny("approval required, and this request cannot ask for it", "approval",
 			fmt.Sprintf("This %s call needs a human's approval under this server's policy, and this request cannot ask for it; use the tool that asks.", t.call.Tool))}
 	}
 	if by == policy.ApproveByOperator {
+		if inRun {
+			t.gate.operator = &q
+			return Verdict{Refusal: &Refusal{Status: StatusDenied, Message: "waiting for an operator's approval"}}
+		}
 		return Verdict{Refusal: t.operatorApproval(ctx, q, ap)}
 	}
 	return t.userApproval(q, ap)
+}
+
+// gate is a call whose code's facts come from its run (Check's Verdict
+// Gate), until the run asked.
+type gate struct {
+	subject Subject
+	pkgs    []requested
+	ap      Approver
+	asked   bool    // the run asked (Gate was called)
+	verdict Verdict // what Gate decided
+	// operator is the question an operator must answer before the call
+	// runs again (AfterRun).
+	operator *question
+}
+
+// runGate decides a gated call from its code's facts, as its run sent
+// them: "" lets the code run, anything else is why not (the refusal is
+// the ticket's, see AfterRun).
+func (t *Ticket) runGate(ctx context.Context, raw json.RawMessage) string {
+	gt := t.gate
+	if gt == nil || gt.asked {
+		return "this call's code was already decided"
+	}
+	gt.asked = true
+	facts, summary, err := t.g.sandbox.FromRun(raw, gt.subject.Code)
+	if err != nil {
+		gt.verdict = Verdict{Refusal: t.deny("the code's facts could not be derived: "+err.Error(), "rule",
+			fmt.Sprintf("The server's policy looks at the code of %s calls, and the code could not be analysed (%v). Nothing was run; retry, or tell the server's operator if it persists.", t.call.Tool, err))}
+		return gt.verdict.Refusal.Message
+	}
+	pol := t.g.Policy()
+	var f policy.Facts
+	dec := json.NewDecoder(bytes.NewReader(t.call.Args))
+	dec.UseNumber()
+	dec.Decode(&f.Args)
+	f.Code = facts
+	gt.verdict = t.decide(ctx, pol, gt.subject, gt.pkgs, gt.ap, f, summary, true)
+	switch {
+	case gt.verdict.Refusal != nil:
+		return gt.verdict.Refusal.Message
+	case gt.verdict.Ask != nil:
+		return "the user's approval is asked first"
+	}
+	return ""
+}
+
+// AfterRun is what the gate of a gated call decided, once its run
+// returned: nil when the code was allowed to run (or there was no
+// gate). A Verdict with Rerun set means an operator approved the call
+// meanwhile: run it again (its gate then lets it through).
+func (t *Ticket) AfterRun(ctx context.Context) *Verdict {
+	gt := t.gate
+	if gt == nil {
+		return nil
+	}
+	if !gt.asked {
+		// The run ended before its code could be decided (a refusal of
+		// its own, a sandbox that did not start): nothing ran.
+		return nil
+	}
+	if q := gt.operator; q != nil {
+		gt.operator = nil
+		if ref := t.operatorApproval(ctx, *q, gt.ap); ref != nil {
+			return &Verdict{Refusal: ref}
+		}
+		gt.asked = false
+		return &Verdict{Rerun: true}
+	}
+	if gt.verdict.Refusal == nil && gt.verdict.Ask == nil {
+		return nil
+	}
+	v := gt.verdict
+	return &v
 }
 
 // note adds a detail to the call's record.

@@ -20,6 +20,7 @@ package govern
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -69,6 +70,11 @@ type Sandbox struct {
 	// (internal/codefacts), inside the sandbox; nil: such rules refuse
 	// the call, since they cannot be applied.
 	Facts FactsFunc
+	// FromRun reads the facts a run's worker sent of its own code before
+	// running it (worker.Request.Gate): hostile JSON, validated. When set,
+	// a run's code rules are decided in its own sandbox, saving a second
+	// one; nil: Facts derives them first.
+	FromRun func(raw json.RawMessage, code string) (facts map[string]any, summary string, err error)
 }
 
 // FactsFunc derives the facts of code for python (a version, or "" for

@@ -144,27 +144,33 @@ func callTool[In, Out any](ctx context.Context, s *server, req *mcp.CallToolRequ
 	case v.Refusal != nil:
 		return s.refused(t, sc, v.Refusal, govern.Outcome{Refused: v.Refusal})
 	case v.Ask != nil:
-		res := &mcp.CallToolResult{
-			InputRequests: mcp.InputRequestMap{approvalKey: &mcp.ElicitParams{
-				Message:         v.Ask.Message,
-				RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{}},
-			}},
-			RequestState: v.Ask.State,
-		}
-		if err := t.End(govern.Outcome{}); err != nil {
-			return withheld(err), nil
-		}
-		return res, nil
+		return asked(t, v.Ask)
 	}
 	// In flight: an operator may look at its resources or stop it.
 	actx = engine.WithUsageObserver(actx, func(probe engine.UsageProbe) {
 		s.gov.Activity().SetProbe(t.ID(), func() (time.Duration, int64) { u := probe(); return u.CPU, u.MemoryBytes })
 	})
 	actx = withCallID(actx, t.ID())
-	call := &inflight{ticket: t}
+	call := &inflight{ticket: t, gate: v.Gate}
 	s.inflight.Store(req, call)
 	res, out, err := h(actx, req, in)
+	after := t.AfterRun(actx)
+	if after != nil && after.Rerun {
+		// An operator approved it while its sandbox was let go: again.
+		call.reset()
+		res, out, err = h(actx, req, in)
+		after = t.AfterRun(actx)
+	}
 	s.inflight.Delete(req)
+	if after != nil {
+		// The code's facts decided, in its sandbox, before any of it ran.
+		if after.Ask != nil {
+			return asked(t, after.Ask)
+		}
+		if after.Refusal != nil {
+			return s.refused(t, sc, after.Refusal, govern.Outcome{Refused: after.Refusal})
+		}
+	}
 	var o govern.Outcome
 	var r *govern.Refusal
 	switch {
@@ -255,6 +261,22 @@ func isNil(v any) bool {
 	return (rv.Kind() == reflect.Pointer || rv.Kind() == reflect.Map || rv.Kind() == reflect.Slice) && rv.IsNil()
 }
 
+// asked ends the first pass of a call the user must approve and answers
+// it with the request for approval.
+func asked(t *govern.Ticket, ask *govern.Ask) (*mcp.CallToolResult, error) {
+	res := &mcp.CallToolResult{
+		InputRequests: mcp.InputRequestMap{approvalKey: &mcp.ElicitParams{
+			Message:         ask.Message,
+			RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{}},
+		}},
+		RequestState: ask.State,
+	}
+	if err := t.End(govern.Outcome{}); err != nil {
+		return withheld(err), nil
+	}
+	return res, nil
+}
+
 // withheld answers a call whose record could not be written.
 func withheld(err error) *mcp.CallToolResult {
 	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "The call could not be recorded in the server's audit log (" + err.Error() + "), so its result is withheld. Tell the server's operator."}}}
@@ -320,11 +342,29 @@ func plainError(err error) string {
 // answers in its peer's format, so the run it made through its Host is
 // the call's outcome: the Host finds the call by its request.
 type inflight struct {
-	ticket  *govern.Ticket
+	ticket *govern.Ticket
+	// gate decides the call's code from its facts, in its run's sandbox
+	// (engine.RunRequest.Gate); nil: decided already.
+	gate    func(ctx context.Context, facts json.RawMessage) string
 	mu      sync.Mutex
 	run     *engine.Result
 	refused *govern.Refusal
 	other   *govern.Outcome
+}
+
+// reset forgets what a run of the call reported, before it runs again.
+func (c *inflight) reset() {
+	c.mu.Lock()
+	c.run, c.refused, c.other = nil, nil, nil
+	c.mu.Unlock()
+}
+
+// gateOf is the gate of the call req is, for its run (nil: none).
+func (s *server) gateOf(req *mcp.CallToolRequest) func(ctx context.Context, facts json.RawMessage) string {
+	if c, ok := s.inflight.Load(req); ok {
+		return c.(*inflight).gate
+	}
+	return nil
 }
 
 // outcome is what the handler's output says happened.

@@ -82,6 +82,9 @@ func (s *server) execute(ctx context.Context, req *mcp.CallToolRequest, in RunPy
 	}
 	nt := newNotifier(ctx, req)
 	run.Progress = nt.progressFunc()
+	// The policy's rules on the code, decided in the run's sandbox from
+	// what its parser says, before any of the code runs.
+	run.Gate = s.gateOf(req)
 	release, refused := s.takeQuota(ctx, req)
 	if refused != nil {
 		return nil, refused

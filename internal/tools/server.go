@@ -191,7 +191,7 @@ func NewServers(opts Options) (*mcp.Server, *mcp.Server) {
 	}
 	srv := mcp.NewServer(impl, &mcp.ServerOptions{GetSessionID: getSessionID, Instructions: instructions, Logger: sdkLog})
 	s.sessions.SetDetached(connEnded(srv.Sessions))
-	s.gov = govern.New(opts.Governance, govern.Sandbox{Limits: s.limitsText, Facts: s.codeFacts}, log)
+	s.gov = govern.New(opts.Governance, govern.Sandbox{Limits: s.limitsText, Facts: s.codeFacts, FromRun: runFacts}, log)
 	s.governed = map[string]bool{}
 	if !s.noNative {
 		for _, n := range Names {

@@ -31,6 +31,17 @@ var Source []byte
 //go:embed sandbox_tools.py
 var ToolsSource []byte
 
+// CodeFactsSource is codefacts.py, Python's parser on a program without
+// running it (internal/codefacts): the worker loads it from next to
+// worker.py, named CodeFactsFile, to gate a run on its code's facts.
+//
+//go:embed codefacts.py
+var CodeFactsSource []byte
+
+// CodeFactsFile is the name CodeFactsSource must have in worker.py's
+// directory.
+const CodeFactsFile = "codefacts.py"
+
 // ToolsFile is the name ToolsSource must have in worker.py's directory.
 const ToolsFile = "sandbox_tools.py"
 
@@ -148,6 +159,7 @@ func (c *Conn) Ready(ctx context.Context) (*Ready, error) {
 func (c *Conn) Run(ctx context.Context, req Request) (*Result, error) {
 	req.Op = OpRun
 	req.ToolsOn = req.Tools != nil
+	req.GateOn = req.Gate != nil
 	var res Result
 	maxReturn := req.MaxReturnBytes
 	if maxReturn <= 0 {
@@ -362,6 +374,7 @@ func (c *Conn) callChecked(ctx context.Context, req *Request, wantOp string, rep
 			return fmt.Errorf("worker: send request: %w", err)
 		}
 		var toolMsgs, toolBytes int
+		gated := false
 		for {
 			l, err := c.readLine()
 			if err != nil {
@@ -371,7 +384,7 @@ func (c *Conn) callChecked(ctx context.Context, req *Request, wantOp string, rep
 			if err := json.Unmarshal(l, &env); err != nil {
 				return violationError{fmt.Errorf("worker: bad reply: %w", err)}
 			}
-			if env.Op != OpToolCall && env.Op != OpToolCatalog {
+			if env.Op != OpToolCall && env.Op != OpToolCatalog && env.Op != OpCodeFacts {
 				line = l
 				return nil
 			}
@@ -382,6 +395,12 @@ func (c *Conn) callChecked(ctx context.Context, req *Request, wantOp string, rep
 			toolBytes += len(l)
 			if toolMsgs > c.toolMsgs || toolBytes > c.toolBytes {
 				return violationError{fmt.Errorf("worker: the run sent more than %d tool messages or %d bytes of them, the most one run may send", c.toolMsgs, c.toolBytes)}
+			}
+			if env.Op == OpCodeFacts {
+				if err := c.gate(ctx, l, env, req, &gated); err != nil {
+					return err
+				}
+				continue
 			}
 			if err := c.toolMessage(l, env, ts, refusal); err != nil {
 				return err
@@ -678,6 +697,43 @@ func checkCall(call *ToolCall) string {
 }
 
 // failureLine is the answer to a tool message of op that refuses it.
+// gate answers a run's OpCodeFacts: the first of a run with Gate is
+// decided by it, while the worker waits and none of the code has run;
+// any other (code writing to the control channel) is refused.
+func (c *Conn) gate(ctx context.Context, line []byte, env envelope, req *Request, gated *bool) error {
+	if env.ID == "" || len(env.ID) > MaxToolIDBytes {
+		return violationError{fmt.Errorf("worker: %s message with an id of %d bytes (the bounds are 1 and %d)", env.Op, len(env.ID), MaxToolIDBytes)}
+	}
+	var data []byte
+	switch {
+	case req.Op != OpRun || req.Gate == nil || *gated:
+		data = failureLine(OpToolResult, env.ID, ToolFailCancelled, "code facts are taken only once, before a run's code")
+	case len(line) > MaxFactsBytes:
+		return violationError{fmt.Errorf("worker: code facts of %d bytes (the bound is %d)", len(line), MaxFactsBytes)}
+	default:
+		*gated = true
+		var m struct {
+			Arguments json.RawMessage `json:"arguments"`
+		}
+		if err := json.Unmarshal(line, &m); err != nil {
+			return violationError{fmt.Errorf("worker: bad code facts: %w", err)}
+		}
+		if why := req.Gate(ctx, m.Arguments); why != "" {
+			data = failureLine(OpToolResult, env.ID, ToolFailDenied, why)
+		} else {
+			id, _ := json.Marshal(env.ID)
+			data = append(append(append([]byte(`{"op":"tool_result","id":`), id...), `,"structured":{"run":true}}`...), '\n')
+		}
+	}
+	c.wmu.Lock()
+	_, err := c.conn.Write(data)
+	c.wmu.Unlock()
+	if err != nil {
+		return fmt.Errorf("worker: send the gate's answer: %w", err)
+	}
+	return nil
+}
+
 func failureLine(op, id, kind, message string) []byte {
 	f := &ToolFailure{Kind: kind, Message: message}
 	var v any = ToolReply{Op: OpToolResult, ID: id, Error: f}

@@ -82,6 +82,11 @@ import (
 // OpResult is completed (within a few seconds; otherwise the Conn is
 // unusable), any other is dropped.
 const (
+	// OpCodeFacts is sent by the worker once, before a run with Gate runs
+	// its code: {"op":"code_facts","id":ID,"arguments":FACTS}. It is
+	// answered with an OpToolResult of the same id, an error saying why
+	// the code may not run or a result saying it may.
+	OpCodeFacts   = "code_facts"
 	OpToolCatalog = "tool_catalog" // worker → Go: list the tools; Go → worker: the list (ToolCatalog)
 	OpToolCall    = "tool_call"    // worker → Go: call one tool (ToolCall)
 	OpToolResult  = "tool_result"  // Go → worker: the outcome of one call (ToolReply)
@@ -94,6 +99,8 @@ const (
 	MaxToolCallsInFlight = 16
 	// MaxToolArgsBytes bounds one call's arguments (JSON).
 	MaxToolArgsBytes = 1 << 20
+	// MaxFactsBytes bounds the facts of a gated run's code.
+	MaxFactsBytes = 512 << 10
 	// MaxToolIDBytes bounds the id a worker picks for a call.
 	MaxToolIDBytes = 64
 	// MaxToolNameBytes bounds a tool's full name (SERVER.TOOL).
@@ -253,6 +260,16 @@ type Request struct {
 	// Tools serves the run's tool calls (OpRun); nil: the run has none,
 	// and a call from it is refused.
 	Tools Tools `json:"-"`
+	// GateOn tells the worker to send the facts of the code (OpCodeFacts)
+	// and wait for the answer before running it (OpRun). Run sets it from
+	// Gate.
+	GateOn bool `json:"gate,omitempty"`
+	// Gate, when set, decides whether the run's code may run, from its
+	// facts as the worker's parser derived them (codefacts.py), before
+	// any of it ran: "" lets it run, anything else is why not (the run
+	// then ends with an error of type PolicyRefusal, nothing of its code
+	// having run). The facts are hostile JSON, bounded by MaxFactsBytes.
+	Gate func(ctx context.Context, facts json.RawMessage) string `json:"-"`
 	// ToolsCtx, when set, bounds the tool calls instead of Run's ctx: a
 	// session's calls end at the run's timeout, when the run is
 	// interrupted, while Run still waits for its answer.

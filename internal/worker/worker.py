@@ -613,6 +613,18 @@ def _run(sock, req, rid, session=None):
                      "error": {"type": "ValueError", "message": problem, "traceback": text}})
         return 1
 
+    if req.get("gate") is True:
+        why = _gate(sock, source)
+        if why is not None:
+            # Nothing of the code ran: the server said it may not.
+            _flush_output()
+            if session is None:
+                _close_output()
+            _send(sock, {"op": "result", "id": rid, "status": "error", "exit_code": 1,
+                         "return_value": None,
+                         "error": {"type": "PolicyRefusal", "message": why, "traceback": ""}})
+            return 1
+
     _refresh_cwd_imports()
     codes = []
     _tools_begin(sock, req.get("tools") is True)
@@ -694,6 +706,51 @@ def _run(sock, req, rid, session=None):
         _close_output()
     _send_bytes(sock, data)
     return exit_code
+
+
+_FACTS_PATH = os.path.join(os.path.dirname(os.path.abspath(_WORKER_FILE)), "codefacts.py")
+_facts = None  # codefacts.py, loaded once (in the zygote when it warms up)
+
+
+def _facts_module():
+    global _facts
+    if _facts is None:
+        import types
+
+        with open(_FACTS_PATH, "rb") as f:
+            source = f.read()
+        module = types.ModuleType("_pysandbox_codefacts")
+        module.__file__ = _FACTS_PATH
+        exec(compile(source, _FACTS_PATH, "exec", dont_inherit=True), module.__dict__)
+        _facts = module
+    return _facts
+
+
+def _gate(sock, source):
+    """Before a gated run's code runs: send its facts (Python's parser on
+    it, in a forked child) to the server and wait for its answer. Returns
+    None when the code may run, else why not."""
+    try:
+        line = _facts_module().codefacts_line(source)
+    except Exception as e:
+        line = _dumps({"v": 1, "imports": [], "process_calls": [], "file_calls": [], "network_calls": [],
+                       "dynamic_code": ["unanalysable"], "urls": [], "truncated": [],
+                       "syntax_error": "the analysis failed: " + _clip(_safe_str(e))},
+                      separators=(",", ":"))
+    if _chan is None or sock is not _chan.sock:
+        return "the sandbox cannot ask the server whether this code may run"
+    _chan.begin_run(False)
+    try:
+        reply = _chan.call({"op": "code_facts"}, line, gate=True)
+    finally:
+        _chan.end_run()
+    err = reply.get("error") if isinstance(reply, dict) else None
+    if err is None and isinstance(reply, dict) and isinstance(reply.get("structured"), dict) \
+            and reply["structured"].get("run") is True:
+        return None
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        return err["message"]
+    return "the server did not say that this code may run"
 
 
 def _join_threads():
@@ -1454,6 +1511,11 @@ def _warm_up():
     finally:
         sys.stdout, sys.stderr = saved
         linecache.cache.pop("<warm-up>", None)
+    try:
+        # Gated runs parse their code with it: loaded once, here.
+        _facts_module()
+    except BaseException:
+        pass
         sys.modules["__main__"] = _THIS_MODULE
         a.close()
         b.close()
@@ -2125,29 +2187,30 @@ class _Channel(object):
         finally:
             _unshield_sigint(saved)
 
-    def call(self, msg, arguments=None):
+    def call(self, msg, arguments=None, gate=False):
         """Send msg, a tool message without its id (arguments: the JSON
         text of a call's arguments), and return its answer, a dict with an
         "error" when there is no result. Raises what encoding msg raises,
-        and KeyboardInterrupt in the main thread."""
+        and KeyboardInterrupt in the main thread. gate: the worker's own
+        code_facts message, sent whether or not the run may call tools."""
         global _channel_busy
         if _thread.get_ident() != _MAIN_THREAD:
             return self._call(msg, arguments)
         saved = _shield_sigint()
         _channel_busy += 1
         try:
-            reply = self._call(msg, arguments)
+            reply = self._call(msg, arguments, gate)
         finally:
             _channel_busy -= 1
             _unshield_sigint(saved)
         _raise_pending()
         return reply
 
-    def _call(self, msg, arguments):
+    def _call(self, msg, arguments, gate=False):
         if os.getpid() != _PID:
             return _tool_failure("unavailable", "tool calls cannot be made from a forked process")
         with self.mu:
-            refusal = self._refusal()
+            refusal = self._refusal(gate)
             if refusal is not None:
                 return refusal
             self.seq += 1
@@ -2186,14 +2249,14 @@ class _Channel(object):
                 self.waiters.pop(rid, None)
         return w.reply
 
-    def _refusal(self):
+    def _refusal(self, gate=False):
         if self.closed is not None:
             return _tool_failure("unavailable", "the control channel is closed")
         if not self.in_run:
             return _tool_failure(
                 "cancelled", "no run is in progress: tools can be called only during a run, "
                 "not by code that goes on after it (such as a background thread)")
-        if not self.tools_on:
+        if not self.tools_on and not gate:
             return _tool_failure("unavailable", "this run cannot call tools")
         return None
 

@@ -1,7 +1,9 @@
 # pysandbox code facts: what Python's parser says about a program, without
-# running it (internal/codefacts). This file is the code of a sandboxed run;
-# the program to look at is the string global codefacts_source (a run input,
-# never part of this code). It parses it with ast.parse, never compile() or
+# running it (internal/codefacts). This file is either the code of a
+# sandboxed run, where the program to look at is the string global
+# codefacts_source (a run input, never part of this code), or a module the
+# worker loads to take the facts of a run's own code before running it
+# (codefacts_line; see worker.py's _gate). It parses it with ast.parse, never compile() or
 # exec(), walks the tree in loops (never recursing with its depth), and
 # prints one JSON line.
 #
@@ -699,21 +701,28 @@ def _codefacts_main(source):
 
 
 def _codefacts_run(source):
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.stdout.write(codefacts_line(source) + "\n")
+    sys.stdout.flush()
+
+
+def codefacts_line(source):
+    """The facts of source as one line of JSON, taken in a forked child:
+    a parser crash is a fact (unanalysable), not the caller's end."""
     import json
     import os
-    import sys
 
     if not isinstance(source, str):
         raise TypeError("codefacts_source must be a string")
     limit = 256 << 10
-    sys.stdout.flush()
-    sys.stderr.flush()
     try:
         rfd, wfd = os.pipe()
         pid = os.fork()
     except (AttributeError, OSError):
-        print(_codefacts_main(source))
-        return
+        return _codefacts_main(source)
     if pid == 0:
         code = 1
         try:
@@ -747,9 +756,7 @@ def _codefacts_run(source):
         except ValueError:
             ok = False
     if ok:
-        sys.stdout.write(data.decode("ascii"))
-        sys.stdout.flush()
-        return
+        return data.decode("ascii").rstrip("\n")
     if status > 0 and os.WIFSIGNALED(status):
         why = "the parser crashed (signal %d)" % os.WTERMSIG(status)
     elif status > 0 and os.WIFEXITED(status):
@@ -759,7 +766,8 @@ def _codefacts_run(source):
     out = {"v": 1, "imports": [], "process_calls": [], "file_calls": [], "network_calls": [],
            "dynamic_code": ["unanalysable"], "urls": [], "truncated": [],
            "syntax_error": "too deeply nested to parse: " + why}
-    print(json.dumps(out, separators=(",", ":")))
+    return json.dumps(out, separators=(",", ":"))
 
 
-_codefacts_run(codefacts_source)
+if "codefacts_source" in globals():
+    _codefacts_run(codefacts_source)  # noqa: F821 (a run input)
