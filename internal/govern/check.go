@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/pysandbox/pysandbox/internal/pep"
@@ -155,7 +156,7 @@ func (t *Ticket) decide(ctx context.Context, pol *policy.Policy, s Subject, pkgs
 		}
 	}
 	if j.Deny {
-		return Verdict{Refusal: t.deny(j.Reason, "rule", fmt.Sprintf("The server's policy does not allow this %s call: %s. Nothing was run. Do not retry the same call; change it to meet the policy, or ask the user.", t.call.Tool, j.Reason))}
+		return Verdict{Refusal: t.deny(j.Reason, "rule", fmt.Sprintf("The server's policy does not allow this %s call: %s. Nothing was run. Do not retry the same call; change it to meet the policy, or ask the user.", t.call.Tool, strings.TrimRight(j.Reason, ". ")))}
 	}
 	if t.reservation == nil {
 		// The policy's rate limits (a shared store's round trip, with
@@ -309,8 +310,12 @@ func (t *Ticket) facts(ctx context.Context, pol *policy.Policy, s Subject) (poli
 		if ctx.Err() != nil {
 			return f, "", &Refusal{Status: StatusCancelled, Message: "The call was cancelled before the code ran."}
 		}
+		next := "retry, or tell the server's operator if it persists"
+		if strings.Contains(err.Error(), "more than the") {
+			next = "send less code"
+		}
 		return f, "", t.deny("the code's facts could not be derived: "+err.Error(), "rule",
-			fmt.Sprintf("The server's policy looks at the code of %s calls, and the code could not be analysed (%v). Nothing was run; retry, or tell the server's operator if it persists.", t.call.Tool, err))
+			fmt.Sprintf("The server's policy looks at the code of %s calls, and the code could not be analysed (%v). Nothing was run; %s.", t.call.Tool, err, next))
 	}
 	f.Code = facts
 	return f, summary, nil

@@ -76,6 +76,10 @@ const (
 // CodeFacts are the facts a code path may name.
 var CodeFacts = []string{"imports", "process_calls", "file_calls", "network_calls", "dynamic_code", "urls", "dependencies", "bytes", "lines", "syntax_error"}
 
+// listFacts are the code facts that are lists of names: only contains
+// (an element) and exists (not empty) mean anything on them.
+var listFacts = []string{"imports", "process_calls", "file_calls", "network_calls", "dynamic_code", "urls", "dependencies"}
+
 var operators = []string{"eq", "neq", "lt", "lte", "gt", "gte", "in", "not_in", "exists", "regex", "contains"}
 
 // Facts are what a call's rules look at: its arguments, and for a code
@@ -428,7 +432,15 @@ func (v *validator) condition(field string, x any) Condition {
 		return c
 	}
 	if _, ok := m["value"]; !ok {
-		v.fail(field+".value", "missing; %s compares the argument with a value", c.Op)
+		if c.Op == "exists" {
+			v.fail(field+".value", "missing; exists needs true (the path leads to a value) or false (it does not)")
+		} else {
+			v.fail(field+".value", "missing; %s compares the argument with a value", c.Op)
+		}
+		return c
+	}
+	if root == RootCode && slices.Contains(listFacts, rest) && c.Op != "contains" && c.Op != "exists" {
+		v.fail(field+".op", "code.%s is a list of names, so %q means nothing on it; use contains (one of them is the value, e.g. {path: code.%s, op: contains, value: socket}) or exists (true: the list is not empty)", rest, c.Op, rest)
 		return c
 	}
 	switch c.Op {
@@ -513,6 +525,69 @@ func (v *validator) allTools(field string, x any) []Limit {
 	var out []Limit
 	for i, item := range list {
 		out = append(out, v.limit(fmt.Sprintf("%s.limits[%d]", field, i), item))
+	}
+	return out
+}
+
+// Describe is what the policy does with a tool, for people and agents
+// (check_environment): hidden, or its action, its limits and its rules,
+// e.g. `allow; "runs": 10 per minute per identity; deny_if args.code regex
+// rm\s+-rf ("Destructive shell commands are not allowed")`.
+func (p *Policy) Describe(tool string) string {
+	d := p.Decide(tool)
+	if d.Hidden {
+		return "hidden (hide): not offered, every call refused"
+	}
+	v := string(d.Action)
+	if d.Action == Approve && d.By == ApproveByOperator {
+		v += " (by an operator)"
+	}
+	if d.Action == Deny {
+		return v
+	}
+	for _, l := range d.Limits {
+		v += "; " + l.String()
+	}
+	r := p.rule(tool)
+	if r == nil {
+		return v
+	}
+	add := func(kind string, rules []Rule) {
+		for _, rule := range rules {
+			v += "; " + kind + " " + rule.Describe()
+			switch {
+			case rule.OnDeny != "":
+				v += fmt.Sprintf(" (%q)", rule.OnDeny)
+			case rule.Reason != "":
+				v += fmt.Sprintf(" (%q)", rule.Reason)
+			}
+			if kind == "approve_if" && rule.By == ApproveByOperator {
+				v += " by an operator"
+			}
+		}
+	}
+	add("require", r.Require)
+	add("deny_if", r.DenyIf)
+	add("approve_if", r.ApproveIf)
+	return v
+}
+
+// Root is where a condition's path starts (RootArgs or RootCode), and
+// Keys the names after it.
+func (c *Condition) Root() string   { return c.root }
+func (c *Condition) Keys() []string { return c.keys }
+
+// Rules are a tool's own argument rules, all three kinds, in order.
+func (p *Policy) Rules(tool string) []*Rule {
+	r := p.Tools[tool]
+	if r == nil {
+		return nil
+	}
+	var out []*Rule
+	for _, list := range [][]Rule{r.Require, r.DenyIf, r.ApproveIf} {
+		for i := range list {
+			out = append(out, &list[i])
+		}
 	}
 	return out
 }

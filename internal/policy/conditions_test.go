@@ -217,3 +217,40 @@ func TestRuleErrors(t *testing.T) {
 		t.Errorf("empty deny_if: %+v", j)
 	}
 }
+
+// TestListFactOperators: a list fact of code takes only contains and
+// exists; the others would compare the list's text.
+func TestListFactOperators(t *testing.T) {
+	for _, op := range []string{"eq", "neq", "in", "not_in", "regex", "lt"} {
+		val := `"socket"`
+		switch op {
+		case "in", "not_in":
+			val = `["socket"]`
+		case "lt":
+			val = `1`
+		}
+		_, err := Parse([]byte(`{"version":"1","tools":{"run_python":{"deny_if":[{"conditions":[{"path":"code.imports","op":"`+op+`","value":`+val+`}]}]}}}`), "p.json", condTools)
+		if err == nil || !strings.Contains(err.Error(), "is a list of names") {
+			t.Errorf("%s on code.imports: %v", op, err)
+		}
+	}
+	if _, err := Parse([]byte(`{"version":"1","tools":{"run_python":{"deny_if":[{"conditions":[{"path":"code.lines","op":"gt","value":100}]}]}}}`), "p.json", condTools); err != nil {
+		t.Errorf("gt on code.lines: %v", err)
+	}
+}
+
+func TestRuleWarnings(t *testing.T) {
+	p, err := Parse([]byte(`{"version":"1","hide":["upload_file"],"tools":{
+		"run_python":{"action":"deny","deny_if":[{"conditions":[]}]},
+		"upload_file":{"require":[{"conditions":[{"path":"args.path","op":"exists","value":true}]}]},
+		"check_environment":{"action":"approve","approve_if":[{"conditions":[{"path":"args.x","op":"exists","value":true}]}]}}}`), "p.json", condTools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := strings.Join(p.Warnings, "\n")
+	for _, want := range []string{"tools.run_python: its require", "tools.upload_file: its require", "tools.check_environment.approve_if: every call is approved"} {
+		if !strings.Contains(w, want) {
+			t.Errorf("warnings lack %q:\n%s", want, w)
+		}
+	}
+}

@@ -292,6 +292,17 @@ func (p *Policy) toolWarnings() []string {
 	// a longer one holds the current shorter one; its count is at least
 	// the shorter one's when every rule counting in the shorter one
 	// counts in the longer one too.
+	var out0 []string
+	for _, name := range names {
+		r := p.Tools[name]
+		n := len(r.Require) + len(r.DenyIf) + len(r.ApproveIf)
+		switch {
+		case n > 0 && (r.Action == Deny || p.hides(name)):
+			out0 = append(out0, fmt.Sprintf("tools.%s: its require, deny_if and approve_if rules never apply, since the tool is denied whatever its arguments", name))
+		case len(r.ApproveIf) > 0 && r.Action == Approve:
+			out0 = append(out0, fmt.Sprintf("tools.%s.approve_if: every call is approved by a human already (action: approve), so these rules change nothing", name))
+		}
+	}
 	counting := map[key]map[string]bool{}
 	for _, name := range names {
 		if p.Tools[name].Action == Deny {
@@ -313,7 +324,7 @@ func (p *Policy) toolWarnings() []string {
 		}
 		return true
 	}
-	var out []string
+	out := out0
 	for _, name := range names {
 		r := p.Tools[name]
 		field := "tools." + name

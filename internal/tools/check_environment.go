@@ -46,12 +46,7 @@ func (s *server) governanceSummary() *engine.Governance {
 	sum := &engine.Governance{Policy: pol.Source, Tools: map[string]string{},
 		PackagesAllowed: pol.Packages.Allow, PackagesDenied: pol.Packages.Deny}
 	for _, name := range Names {
-		d := pol.Decide(name)
-		v := string(d.Action)
-		for _, l := range d.Limits {
-			v += "; " + l.String()
-		}
-		sum.Tools[name] = v
+		sum.Tools[name] = pol.Describe(name)
 	}
 	return sum
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/govern"
+	"github.com/pysandbox/pysandbox/internal/policy"
 )
 
 // This file is where the MCP layer meets governance (internal/govern),
@@ -122,6 +124,13 @@ func addTool[In, Out any](s *server, srv *mcp.Server, t *mcp.Tool, h handler[In,
 		panic(err)
 	}
 	h = routed(s, tt.Name, h)
+	if in, err := asSchema(tt.InputSchema); err == nil {
+		props := map[string]bool{}
+		for k := range in.Properties {
+			props[k] = true
+		}
+		s.argNames.Store(tt.Name, props)
+	}
 	srv.AddTool(&tt, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		return callTool(ctx, s, req, sc, h)
 	})
@@ -548,4 +557,37 @@ func (s *server) limitsText(timeout time.Duration) string {
 		parts = append(parts, s.networkWords(), "no access to the host's files ("+string(cfg.Backend.Kind())+" sandbox)")
 	}
 	return strings.Join(parts, ", ")
+}
+
+// warnRules logs the policy's rules that can never take effect here: a
+// condition on an argument the tool does not have, on facts of code for
+// a tool that runs none, an operator's approval without a console.
+func (s *server) warnRules() {
+	pol := s.gov.Policy()
+	for tool, r := range pol.Tools {
+		if s.gov.Activity() == nil && (r.By == policy.ApproveByOperator && r.Action == policy.Approve) {
+			s.log.Warn("policy rule never takes effect", "rule", "tools."+tool+".by", "why", "an operator must approve, and this server has no console (--console): every call is refused")
+		}
+		v, ok := s.argNames.Load(tool)
+		props, _ := v.(map[string]bool)
+		for _, rule := range pol.Rules(tool) {
+			if rule.By == policy.ApproveByOperator && s.gov.Activity() == nil {
+				s.log.Warn("policy rule never takes effect", "rule", rule.Field(), "why", "an operator must approve, and this server has no console (--console): every matching call is refused")
+			}
+			for i, c := range rule.Conditions {
+				field := fmt.Sprintf("%s.conditions[%d].path", rule.Field(), i)
+				switch {
+				case c.Root() == policy.RootCode && slices.Contains(Names, tool) && tool != "run_python" && tool != "validate_script":
+					s.log.Warn("policy rule never takes effect", "rule", field, "why", tool+" runs no code, so code facts are never there (exists is false, every other test is false)")
+				case c.Root() == policy.RootArgs && ok && len(c.Keys()) > 0 && !props[c.Keys()[0]]:
+					names := make([]string, 0, len(props))
+					for k := range props {
+						names = append(names, k)
+					}
+					slices.Sort(names)
+					s.log.Warn("policy rule never takes effect", "rule", field, "why", fmt.Sprintf("%s has no argument %q; its arguments are %s", tool, c.Keys()[0], strings.Join(names, ", ")))
+				}
+			}
+		}
+	}
 }

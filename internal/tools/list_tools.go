@@ -359,12 +359,7 @@ func (s *server) upstreamSummary() *engine.UpstreamPolicy {
 		if !strings.Contains(name, ".") {
 			continue
 		}
-		d := pol.Decide(name)
-		v := string(d.Action)
-		for _, l := range d.Limits {
-			v += "; " + l.String()
-		}
-		v += s.ruleMatchesNothing(name)
+		v := pol.Describe(name) + s.ruleMatchesNothing(name)
 		u.Rules[name] = v
 	}
 	return u

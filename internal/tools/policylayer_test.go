@@ -1,7 +1,11 @@
 package tools
 
 import (
+	"bytes"
+	"log/slog"
+
 	"context"
+	"github.com/pysandbox/pysandbox/internal/policy"
 	"os"
 	"slices"
 	"strings"
@@ -31,7 +35,7 @@ func TestPolicyLayerDocument(t *testing.T) {
 		names = append(names, tool.Name)
 	}
 	slices.Sort(names)
-	if !slices.Equal(names, []string{"check_environment", "run_python", "upload_file"}) {
+	if !slices.Equal(names, []string{"check_environment", "create_session", "run_python", "upload_file"}) {
 		t.Errorf("tools/list: %v", names)
 	}
 	refused := func(name string, args map[string]any, want string) {
@@ -152,5 +156,34 @@ func TestCodeAwareApproval(t *testing.T) {
 	last := recs[len(recs)-1]
 	if last.Decision != "declined" || last.Detail["rule"] != "tools.run_python.approve_if[1]" || !strings.Contains(last.Detail["code_facts"], "importlib") {
 		t.Errorf("record %+v", last)
+	}
+}
+
+// TestRuleWarningsAtStart: rules that can never take effect on this
+// server are logged when it starts: an argument the tool does not have,
+// facts of code on a tool that runs none, an operator's approval
+// without a console.
+func TestRuleWarningsAtStart(t *testing.T) {
+	pol, err := policy.Parse([]byte(`{"version": "1", "default": "allow", "tools": {
+		"run_python": {"require": [{"conditions": [{"path": "args.timeout", "op": "lte", "value": 60}]}]},
+		"upload_file": {"deny_if": [{"conditions": [{"path": "code.imports", "op": "contains", "value": "os"}]}],
+		                "approve_if": [{"conditions": [{"path": "args.path", "op": "exists", "value": true}], "by": "operator"}]}}}`), "p.json", Names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	newServer(t, nil, func(o *Options) {
+		o.Governance = Governance{Policy: pol}
+		o.Logger = slog.New(slog.NewTextHandler(&buf, nil))
+	})
+	logs := buf.String()
+	for _, want := range []string{
+		`rule=tools.run_python.require[0].conditions[0].path why="run_python has no argument \"timeout\"; its arguments are code, dependencies, inputs, python_version, session_id, timeout_seconds"`,
+		`rule=tools.upload_file.deny_if[0].conditions[0].path why="upload_file runs no code`,
+		`rule=tools.upload_file.approve_if[0] why="an operator must approve, and this server has no console`,
+	} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the log lacks %s:\n%s", want, logs)
+		}
 	}
 }

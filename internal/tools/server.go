@@ -99,6 +99,9 @@ type server struct {
 	// inflight are the governed calls whose handlers run, by request
 	// (see Host.Run).
 	inflight sync.Map
+	// argNames are the argument names of each governed tool (its input
+	// schema's properties), for the policy's warnings.
+	argNames sync.Map
 	quotas   *quota.Quotas
 	net      *egress.Proxy
 	up       *upstream.Manager
@@ -263,6 +266,7 @@ func (s *server) register(srv *mcp.Server) {
 			srv.RemoveTools(name)
 		}
 	}
+	s.warnRules()
 	// Session files are resources too; they follow download_file's rule.
 	if pol.Decide("download_file").Action != policy.Allow {
 		srv.RemoveResourceTemplates(FileTemplate)
