@@ -44,14 +44,6 @@ const (
 	StatusOutputLimit Status = "output_limit"
 	StatusKilled      Status = "killed"
 	StatusCancelled   Status = "cancelled"
-
-	// The statuses of a call refused before anything ran; the result
-	// carries nothing else but a message saying what to do.
-	StatusInvalidRequest Status = "invalid_request" // the arguments: fix them
-	StatusDenied         Status = "denied"          // the server's policy
-	StatusBusy           Status = "busy"            // retry shortly
-	StatusQuota          Status = "quota"           // the caller's own quota
-	StatusSandboxError   Status = "sandbox_error"   // the sandbox failed to start
 )
 
 // workerPath is where the worker program sits inside every sandbox.
@@ -231,59 +223,35 @@ type RunRequest struct {
 	Gate func(ctx context.Context, facts json.RawMessage) string
 }
 
-// Result is the outcome of a run; its JSON form is the tool's output.
+// Result is the outcome of a run. (How a tool shows it is the tool's:
+// run_python's is internal/tools' RunPythonOutput.)
 type Result struct {
-	Status   Status `json:"status"`
-	ExitCode int    `json:"exit_code"`
-	Stdout   string `json:"stdout"`
-	Stderr   string `json:"stderr"`
-	// ReturnValue is the last expression's value (null when none): decoded
+	Status   Status
+	ExitCode int
+	Stdout   string
+	Stderr   string
+	// ReturnValue is the last expression's value (nil when none): decoded
 	// JSON, or its repr() string when it was not JSON-able.
-	ReturnValue     any   `json:"return_value" jsonschema:"the value of the last expression as JSON, its repr() when not JSON-serialisable, or null"`
-	StdoutTruncated bool  `json:"stdout_truncated"`
-	StderrTruncated bool  `json:"stderr_truncated"`
-	DurationMS      int64 `json:"duration_ms"`
+	ReturnValue     any
+	StdoutTruncated bool
+	StderrTruncated bool
+	DurationMS      int64
 	// Error names the exception that ended the run, when there was one.
-	Error *worker.Exception `json:"error,omitempty"`
+	Error *worker.Exception
 	// Message explains a non-success status in words an agent can act on.
-	Message string `json:"message,omitempty"`
+	Message string
 	// Sandbox is the backend that ran the code; "none" means unsandboxed.
-	Sandbox string `json:"sandbox"`
+	Sandbox string
 	// Figures are the matplotlib figures the run left open, as PNG.
-	Figures []Figure `json:"figures,omitempty"`
+	Figures []Figure
 	// ReturnText is a text rendering of a pandas return value.
-	ReturnText string `json:"return_text,omitempty"`
-	// Displays are the run's rich outputs (display(), rich reprs); their
-	// data is content (images, embedded resources), not JSON.
-	Displays        []Display `json:"displays,omitempty"`
-	DisplaysOmitted int       `json:"displays_omitted,omitempty"`
+	ReturnText string
+	// Displays are the run's rich outputs (display(), rich reprs).
+	Displays        []Display
+	DisplaysOmitted int
 	// Resource use, for the audit trail.
-	PeakMemoryBytes int64 `json:"peak_memory_bytes,omitempty"`
-	CPUTimeMS       int64 `json:"cpu_time_ms,omitempty"`
-	// Network is what the run did through the network proxy; nil when it
-	// had no network.
-	Network *NetUsage `json:"network,omitempty"`
-	// ToolCalls is what the run did through upstream tools; nil when it
-	// had none to call.
-	ToolCalls *ToolUsage `json:"tool_calls,omitempty"`
-}
-
-// ToolUsage is a run's use of upstream tools.
-type ToolUsage struct {
-	Calls     int      `json:"calls"`
-	Refused   int      `json:"refused,omitempty"`
-	BytesOut  int64    `json:"bytes_out"` // arguments sent
-	BytesIn   int64    `json:"bytes_in"`  // results received
-	LimitsHit []string `json:"limits_hit,omitempty"`
-}
-
-// NetUsage is a run's use of the network proxy.
-type NetUsage struct {
-	Connections int      `json:"connections"`
-	Refused     int      `json:"refused,omitempty"`
-	BytesIn     int64    `json:"bytes_in"`
-	BytesOut    int64    `json:"bytes_out"`
-	LimitsHit   []string `json:"limits_hit,omitempty"`
+	PeakMemoryBytes int64
+	CPUTimeMS       int64
 }
 
 // timeout picks the effective timeout of a request.
@@ -661,14 +629,10 @@ var pythonKeywords = map[string]bool{
 
 // Figure is one matplotlib figure a run produced.
 type Figure struct {
-	Width    int  `json:"width"`
-	Height   int  `json:"height"`
-	Bytes    int  `json:"bytes"`
-	TooLarge bool `json:"too_large,omitempty"`
-	// URI is where a figure too large to inline can be read (resources/read).
-	URI string `json:"uri,omitempty"`
-	// PNG is the image; tools return it as image content, not as JSON.
-	PNG []byte `json:"-"`
+	Width, Height int
+	Bytes         int  // of PNG
+	TooLarge      bool // it could not be scaled down to Config.MaxFigureBytes
+	PNG           []byte
 }
 
 // decodeReturn decodes the worker's JSON value, keeping numbers exact. The

@@ -5,15 +5,13 @@ import (
 	"fmt"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/pysandbox/pysandbox/internal/engine"
 )
 
 // displayContent turns a run's rich outputs into MCP content within room
 // bytes (as encoded): raster images as image content, SVG, HTML, Markdown,
 // JSON and LaTeX as embedded resources with their MIME type, and always a
 // text fallback first. What does not fit is named in a text note instead.
-func displayContent(res *engine.Result, room int64) []mcp.Content {
+func displayContent(res *RunPythonOutput, room int64) []mcp.Content {
 	var out []mcp.Content
 	for i, d := range res.Displays {
 		n := i + 1

@@ -11,7 +11,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/workspace"
 )
 
@@ -170,7 +169,7 @@ func (s *server) readFigure(ctx context.Context, req *mcp.ReadResourceRequest) (
 //
 // room is what the reply has left for them, as encoded JSON: an image that
 // would not fit (base64 takes 4/3 of its bytes) becomes a link too.
-func (s *server) figureContent(res *engine.Result, sessionID string, run int, owner string, room int64) []mcp.Content {
+func (s *server) figureContent(res *RunPythonOutput, sessionID string, run int, owner string, room int64) []mcp.Content {
 	var out []mcp.Content
 	linked := 0
 	for i := range res.Figures {

@@ -382,7 +382,7 @@ func (c *inflight) outcome(out any, res *mcp.CallToolResult) govern.Outcome {
 	run, refused, other := c.run, c.refused, c.other
 	c.mu.Unlock()
 	switch v := out.(type) {
-	case *engine.Result:
+	case *RunPythonOutput:
 		if v != nil {
 			return runOutcome(v, res)
 		}
@@ -406,8 +406,16 @@ func (c *inflight) outcome(out any, res *mcp.CallToolResult) govern.Outcome {
 	return o
 }
 
-// runOutcome is what a run measured, for its record.
-func runOutcome(r *engine.Result, res *mcp.CallToolResult) govern.Outcome {
+// runOutcome is what a run measured, for its record: from run_python's
+// output as it went to the client, or from the run a profile's tool made.
+func runOutcome[R *RunPythonOutput | *engine.Result](run R, res *mcp.CallToolResult) govern.Outcome {
+	var r *RunPythonOutput
+	switch v := any(run).(type) {
+	case *RunPythonOutput:
+		r = v
+	case *engine.Result:
+		r = runPythonOutput(v, runUsage{})
+	}
 	exit := r.ExitCode
 	o := govern.Outcome{Status: string(r.Status), ExitCode: &exit, PeakMemoryBytes: r.PeakMemoryBytes, CPUTimeMS: r.CPUTimeMS}
 	switch r.Status {

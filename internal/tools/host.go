@@ -51,7 +51,7 @@ type Governed interface{ Governed() any }
 // Run runs code as run_python does. When nothing ran, refused is the
 // result to return (a quota, a bad argument, a sandbox that cannot start).
 func (h *Host) Run(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (res *engine.Result, refused *govern.Refusal) {
-	res, refused = h.s.execute(ctx, req, in)
+	res, _, refused = h.s.execute(ctx, req, in)
 	// The call's record is made from this run: the profile's result is
 	// its peer's format.
 	if c, ok := h.s.inflight.Load(req); ok {
@@ -66,7 +66,8 @@ func (h *Host) Run(ctx context.Context, req *mcp.CallToolRequest, in RunPythonIn
 // Helper runs code of the profile's own in a session (listing files,
 // reading a version): unlike Run, its outcome is not the call's.
 func (h *Host) Helper(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (*engine.Result, *govern.Refusal) {
-	return h.s.execute(ctx, req, in)
+	res, _, refused := h.s.execute(ctx, req, in)
+	return res, refused
 }
 
 // SessionExists says whether a session of that id is open (anyone's).

@@ -44,9 +44,9 @@ func (s *server) networkOn() bool {
 // runNetwork is the network of a one-shot run: a grant for this call,
 // asking the user through this call's client. usage reports what the run
 // did once it is over (nil when it had no network).
-func (s *server) runNetwork(ctx context.Context, req *mcp.CallToolRequest, tool string) (attach engine.NetAttach, usage func() *engine.NetUsage) {
+func (s *server) runNetwork(ctx context.Context, req *mcp.CallToolRequest, tool string) (attach engine.NetAttach, usage func() *NetUsage) {
 	if !s.networkOn() {
-		return nil, func() *engine.NetUsage { return nil }
+		return nil, func() *NetUsage { return nil }
 	}
 	var g *egress.Grant
 	attach = func(l net.Listener) func() {
@@ -58,7 +58,7 @@ func (s *server) runNetwork(ctx context.Context, req *mcp.CallToolRequest, tool 
 		return g.Close
 	}
 	// (g is set by the engine before Run returns, and read after.)
-	return attach, func() *engine.NetUsage {
+	return attach, func() *NetUsage {
 		if g == nil {
 			return nil
 		}
@@ -66,8 +66,8 @@ func (s *server) runNetwork(ctx context.Context, req *mcp.CallToolRequest, tool 
 	}
 }
 
-func netUsage(u egress.Usage) *engine.NetUsage {
-	return &engine.NetUsage{Connections: u.Connections, Refused: u.Refused, BytesIn: u.BytesIn, BytesOut: u.BytesOut, LimitsHit: u.LimitsHit}
+func netUsage(u egress.Usage) *NetUsage {
+	return &NetUsage{Connections: u.Connections, Refused: u.Refused, BytesIn: u.BytesIn, BytesOut: u.BytesOut, LimitsHit: u.LimitsHit}
 }
 
 // sessionNet is a session's network: one grant for its life, moved on to
@@ -128,18 +128,18 @@ func (s *server) keepSessionNet(id string, n *sessionNet) {
 
 // sessionCall moves a session's network on to this call; the returned
 // function ends the call's part and reports its usage.
-func (s *server) sessionCall(ctx context.Context, req *mcp.CallToolRequest, id string) func() *engine.NetUsage {
+func (s *server) sessionCall(ctx context.Context, req *mcp.CallToolRequest, id string) func() *NetUsage {
 	s.netMu.Lock()
 	n := s.sessNets[id]
 	s.netMu.Unlock()
 	if n == nil {
-		return func() *engine.NetUsage { return nil }
+		return func() *NetUsage { return nil }
 	}
 	n.grant.SetCall(egress.Info{Identity: identity(req), Tool: "run_python", CallID: callIDOf(ctx), Session: id})
 	n.mu.Lock()
 	n.ask = s.asker(ctx, req, "run_python", "session")
 	n.mu.Unlock()
-	return func() *engine.NetUsage {
+	return func() *NetUsage {
 		n.mu.Lock()
 		n.ask = nil
 		n.mu.Unlock()

@@ -25,7 +25,7 @@ const replyOverhead = 16 << 10
 // fit); then stdout, stderr and return_text are cut further, head and
 // tail kept, and the message says so. Sizes are measured as encoded JSON,
 // where one '<' of output takes six bytes.
-func (s *server) boundReply(res *engine.Result, sessionID, owner string) []mcp.Content {
+func (s *server) boundReply(res *RunPythonOutput, sessionID, owner string) []mcp.Content {
 	budget := s.maxReply - replyOverhead
 	size := func() int64 { return encodedLen(res) + encodedLen(summary(res)) }
 	cut := false
@@ -52,7 +52,7 @@ func (s *server) boundReply(res *engine.Result, sessionID, owner string) []mcp.C
 // shrinkLargest halves the largest text field of res (stdout, stderr,
 // return_text), keeping its head and tail; false when nothing is left to
 // cut.
-func shrinkLargest(res *engine.Result) bool {
+func shrinkLargest(res *RunPythonOutput) bool {
 	fields := []struct {
 		s    *string
 		flag *bool

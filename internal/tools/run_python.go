@@ -63,22 +63,24 @@ const (
 	proxyNetworkSentence = "The sandbox reaches the network only through the server's proxy (HTTP_PROXY and HTTPS_PROXY are set, so urllib, requests, httpx, pip and pandas use it), and only the hosts the server's network policy allows (check_environment lists them); any other connection is refused with a message saying why. It cannot see"
 )
 
-func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (*mcp.CallToolResult, *engine.Result, error) {
-	res, refused := s.execute(ctx, req, in)
+func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (*mcp.CallToolResult, *RunPythonOutput, error) {
+	res, use, refused := s.execute(ctx, req, in)
 	if refused != nil {
 		return nil, nil, refused
 	}
-	content := s.boundReply(res, in.SessionID, identity(req))
-	return &mcp.CallToolResult{IsError: res.Status != engine.StatusSuccess, Content: content}, res, nil
+	out := runPythonOutput(res, use)
+	content := s.boundReply(out, in.SessionID, identity(req))
+	return &mcp.CallToolResult{IsError: out.Status != engine.StatusSuccess, Content: content}, out, nil
 }
 
 // execute runs code as run_python does (the caller's quota, its session,
-// the network the policy gives it, tools from code); when nothing ran,
-// refused is the result to return instead.
-func (s *server) execute(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (res *engine.Result, refused *govern.Refusal) {
+// the network the policy gives it, tools from code), and reports what it
+// measured besides; when nothing ran, refused is the result to return
+// instead.
+func (s *server) execute(ctx context.Context, req *mcp.CallToolRequest, in RunPythonInput) (res *engine.Result, use runUsage, refused *govern.Refusal) {
 	run, msg := s.checkRunInput(in)
 	if msg != "" {
-		return nil, errorResult(msg)
+		return nil, use, errorResult(msg)
 	}
 	nt := newNotifier(ctx, req)
 	run.Progress = nt.progressFunc()
@@ -87,7 +89,7 @@ func (s *server) execute(ctx context.Context, req *mcp.CallToolRequest, in RunPy
 	run.Gate = s.gateOf(req)
 	release, refused := s.takeQuota(ctx, req)
 	if refused != nil {
-		return nil, refused
+		return nil, use, refused
 	}
 	defer release()
 	// What the run prints reaches the client as it happens (live.go).
@@ -97,50 +99,44 @@ func (s *server) execute(ctx context.Context, req *mcp.CallToolRequest, in RunPy
 	var err error
 	if in.SessionID != "" {
 		if err := s.ownSession(req, in.SessionID); err != nil {
-			return nil, sessionError(ctx, err)
+			return nil, use, sessionError(ctx, err)
 		}
 		usage := s.sessionCall(ctx, req, in.SessionID)
 		tr := s.newToolRun(ctx, req, in.SessionID)
 		run.Tools = tr.tools()
 		res, err = s.sessions.Run(ctx, in.SessionID, run)
 		tr.finish()
-		if res != nil {
-			res.Network = usage()
-			res.ToolCalls = tr.Usage()
-		} else {
-			usage()
-		}
+		use = runUsage{network: usage(), toolCalls: tr.Usage()}
 		if err != nil && !errors.Is(err, engine.ErrBusy) {
-			return nil, sessionError(ctx, err)
+			return nil, use, sessionError(ctx, err)
 		}
 	} else {
-		var usage func() *engine.NetUsage
+		var usage func() *NetUsage
 		run.Network, usage = s.runNetwork(ctx, req, "run_python")
 		tr := s.newToolRun(ctx, req, "")
 		run.Tools = tr.tools()
 		res, err = s.eng.Run(ctx, run)
 		tr.finish()
 		if res != nil {
-			res.Network = usage()
-			res.ToolCalls = tr.Usage()
+			use = runUsage{network: usage(), toolCalls: tr.Usage()}
 		}
 	}
 	if r, ok := deniedError(err); ok {
-		return nil, r
+		return nil, use, r
 	}
 	var reqErr *engine.RequestError
 	switch {
 	case errors.As(err, &reqErr):
-		return nil, errorResult(reqErr.Error() + ".")
+		return nil, use, errorResult(reqErr.Error() + ".")
 	case errors.Is(err, engine.ErrBusy):
-		return nil, busyResult(err)
+		return nil, use, busyResult(err)
 	case err != nil && ctx.Err() != nil:
-		return nil, refusal(govern.StatusCancelled, "The call was cancelled before the code ran.")
+		return nil, use, refusal(govern.StatusCancelled, "The call was cancelled before the code ran.")
 	case err != nil:
 		s.log.Error("run failed", "err", err)
-		return nil, refusal(govern.StatusSandboxError, fmt.Sprintf("The sandbox could not run the code: %v. Nothing was run; run check_environment to see whether the sandbox works on this server.", err))
+		return nil, use, refusal(govern.StatusSandboxError, fmt.Sprintf("The sandbox could not run the code: %v. Nothing was run; run check_environment to see whether the sandbox works on this server.", err))
 	}
-	return res, nil
+	return res, use, nil
 }
 
 // checkRunInput validates everything the client sent. The message, when
@@ -235,7 +231,7 @@ func checkCode(code string) string {
 
 // summary is the text form of a result, for clients that ignore
 // structured output.
-func summary(r *engine.Result) string {
+func summary(r *RunPythonOutput) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "status: %s (exit code %d, %d ms", r.Status, r.ExitCode, r.DurationMS)
 	if r.Sandbox == "none" {

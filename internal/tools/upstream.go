@@ -67,7 +67,7 @@ type toolRun struct {
 	askMu    sync.Mutex // one question to the user at a time
 	mu       sync.Mutex
 	approved map[string]bool
-	usage    engine.ToolUsage
+	usage    ToolUsage
 	recorded int            // refusals with a record of their own
 	unrec    map[string]int // refusals past the cap, by decision
 }
@@ -90,7 +90,7 @@ func (r *toolRun) tools() worker.Tools {
 }
 
 // Usage is what the run did through upstream tools so far.
-func (r *toolRun) Usage() *engine.ToolUsage {
+func (r *toolRun) Usage() *ToolUsage {
 	if r == nil {
 		return nil
 	}
