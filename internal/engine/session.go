@@ -204,6 +204,8 @@ type SessionInfo struct {
 	Owner       string    `json:"-"`
 	// Holder is the connection it was last used through (CreateOptions.Holder).
 	Holder string `json:"-"`
+	// Python is the version of its interpreter, e.g. "3.13.1".
+	Python string `json:"-"`
 }
 
 // Errors that tell the agent what to do next.
@@ -519,6 +521,9 @@ func (sess *Session) info() SessionInfo {
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	i := SessionInfo{ID: sess.ID, Created: sess.Created.UTC(), LastUsed: sess.lastUsed.UTC(), ExpiresAt: sess.lastUsed.Add(sess.TTL).UTC(), Runs: sess.runs, Owner: sess.Owner, Holder: sess.holder}
+	if sess.renv != nil && sess.renv.py != nil {
+		i.Python = sess.renv.py.Version
+	}
 	i.CPUTimeMS = sessionCPU(sess).Milliseconds()
 	if m, ok := sess.sb.(interface{ MemoryCurrent() int64 }); ok {
 		i.MemoryBytes = m.MemoryCurrent()

@@ -243,8 +243,9 @@ func (t *Ticket) End(o Outcome) error {
 		rec.Error = o.Refused.Message
 	case o.Refused != nil:
 		// Nothing ran after all (a quota, a bad argument): the status
-		// says why.
+		// says why, and it does not count against the limits.
 		rec.Status, rec.Error = string(o.Refused.Status), o.Refused.Message
+		t.cancel()
 	case ran:
 		rec.Status, rec.ExitCode, rec.PeakMemoryBytes, rec.CPUTimeMS = o.Status, o.ExitCode, o.PeakMemoryBytes, o.CPUTimeMS
 		rec.LimitsHit = append(rec.LimitsHit, o.LimitsHit...)

@@ -166,3 +166,31 @@ func TestApprovalByRule(t *testing.T) {
 		t.Errorf("decisions %v", got)
 	}
 }
+
+// TestStricterApproverWins: action approve (the user) and an approve_if
+// rule that wants an operator: the operator decides, told the rule's
+// reason (without a console, the call is refused saying so).
+func TestStricterApproverWins(t *testing.T) {
+	g, _ := newGov(t, `{"version": "1", "default": "allow", "tools": {"upload_file": {"action": "approve",
+		"approve_if": [{"conditions": [{"path": "args.path", "op": "exists", "value": true}], "reason": "any path", "by": "operator"}]}}}`, nil)
+	ctx, tk, _ := g.Admit(context.Background(), Call{Tool: "upload_file", Identity: "alice", Args: json.RawMessage(`{"path": "x"}`)})
+	v := tk.Check(ctx, Subject{}, Approver{CanAsk: true})
+	if v.Ask != nil || v.Refusal == nil || !strings.Contains(v.Refusal.Message, "operator console") {
+		t.Errorf("verdict %+v", v)
+	}
+	tk.End(Outcome{Refused: v.Refusal})
+}
+
+// TestRefusedAfterCheckDoesNotCount: a call the tool refused before
+// anything ran (a quota, an unknown session) gives its place in the rate
+// limits back.
+func TestRefusedAfterCheckDoesNotCount(t *testing.T) {
+	g, _ := newGov(t, `{"version": "1", "default": "allow", "tools": {"upload_file": {"limits": [{"counter": "u", "window": "hour", "max": 1}]}}}`, nil)
+	for i := range 2 {
+		ctx, tk, _ := g.Admit(context.Background(), Call{Tool: "upload_file", Identity: "alice", Args: json.RawMessage(`{}`)})
+		if v := tk.Check(ctx, Subject{}, Approver{}); v.Refusal != nil {
+			t.Fatalf("call %d: %+v", i, v.Refusal)
+		}
+		tk.End(Outcome{Refused: &Refusal{Status: StatusInvalidRequest, Message: "Unknown session."}})
+	}
+}

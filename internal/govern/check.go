@@ -122,9 +122,12 @@ func (t *Ticket) Check(ctx context.Context, s Subject, ap Approver) Verdict {
 			return Verdict{Refusal: t.PackageRefusal(err)}
 		}
 	}
-	if pol.HasRules(t.call.Tool) && pol.NeedsCode(t.call.Tool) && s.Kind == KindRun && s.Code != "" && t.g.sandbox.FromRun != nil {
+	if pol.HasRules(t.call.Tool) && pol.NeedsCode(t.call.Tool) && s.Kind == KindRun && s.Code != "" && s.Session == "" && t.g.sandbox.FromRun != nil {
 		// The facts come from the run's own sandbox, before its code
-		// runs: the rest is decided then (see Gate).
+		// runs: the rest is decided then (see Gate). Only a fresh one:
+		// a session's worker has run the caller's code before, which can
+		// have changed what it sends, so a session's run has its facts
+		// derived in a sandbox of their own.
 		t.gate = &gate{subject: s, pkgs: pkgs, ap: ap}
 		return Verdict{Gate: t.runGate}
 	}
@@ -180,6 +183,12 @@ func (t *Ticket) decide(ctx context.Context, pol *policy.Policy, s Subject, pkgs
 	why := ""
 	by := d.By
 	switch {
+	case d.Action == policy.Approve && j.Approve:
+		// Both ask: the stricter approver, and the rule's reason.
+		why = j.Reason
+		if j.By == policy.ApproveByOperator {
+			by = policy.ApproveByOperator
+		}
 	case d.Action == policy.Approve:
 	case j.Approve:
 		by, why = j.By, j.Reason
@@ -253,15 +262,22 @@ func (t *Ticket) runGate(ctx context.Context, raw json.RawMessage) string {
 // returned: nil when the code was allowed to run (or there was no
 // gate). A Verdict with Rerun set means an operator approved the call
 // meanwhile: run it again (its gate then lets it through).
-func (t *Ticket) AfterRun(ctx context.Context) *Verdict {
+//
+// ran says the run happened (it has a result): one whose sandbox never
+// asked did not go through the gate, so its result is withheld.
+func (t *Ticket) AfterRun(ctx context.Context, ran bool) *Verdict {
 	gt := t.gate
 	if gt == nil {
 		return nil
 	}
 	if !gt.asked {
-		// The run ended before its code could be decided (a refusal of
-		// its own, a sandbox that did not start): nothing ran.
-		return nil
+		if !ran {
+			// Refused before its code could be decided (a bad argument,
+			// a sandbox that did not start): nothing ran.
+			return nil
+		}
+		t.decision, t.reason, t.rule = "deny", "the run's sandbox did not report its code's facts", "rule"
+		return &Verdict{Refusal: &Refusal{Status: StatusSandboxError, Message: "The run's sandbox did not report what its code does before running it, which the server's policy needs, so its result is withheld. Run it again; tell the server's operator if it persists."}}
 	}
 	if q := gt.operator; q != nil {
 		gt.operator = nil

@@ -6,6 +6,7 @@ import (
 	"math/big"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -89,8 +90,10 @@ type Facts struct {
 	Code map[string]any // nil: not derived
 }
 
-// holds reports whether the condition holds for f.
-func (c *Condition) holds(f Facts) bool {
+// holds reports whether the condition holds for f; certain is false when
+// it cannot tell, because a number in the call is too long or too large
+// to compare exactly (the rule then fails closed, see Judge).
+func (c *Condition) holds(f Facts) (ok, certain bool) {
 	var v any
 	var found bool
 	switch c.root {
@@ -99,6 +102,14 @@ func (c *Condition) holds(f Facts) bool {
 	case RootCode:
 		v, found = walk(f.Code, c.keys)
 	}
+	if found && unreadable(v) {
+		return false, false
+	}
+	return c.test(v, found), true
+}
+
+// test is the condition on the value its path leads to.
+func (c *Condition) test(v any, found bool) bool {
 	if found && v == nil {
 		found = false
 	}
@@ -191,12 +202,47 @@ func text(v any) string {
 	return fmt.Sprint(v)
 }
 
+// maxNumberText bounds the text of a number compared exactly: parsing
+// costs more the longer it is (a million digits took seconds), and no
+// argument needs more digits than this.
+const maxNumberText = 64
+
+// unreadable reports whether v holds a number too long or too large to
+// compare exactly (anywhere in it: a list's elements are compared too).
+func unreadable(v any) bool {
+	switch x := v.(type) {
+	case json.Number:
+		_, ok := number(x)
+		return !ok
+	case []any:
+		for _, e := range x {
+			if n, isNum := e.(json.Number); isNum {
+				if _, ok := number(n); !ok {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 // number is v as an exact rational, when v is a number (never a string:
-// the gateway does not read "5" as 5).
+// the gateway does not read "5" as 5). A number of more than
+// maxNumberText characters, or with an exponent beyond ±400, is not read.
 func number(v any) (*big.Rat, bool) {
 	switch n := v.(type) {
 	case json.Number:
-		r, ok := new(big.Rat).SetString(n.String())
+		t := n.String()
+		if len(t) > maxNumberText {
+			return nil, false
+		}
+		if i := strings.IndexAny(t, "eE"); i >= 0 {
+			exp, err := strconv.Atoi(strings.TrimPrefix(t[i+1:], "+"))
+			if err != nil || exp > 400 || exp < -400 {
+				return nil, false
+			}
+		}
+		r, ok := new(big.Rat).SetString(t)
 		return r, ok
 	case int:
 		return new(big.Rat).SetInt64(int64(n)), true
@@ -214,14 +260,25 @@ func number(v any) (*big.Rat, bool) {
 	return nil, false
 }
 
-// matches reports whether every condition of r holds.
-func (r *Rule) matches(f Facts) bool {
+// matches reports whether every condition of r holds; certain is false
+// when one could not tell and none is surely false.
+func (r *Rule) matches(f Facts) (match, certain bool) {
+	certain = true
 	for i := range r.Conditions {
-		if !r.Conditions[i].holds(f) {
-			return false
+		ok, sure := r.Conditions[i].holds(f)
+		switch {
+		case sure && !ok:
+			return false, true
+		case !sure:
+			certain = false
 		}
 	}
-	return true
+	return certain, certain
+}
+
+// unsure is the reason a rule could not be applied.
+func unsure(rule *Rule) string {
+	return "a number in the call is too long or too large to compare exactly (" + rule.field + ": " + rule.Describe() + "), so the rule cannot be applied and refuses it; send it with at most " + strconv.Itoa(maxNumberText) + " characters"
 }
 
 // Describe is the rule as a person reads it: "args.path regex \.env$ and
@@ -263,7 +320,9 @@ func (p *Policy) Judge(tool string, f Facts) Judgement {
 	}
 	for i := range r.Require {
 		rule := &r.Require[i]
-		if !rule.matches(f) {
+		if m, sure := rule.matches(f); !sure {
+			return Judgement{Deny: true, Reason: unsure(rule), Rule: rule}
+		} else if !m {
 			reason := rule.OnDeny
 			if reason == "" {
 				reason = "the call does not meet the policy's requirement " + rule.field + " (" + rule.Describe() + ")"
@@ -273,7 +332,9 @@ func (p *Policy) Judge(tool string, f Facts) Judgement {
 	}
 	for i := range r.DenyIf {
 		rule := &r.DenyIf[i]
-		if rule.matches(f) {
+		if m, sure := rule.matches(f); !sure {
+			return Judgement{Deny: true, Reason: unsure(rule), Rule: rule}
+		} else if m {
 			reason := rule.OnDeny
 			if reason == "" {
 				reason = "the call matches the policy's rule " + rule.field + " (" + rule.Describe() + ")"
@@ -283,7 +344,7 @@ func (p *Policy) Judge(tool string, f Facts) Judgement {
 	}
 	for i := range r.ApproveIf {
 		rule := &r.ApproveIf[i]
-		if rule.matches(f) {
+		if m, sure := rule.matches(f); m || !sure {
 			by := rule.By
 			if by == "" {
 				by = ApproveByUser
@@ -465,6 +526,10 @@ func (v *validator) condition(field string, x any) Condition {
 			v.fail(field+".value", "operator \"regex\" needs a string, got %s", show(c.Value))
 			break
 		}
+		if len(s) > maxPattern {
+			v.fail(field+".value", "a pattern of %d bytes; the limit is %d (every call is matched against it)", len(s), maxPattern)
+			break
+		}
 		re, err := regexp.Compile(s)
 		if err != nil {
 			v.fail(field+".value", "invalid regex %q: %v", s, err)
@@ -479,6 +544,9 @@ func (v *validator) condition(field string, x any) Condition {
 	}
 	return c
 }
+
+// maxPattern bounds a regex: matching costs its size times the text's.
+const maxPattern = 1024
 
 // hideAll is the hide entry that hides every tool.
 const hideAll = "*"

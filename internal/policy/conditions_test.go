@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 )
 
 var condTools = []string{"run_python", "upload_file", "check_environment", "gh.*"}
@@ -252,5 +253,47 @@ func TestRuleWarnings(t *testing.T) {
 		if !strings.Contains(w, want) {
 			t.Errorf("warnings lack %q:\n%s", want, w)
 		}
+	}
+}
+
+func TestHideServerPattern(t *testing.T) {
+	p, err := Parse([]byte(`{"version":"1","default":"allow","hide":["gh.*"]}`), "p.json", condTools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Hidden("gh.create_issue") || p.Hidden("run_python") {
+		t.Error(`hide ["gh.*"] must hide gh's tools, and only those`)
+	}
+}
+
+// TestNumbersTooLongToCompare: a number too long or too large to compare
+// exactly (which would cost seconds, or read as no number at all) makes
+// its rule fail closed: require and deny_if refuse, approve_if asks.
+func TestNumbersTooLongToCompare(t *testing.T) {
+	p, err := Parse([]byte(`{"version":"1","default":"allow","tools":{
+		"run_python":{"deny_if":[{"conditions":[{"path":"args.timeout_seconds","op":"gt","value":60}]}]},
+		"upload_file":{"require":[{"conditions":[{"path":"args.n","op":"lte","value":10}]}]},
+		"check_environment":{"approve_if":[{"conditions":[{"path":"args.n","op":"in","value":[1,2]}]}]}}}`), "p.json", condTools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"61." + strings.Repeat("0", 1_000_000), "1e-1000000", "1" + strings.Repeat("0", 100)} {
+		start := time.Now()
+		f := Facts{Args: args(t, `{"timeout_seconds": `+n+`, "n": `+n+`}`)}
+		if j := p.Judge("run_python", f); !j.Deny || !strings.Contains(j.Reason, "too long or too large") {
+			t.Errorf("deny_if on %.20s...: %+v", n, j)
+		}
+		if j := p.Judge("upload_file", f); !j.Deny {
+			t.Errorf("require on %.20s...: %+v", n, j)
+		}
+		if j := p.Judge("check_environment", f); !j.Approve {
+			t.Errorf("approve_if on %.20s...: %+v", n, j)
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Errorf("judging %.20s... took %v", n, d)
+		}
+	}
+	if j := p.Judge("run_python", Facts{Args: args(t, `{"timeout_seconds": 5.0}`)}); j.Deny {
+		t.Errorf("a plain number: %+v", j)
 	}
 }

@@ -167,7 +167,12 @@ func (p *Policy) limits(own []Limit) []Limit {
 }
 
 func (p *Policy) hides(tool string) bool {
-	return slices.Contains(p.Hide, tool) || slices.Contains(p.Hide, hideAll)
+	if slices.Contains(p.Hide, tool) || slices.Contains(p.Hide, hideAll) {
+		return true
+	}
+	// SERVER.* hides every tool of an upstream server.
+	server, _, ok := strings.Cut(tool, ".")
+	return ok && slices.Contains(p.Hide, UpstreamPattern(server))
 }
 
 // Hidden reports whether a tool is denied outright (hidden, or denied

@@ -55,3 +55,35 @@ func TestCodeRulesInTheRunsSandbox(t *testing.T) {
 		t.Fatalf("approved run: %s %v", text(res), out)
 	}
 }
+
+// TestSessionCannotTurnOffTheGate: a session's worker has run the
+// caller's code, which can replace what it reports; so a session's runs
+// have their code's facts derived in a sandbox of their own (on the
+// session's interpreter), and patching the worker changes nothing.
+func TestSessionCannotTurnOffTheGate(t *testing.T) {
+	pol, err := policy.Parse([]byte(`{"version": "1", "default": "allow", "tools": {"run_python": {
+		"deny_if": [{"conditions": [{"path": "code.imports", "op": "contains", "value": "subprocess"}], "on_deny": "no subprocess"}]}}}`), "p.json", Names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := connectWith(t, nil, func(o *Options) { o.Governance = Governance{Policy: pol} })
+	_, out := call(t, cs, "create_session", nil)
+	id, _ := out["session_id"].(string)
+	_, out = call(t, cs, "run_python", map[string]any{"session_id": id, "code": `
+import sys
+n = 0
+f = sys._getframe()
+while f is not None:
+    if "_gate" in f.f_globals:
+        f.f_globals["_gate"] = lambda sock, source: None
+        n += 1
+    f = f.f_back
+n`})
+	if out["status"] != "success" {
+		t.Fatalf("patch run: %v", out)
+	}
+	res, out := call(t, cs, "run_python", map[string]any{"session_id": id, "code": "import subprocess\nprint(subprocess.run(['id'], capture_output=True).returncode)"})
+	if !res.IsError || !strings.Contains(text(res), "no subprocess") {
+		t.Fatalf("after patching the session's worker: %s %v", text(res), out)
+	}
+}

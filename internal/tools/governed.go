@@ -47,6 +47,7 @@ type outcomer interface{ outcome() govern.Outcome }
 // message set, so that it still matches the output schema.
 type schemas struct {
 	in      *jsonschema.Resolved
+	inProps map[string]bool // the input schema's properties
 	outZero map[string]any  // nil: no output schema
 	props   map[string]bool // the output schema's properties
 }
@@ -70,6 +71,10 @@ func schemasFor[In, Out any](t *mcp.Tool) (*schemas, error) {
 		return nil, fmt.Errorf("input schema of %s: %w", t.Name, err)
 	}
 	sc.in = r
+	sc.inProps = map[string]bool{}
+	for k := range s.Properties {
+		sc.inProps[k] = true
+	}
 	ot := reflect.TypeFor[Out]()
 	if ot == reflect.TypeFor[any]() {
 		return sc, nil
@@ -148,7 +153,7 @@ func callTool[In, Out any](ctx context.Context, s *server, req *mcp.CallToolRequ
 	if ref != nil {
 		return s.refused(t, sc, ref, govern.Outcome{Refused: ref})
 	}
-	v := t.Check(actx, subjectOf(in), approverOf(actx, req))
+	v := t.Check(actx, s.subjectOf(in), approverOf(actx, req))
 	switch {
 	case v.Refusal != nil:
 		return s.refused(t, sc, v.Refusal, govern.Outcome{Refused: v.Refusal})
@@ -163,12 +168,12 @@ func callTool[In, Out any](ctx context.Context, s *server, req *mcp.CallToolRequ
 	call := &inflight{ticket: t, gate: v.Gate}
 	s.inflight.Store(req, call)
 	res, out, err := h(actx, req, in)
-	after := t.AfterRun(actx)
+	after := t.AfterRun(actx, err == nil && !call.refusedRun())
 	if after != nil && after.Rerun {
 		// An operator approved it while its sandbox was let go: again.
 		call.reset()
 		res, out, err = h(actx, req, in)
-		after = t.AfterRun(actx)
+		after = t.AfterRun(actx, err == nil && !call.refusedRun())
 	}
 	s.inflight.Delete(req)
 	if after != nil {
@@ -331,6 +336,18 @@ func decodeInput[In any](tool string, raw json.RawMessage, sc *schemas) (In, *go
 	if err := sc.in.Validate(&m); err != nil {
 		return in, &govern.Refusal{Status: govern.StatusInvalidRequest, Message: fmt.Sprintf("The arguments of %s are not valid: %s. Nothing was run; fix them (the tool's input schema says what each takes).", tool, plainError(err))}
 	}
+	// Only the schema's own names, exactly: encoding/json would also fill
+	// a field from a key that differs in case ("Script", "ſcript"), which
+	// the policy's rules, reading keys as they are, would not see.
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err == nil && sc.inProps != nil {
+		for k := range fields {
+			if !sc.inProps[k] {
+				delete(fields, k)
+			}
+		}
+		raw, _ = json.Marshal(fields)
+	}
 	if err := json.Unmarshal(raw, &in); err != nil {
 		return in, &govern.Refusal{Status: govern.StatusInvalidRequest, Message: fmt.Sprintf("The arguments of %s are not valid: %v. Nothing was run; fix them.", tool, err)}
 	}
@@ -359,6 +376,13 @@ type inflight struct {
 	run     *engine.Result
 	refused *govern.Refusal
 	other   *govern.Outcome
+}
+
+// refusedRun says a profile's run of the call was refused before it ran.
+func (c *inflight) refusedRun() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.refused != nil && c.run == nil
 }
 
 // reset forgets what a run of the call reported, before it runs again.
@@ -513,6 +537,22 @@ func resultText(res *mcp.CallToolResult) string {
 
 // subjectOf is what a call's parsed input amounts to. A profile's input
 // is judged as the native input it stands for (see Governed).
+func (s *server) subjectOf(in any) govern.Subject {
+	sub := subjectOf(in)
+	if sub.Kind == govern.KindRun && sub.Session != "" && sub.PythonVersion == "" {
+		// Its facts are derived on the session's interpreter.
+		for _, i := range s.sessions.List() {
+			if i.ID == sub.Session {
+				// As python_version names one: major.minor.
+				if parts := strings.SplitN(i.Python, ".", 3); len(parts) >= 2 {
+					sub.PythonVersion = parts[0] + "." + parts[1]
+				}
+			}
+		}
+	}
+	return sub
+}
+
 func subjectOf(in any) govern.Subject {
 	if gv, ok := in.(Governed); ok {
 		in = gv.Governed()

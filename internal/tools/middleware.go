@@ -11,6 +11,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/pysandbox/pysandbox/internal/govern"
+	"github.com/pysandbox/pysandbox/internal/workspace"
 )
 
 // middleware sees every request before the SDK routes it, for what the
@@ -32,6 +33,10 @@ func (s *server) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		if a := bytes.TrimSpace(ctr.Params.Arguments); len(a) == 0 || string(a) == "null" {
 			// No arguments are an empty object.
 			ctr.Params.Arguments = json.RawMessage("{}")
+		}
+		if pathTools[ctr.Params.Name] {
+			// The policy's rules see the path the tool will use.
+			ctr.Params.Arguments = canonicalArgs(ctr.Params.Arguments)
 		}
 		if s.governed[ctr.Params.Name] && s.gov.Policy().Hidden(ctr.Params.Name) {
 			// Not registered: refused here, with the reason.
@@ -59,7 +64,13 @@ const maxResourceURI = 16 << 10
 func (s *server) readResource(ctx context.Context, method string, req *mcp.ReadResourceRequest, next mcp.MethodHandler) (mcp.Result, error) {
 	// The URI as every argument is recorded: bounded (a long one as its
 	// size and digest), or one read could write a line of any length.
-	raw, _ := json.Marshal(map[string]string{"uri": req.Params.URI})
+	// The session and path too, as download_file's arguments, so that its
+	// rules on them (deny_if args.path ...) apply to reads alike.
+	args := map[string]string{"uri": req.Params.URI}
+	if id, p, ok := parseFileURI(req.Params.URI); ok {
+		args["session_id"], args["path"] = id, canonicalPath(p)
+	}
+	raw, _ := json.Marshal(args)
 	ctx, t, ref := s.gov.Admit(ctx, govern.Call{Tool: "download_file", Identity: identity(req), Args: raw, NoAsk: true})
 	if ref == nil && len(req.Params.URI) > maxResourceURI {
 		ref = t.Refuse(fmt.Sprintf("the URI is %d bytes, more than any of this server's resources (%d at most)", len(req.Params.URI), maxResourceURI))
@@ -96,4 +107,41 @@ func resourceRefusal(t *govern.Ticket, ref *govern.Refusal) string {
 		msg = strings.ToLower(msg[:1]) + msg[1:]
 	}
 	return msg
+}
+
+// pathTools are the tools whose path argument names a workspace file.
+var pathTools = map[string]bool{"upload_file": true, "download_file": true, "list_files": true}
+
+// canonicalArgs writes a call's path argument as the tool will use it
+// (data/./x.csv/ is data/x.csv), so that the policy's rules on the path
+// and the tool agree on what it names. A path the tool would refuse is
+// left as it is, for the tool to refuse.
+func canonicalArgs(raw json.RawMessage) json.RawMessage {
+	var args map[string]json.RawMessage
+	if json.Unmarshal(raw, &args) != nil {
+		return raw
+	}
+	var p string
+	if json.Unmarshal(args["path"], &p) != nil || p == "" {
+		return raw
+	}
+	c := canonicalPath(p)
+	if c == p {
+		return raw
+	}
+	args["path"], _ = json.Marshal(c)
+	out, err := json.Marshal(args)
+	if err != nil {
+		return raw
+	}
+	return out
+}
+
+// canonicalPath is p as the workspace resolves it, or p when it would
+// refuse it.
+func canonicalPath(p string) string {
+	if c, err := workspace.CleanPath(p); err == nil {
+		return c
+	}
+	return p
 }

@@ -2,6 +2,7 @@ package tools
 
 import (
 	"bytes"
+	"encoding/json"
 	"log/slog"
 
 	"context"
@@ -185,5 +186,52 @@ func TestRuleWarningsAtStart(t *testing.T) {
 		if !strings.Contains(logs, want) {
 			t.Errorf("the log lacks %s:\n%s", want, logs)
 		}
+	}
+}
+
+// TestPathRulesSeeTheToolsPath: rules on a file's path see the path the
+// tool uses, however it was written (.env/ and ./.env/. are .env), and
+// they apply to resources/read of the same files.
+func TestPathRulesSeeTheToolsPath(t *testing.T) {
+	g := newGovServer(t, `{"version": "1", "default": "allow", "tools": {
+		"upload_file": {"approve_if": [{"conditions": [{"path": "args.path", "op": "regex", "value": "(^|/)\\.env$"}], "reason": "an env file"}]},
+		"download_file": {"deny_if": [{"conditions": [{"path": "args.path", "op": "regex", "value": "secret"}], "on_deny": "no secrets"}]}}}`, nil)
+	el := &elicitor{action: "decline"}
+	cs := g.connect(&mcp.ClientOptions{ElicitationHandler: el.handler}, nil)
+	_, out := call(t, cs, "create_session", nil)
+	id, _ := out["session_id"].(string)
+	for i, p := range []string{".env/", "./.env/.", "a/../.env"} {
+		res, _ := call(t, cs, "upload_file", map[string]any{"session_id": id, "path": p, "content": "K=1"})
+		if !res.IsError || len(el.asked()) != i+1 {
+			t.Errorf("upload to %q: %s (asked %d times)", p, text(res), len(el.asked()))
+		}
+	}
+	if res, _ := call(t, cs, "upload_file", map[string]any{"session_id": id, "path": "secret.txt", "content": "s"}); res.IsError {
+		t.Fatal(text(res))
+	}
+	if res, _ := call(t, cs, "download_file", map[string]any{"session_id": id, "path": "./secret.txt"}); !res.IsError || !strings.Contains(text(res), "no secrets") {
+		t.Errorf("download_file: %s", text(res))
+	}
+	_, err := cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: FileURI(id, "secret.txt")})
+	if err == nil || !strings.Contains(err.Error(), "no secrets") {
+		t.Errorf("resources/read of secret.txt: %v", err)
+	}
+}
+
+// TestExactArgumentNames: a key that differs from an argument's name
+// only in case (or by Unicode folding) does not reach the tool, since
+// the policy's rules, reading keys as sent, would not see it.
+func TestExactArgumentNames(t *testing.T) {
+	type in struct {
+		Script string `json:"script"`
+	}
+	tool := &mcp.Tool{Name: "t", InputSchema: map[string]any{"type": "object", "properties": map[string]any{"script": map[string]any{"type": "string"}}}}
+	sc, err := schemasFor[in, any](tool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ref := decodeInput[in]("t", json.RawMessage(`{"script": "print(1)", "Script": "import subprocess", "ſcript": "x"}`), sc)
+	if ref != nil || got.Script != "print(1)" {
+		t.Errorf("decoded %+v (%v)", got, ref)
 	}
 }

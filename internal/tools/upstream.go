@@ -215,6 +215,9 @@ func (r *toolRun) decideAndCall(ctx context.Context, name string, args json.RawM
 	if j.Deny {
 		return failure(worker.ToolFailDenied, fmt.Sprintf("the server's policy does not allow this call of %s: %s; do not retry the same call", name, j.Reason)), "deny", ""
 	}
+	if d.Action == policy.Approve && d.By == policy.ApproveByOperator {
+		return failure(worker.ToolFailDenied, fmt.Sprintf("the server's policy wants an operator to approve each call of %s, and calls from code cannot wait for one; call the tool another way, or ask the user", name)), "deny", ""
+	}
 	if j.Approve && j.By == policy.ApproveByOperator {
 		return failure(worker.ToolFailDenied, fmt.Sprintf("the server's policy wants an operator to approve this call of %s (%s), and calls from code cannot wait for one; call the tool another way, or ask the user", name, j.Reason)), "deny", ""
 	}
