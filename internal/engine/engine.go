@@ -195,34 +195,6 @@ func (e *Engine) Running() int { return len(e.slots) }
 // Waiting is the number of runs queued for a slot right now.
 func (e *Engine) Waiting() int { return int(e.waiting.Load()) }
 
-// RunRequest is one piece of code to run.
-type RunRequest struct {
-	Code string
-	// Inputs become global variables; keys must be Python identifiers.
-	Inputs   map[string]json.RawMessage
-	Timeout  time.Duration // 0: the default
-	Filename string        // shown in tracebacks; "<code>" when empty
-	// Stdout and Stderr, when set, also receive the output live, uncapped.
-	Stdout, Stderr io.Writer
-	// Dependencies are PEP 508 requirements, merged with the code's PEP 723
-	// block; PythonVersion selects an interpreter ("3.12").
-	Dependencies  []string
-	PythonVersion string
-	// Progress, when set, receives installer progress lines.
-	Progress func(string)
-	// Network serves the run's proxy listener; nil: the run has no
-	// network. A session's is given when it is created.
-	Network NetAttach
-	// Tools serves the calls the code makes to upstream tools (its
-	// "tools" module); nil: the run has none.
-	Tools worker.Tools
-	// Gate, when set, decides from the facts of the code (derived by
-	// Python's parser in the run's own sandbox, before any of it runs)
-	// whether it may run; see worker.Request.Gate. A refused run ends
-	// with an error of type PolicyRefusal.
-	Gate func(ctx context.Context, facts json.RawMessage) string
-}
-
 // Result is the outcome of a run. (How a tool shows it is the tool's:
 // run_python's is internal/tools' RunPythonOutput.)
 type Result struct {
@@ -302,10 +274,8 @@ func baseEnv() []string {
 // the user's code are a Result; an error means the run could not be made
 // at all (busy, invalid request, sandbox failure).
 func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
-	for k := range req.Inputs {
-		if !IsIdentifier(k) {
-			return nil, fmt.Errorf("engine: input name %q is not a Python identifier", k)
-		}
+	if err := req.Validate(); err != nil {
+		return nil, err
 	}
 	_, qspan := tracing.Tracer().Start(ctx, "queue")
 	err := e.acquire(ctx)
@@ -603,28 +573,6 @@ func exitCode(res *worker.Result, exit sandbox.Exit) int {
 		return 128 + int(exit.Signal)
 	}
 	return exit.Code
-}
-
-// IsIdentifier reports whether s can be a Python global variable name.
-func IsIdentifier(s string) bool {
-	if s == "" || len(s) > 255 {
-		return false
-	}
-	for i, r := range s {
-		ok := r == '_' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (i > 0 && r >= '0' && r <= '9')
-		if !ok {
-			return false
-		}
-	}
-	return !pythonKeywords[s]
-}
-
-var pythonKeywords = map[string]bool{
-	"False": true, "None": true, "True": true, "and": true, "as": true, "assert": true, "async": true,
-	"await": true, "break": true, "class": true, "continue": true, "def": true, "del": true, "elif": true,
-	"else": true, "except": true, "finally": true, "for": true, "from": true, "global": true, "if": true,
-	"import": true, "in": true, "is": true, "lambda": true, "nonlocal": true, "not": true, "or": true,
-	"pass": true, "raise": true, "return": true, "try": true, "while": true, "with": true, "yield": true,
 }
 
 // Figure is one matplotlib figure a run produced.

@@ -13,7 +13,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/pysandbox/pysandbox/internal/engine"
-	"github.com/pysandbox/pysandbox/internal/pep"
 )
 
 // RunPythonInput is run_python's input: the code, and optionally a
@@ -139,18 +138,26 @@ func (s *server) execute(ctx context.Context, req *mcp.CallToolRequest, in RunPy
 	return res, use, nil
 }
 
-// checkRunInput validates everything the client sent. The message, when
-// not empty, tells the agent what to change.
+// checkRunInput turns what the client sent into a request, and checks it
+// (the engine's check, made here before anything else is: the quota, the
+// session). The message, when not empty, tells the agent what to change.
 func (s *server) checkRunInput(in RunPythonInput) (engine.RunRequest, string) {
-	var run engine.RunRequest
-	switch {
-	case len(in.Dependencies) > pep.MaxDependencies:
-		return run, fmt.Sprintf("too many dependencies (%d; the limit is %d).", len(in.Dependencies), pep.MaxDependencies)
+	run := engine.RunRequest{Code: in.Code, Filename: in.Filename, Dependencies: in.Dependencies, PythonVersion: in.PythonVersion}
+	if len(in.Inputs) > 0 {
+		run.Inputs = make(map[string]json.RawMessage, len(in.Inputs))
+		for k, v := range in.Inputs {
+			b, err := json.Marshal(v)
+			if err != nil {
+				return run, fmt.Sprintf("inputs[%q] is not JSON: %v", k, err)
+			}
+			run.Inputs[k] = b
+		}
 	}
-	run.Dependencies, run.PythonVersion = in.Dependencies, in.PythonVersion
-	if msg := checkCode(in.Code); msg != "" {
-		return run, msg
+	if err := run.Validate(); err != nil {
+		return run, err.Error() + "."
 	}
+	// timeout_seconds is the MCP argument's: the engine takes any timeout
+	// up to its maximum.
 	maxT := s.eng.Config().MaxTimeout
 	if in.TimeoutSeconds != 0 {
 		if math.IsNaN(in.TimeoutSeconds) || in.TimeoutSeconds < 0 {
@@ -161,70 +168,13 @@ func (s *server) checkRunInput(in RunPythonInput) (engine.RunRequest, string) {
 		}
 		run.Timeout = time.Duration(in.TimeoutSeconds * float64(time.Second))
 	}
-	if len(in.Inputs) > 0 {
-		run.Inputs = make(map[string]json.RawMessage, len(in.Inputs))
-		total := 0
-		for k, v := range in.Inputs {
-			if !engine.IsIdentifier(k) {
-				return run, fmt.Sprintf("inputs key %q is not a valid Python variable name; use letters, digits and underscores, not starting with a digit, and not a keyword.", k)
-			}
-			b, err := json.Marshal(v)
-			if err != nil {
-				return run, fmt.Sprintf("inputs[%q] is not JSON: %v", k, err)
-			}
-			total += len(b)
-			if jsonDepth(b) > maxInputDepth {
-				return run, fmt.Sprintf("inputs[%q] is nested more than %d levels deep; flatten it.", k, maxInputDepth)
-			}
-			run.Inputs[k] = b
-		}
-		if total > MaxCodeBytes*8 {
-			return run, fmt.Sprintf("inputs are too large (%d bytes; the limit is %d). Pass less data.", total, MaxCodeBytes*8)
-		}
-	}
-	run.Code, run.Filename = in.Code, in.Filename
 	return run, ""
 }
 
-// maxInputDepth bounds the nesting of an input value: Python's JSON
-// decoder recurses once per level and would fail on a few hundred.
-const maxInputDepth = 200
-
-// jsonDepth is the deepest nesting of arrays and objects in JSON text.
-func jsonDepth(b []byte) int {
-	depth, deepest, inString, escaped := 0, 0, false, false
-	for _, c := range b {
-		switch {
-		case inString:
-			switch {
-			case escaped:
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
-			}
-		case c == '"':
-			inString = true
-		case c == '[' || c == '{':
-			depth++
-			deepest = max(deepest, depth)
-		case c == ']' || c == '}':
-			depth--
-		}
-	}
-	return deepest
-}
-
-// checkCode refuses code that cannot be valid before any sandbox starts.
+// checkCode is the engine's check of code, as a message for the agent.
 func checkCode(code string) string {
-	switch {
-	case strings.TrimSpace(code) == "":
-		return "code is required: pass the Python source to run."
-	case len(code) > MaxCodeBytes:
-		return fmt.Sprintf("code is too large (%d bytes; the limit is %d). Send a smaller script, or pass data via inputs.", len(code), MaxCodeBytes)
-	case strings.ContainsRune(code, 0):
-		return "code contains a NUL byte, which Python source cannot contain. Remove it (use \"\\x00\" in a string literal if you need the character)."
+	if err := engine.CheckCode(code); err != nil {
+		return err.Error() + "."
 	}
 	return ""
 }

@@ -28,9 +28,8 @@ import (
 // Version is reported to MCP clients.
 var Version = "0.1.0"
 
-// MaxCodeBytes caps the code of one call. Real scripts are far smaller; the
-// cap keeps a hostile client from making the server hold huge requests.
-const MaxCodeBytes = 1 << 20
+// MaxCodeBytes caps the code of one call (the engine's cap).
+const MaxCodeBytes = engine.MaxCodeBytes
 
 // Options configure the tools.
 type Options struct {

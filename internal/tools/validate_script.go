@@ -60,8 +60,8 @@ func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, i
 	if msg := checkCode(in.Code); msg != "" {
 		return nil, nil, errorResult(msg)
 	}
-	if len(in.Dependencies) > pep.MaxDependencies {
-		return nil, nil, errorResult(fmt.Sprintf("too many dependencies (%d; the limit is %d).", len(in.Dependencies), pep.MaxDependencies))
+	if err := engine.CheckDependencies(in.Dependencies); err != nil {
+		return nil, nil, errorResult(err.Error() + ".")
 	}
 	out := &ValidateScriptOutput{Dependencies: []Dependency{}, Problems: []string{}}
 
