@@ -163,6 +163,41 @@ func factCases() []factCase {
 			want{dynamic: []string{"getattr(non-literal)"}}},
 		{"import hook", "import sys\nsys.meta_path = []", want{dynamic: []string{"sys.meta_path="}}},
 		{"walrus alias", "import os\n(r := os.system)('x')", want{process: []string{"os.system"}, since: "3.8"}},
+
+		// Modules other modules re-export, reached through attributes.
+		{"os.path.os", "import os.path\nos.path.os.popen('id')", want{process: []string{"os.popen"}}},
+		{"shutil.os", "import shutil\nshutil.os.system('id')", want{process: []string{"os.system"}}},
+		{"tempfile._os", "import tempfile\ntempfile._os.system('id')", want{process: []string{"os.system"}}},
+		{"re-export aliased", "from os import path\np = path.os\np.system('id')\nimport ctypes.util\nctypes.util.subprocess.run(['id'])\nimport six\nsix.moves.builtins.eval('1')",
+			want{process: []string{"os.system", "subprocess.run"}, dynamic: []string{"eval"}}},
+		{"getattr re-export", "import shutil\ngetattr(shutil, 'os').system('id')", want{process: []string{"os.system"}}},
+		{"re-export from import", "from shutil import os as o\no.system('id')", want{process: []string{"*.system"}}},
+		{"unknown module attribute", "import foo\nfoo.bar.system('id')\nfoo.bar.run(['id'])\nfoo.baz.posix_spawnp('id', ['id'], {})",
+			want{process: []string{"*.posix_spawnp", "*.run", "*.system"}}},
+		{"run and system that are not processes", "import asyncio, uvicorn, platform\nfrom absl import app\nfrom distutils.errors import *\nasyncio.run(main())\nuvicorn.run(a)\napp.run(main)\nplatform.system()\nx.run()\ny.cmd.run()",
+			want{imports: []string{"absl", "asyncio", "distutils", "distutils.errors", "platform", "uvicorn"}, exact: true}},
+		{"own submodule named subprocess", "from .subprocess import *\nfrom pkg.utils import subprocess\nfrom pkg.utils.subprocess import make\nsubprocess.helper()\nmake()",
+			want{imports: []string{".subprocess", "pkg", "pkg.utils", "pkg.utils.subprocess"}, exact: true}},
+		// Imports by string.
+		{"pkgutil.resolve_name", "import pkgutil\npkgutil.resolve_name('os:popen')('id')",
+			want{imports: []string{"os", "pkgutil"}, process: []string{"os.popen"}, dynamic: []string{"pkgutil.resolve_name"}}},
+		{"importlib.util", "import importlib.util\ns = importlib.util.spec_from_file_location('m', '/tmp/m.py')\nm = importlib.util.module_from_spec(s)\nimportlib.util.find_spec('os')",
+			want{dynamic: []string{"importlib.util.find_spec", "importlib.util.module_from_spec", "importlib.util.spec_from_file_location"}}},
+		{"runpy and zipimport", "import runpy, zipimport\nrunpy.run_module('x')\nrunpy.run_path('y')\nzipimport.zipimporter('a.zip').load_module('m')",
+			want{dynamic: []string{"runpy.run_module", "runpy.run_path", "zipimport.zipimporter"}}},
+		// Unpickling runs code.
+		{"unpicklers", "import pickle, _pickle, copyreg, shelve\npickle._loads(b'')\npickle._Unpickler(f).load()\npickle.Unpickler(f)\n_pickle.loads(b'')\ncopyreg.dispatch_table\nshelve.open('x')",
+			want{dynamic: []string{"_pickle.loads", "copyreg.dispatch_table", "pickle.Unpickler", "pickle._Unpickler", "pickle._loads", "shelve.open"}}},
+		{"posix and pty", "import posix, pty\nposix.posix_spawnp('id', ['id'], {})\nposix.forkpty()\nposix.system('id')\npty.openpty()",
+			want{process: []string{"posix.forkpty", "posix.posix_spawnp", "posix.system", "pty.openpty"}}},
+		{"pagers and browsers", "import pydoc, webbrowser\npydoc.tempfilepager('x', 'sh -c id')\npydoc.pipepager('x', 'id')\npydoc.pager('x')\nwebbrowser.open('u')",
+			want{process: []string{"pydoc.pager", "pydoc.pipepager", "pydoc.tempfilepager", "webbrowser.open"}}},
+		{"logging.config", "import logging.config\nlogging.config.dictConfig({})\nlogging.config.fileConfig('f')\nlogging.config.listen()",
+			want{dynamic: []string{"logging.config.dictConfig", "logging.config.fileConfig", "logging.config.listen"}}},
+		{"library helpers that run commands", "import uuid, platform\nimport distutils.spawn, distutils.util\nimport ctypes.util\nuuid._get_command_stdout('id')\ndistutils.spawn.spawn(['id'])\ndistutils.util.execute(f, ())\nplatform._syscmd_file('x')\nctypes.util.find_library('c')",
+			want{process: []string{"ctypes.util.find_library", "distutils.spawn.spawn", "distutils.util.execute", "platform._syscmd_file", "uuid._get_command_stdout"}}},
+		{"string runners", "import code, codeop, timeit, doctest, cProfile, profile, trace\ncode.interact()\ncode.InteractiveInterpreter().runsource('x')\ncodeop.compile_command('x')\ntimeit.timeit('x')\ndoctest.run_docstring_examples(f, {})\ncProfile.run('x')\nprofile.run('x')\nt = trace.Trace()\nt.run('x')",
+			want{dynamic: []string{"cProfile.run", "code.InteractiveInterpreter", "code.interact", "codeop.compile_command", "doctest.run_docstring_examples", "profile.run", "timeit.timeit", "trace.Trace.run"}}},
 	}
 	for name, code := range bombs {
 		cs = append(cs, factCase{"bomb " + name, code, want{unanalysable: true, syntax: "too deeply nested", exact: true}})

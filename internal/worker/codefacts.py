@@ -45,14 +45,18 @@ def _codefacts_main(source):
     # when it is p or starts with p + ".". "os.exec" and "os.spawn" also
     # match os.execv, os.spawnlp, ...
     PROCESS = (
-        "subprocess", "multiprocessing", "pty.spawn", "pty.fork", "os.system", "os.popen",
-        "os.popen2", "os.popen3", "os.popen4", "os.fork", "os.forkpty", "os.posix_spawn",
-        "os.posix_spawnp", "os.startfile", "os.exec*", "os.spawn*", "posix.system",
-        "posix.fork", "posix.exec*", "posix.spawn*", "posix.posix_spawn",
+        "subprocess", "_subprocess", "multiprocessing", "pty", "os.system", "os.popen*",
+        "os.fork*", "os.posix_spawn*", "os.startfile", "os.exec*", "os.spawn*",
+        "posix.system", "posix.fork*", "posix.exec*", "posix.spawn*", "posix.posix_spawn*",
+        "nt.system", "nt.exec*", "nt.spawn*", "nt.startfile",
         "concurrent.futures.ProcessPoolExecutor", "concurrent.futures.process",
         "asyncio.create_subprocess_exec", "asyncio.create_subprocess_shell",
         "asyncio.subprocess", "commands", "popen2", "pexpect", "sh", "plumbum", "sarge",
-        "platform.popen", "webbrowser", "_posixsubprocess", "pydoc.pipepager",
+        "platform.popen", "platform._syscmd_*", "webbrowser", "_posixsubprocess",
+        "pydoc.pager", "pydoc.getpager", "pydoc.pipepager", "pydoc.tempfilepager",
+        # Helpers of the standard library that start processes.
+        "uuid._*", "distutils.spawn.spawn", "distutils.util.spawn", "distutils.util.execute",
+        "ctypes.util.find_library", "ctypes.util._*",
     )
     FILE = (
         "io.open", "io.FileIO", "io.open_code", "_io.open", "_io.FileIO", "os.open", "os.fdopen",
@@ -95,6 +99,40 @@ def _codefacts_main(source):
     for m in ("urlopen", "urlretrieve", "create_connection", "getaddrinfo"):
         UNKNOWN_RECEIVER[m] = "network_calls"
     UNKNOWN_RECEIVER["import_module"] = "dynamic_code"
+    # Rooted names the fallback above leaves alone: they are well known
+    # and harmless (platform.system() names the OS).
+    KNOWN_HARMLESS = set(("platform.system", "doctest.OutputChecker.check_output"))
+    # Modules other modules re-export (shutil.os, tempfile._os,
+    # os.path.os, ctypes.util.subprocess): an attribute of an imported
+    # name with one of these names is taken as that module, so
+    # shutil.os.system is os.system. Never rewritten: the first part of a
+    # name, "a.a" (socket.socket is a class), the last part (only
+    # attributes of the module say what it does), and a module an import
+    # statement names (pip._internal.utils.subprocess is pip's own).
+    REEXPORT = {
+        "os": "os", "_os": "os", "posix": "posix", "_posix": "posix", "nt": "nt",
+        "subprocess": "subprocess", "_subprocess": "subprocess",
+        "_posixsubprocess": "_posixsubprocess", "sys": "sys", "_sys": "sys",
+        "builtins": "builtins", "_builtins": "builtins", "__builtin__": "builtins",
+        "__builtins__": "builtins", "importlib": "importlib", "_importlib": "importlib",
+        "_imp": "_imp", "imp": "imp", "socket": "socket", "_socket": "_socket",
+        "pty": "pty", "multiprocessing": "multiprocessing", "pickle": "pickle",
+        "_pickle": "_pickle", "marshal": "marshal", "runpy": "runpy", "shutil": "shutil",
+        "_shutil": "shutil", "urllib": "urllib", "urllib2": "urllib2", "urllib3": "urllib3",
+        "requests": "requests", "webbrowser": "webbrowser", "asyncio": "asyncio",
+        "pexpect": "pexpect", "pkgutil": "pkgutil",
+    }
+
+    def reexport(n, imported):
+        """n with a re-exported module in it taken as that module (the
+        last one: os.path.os.sys.modules is sys.modules)."""
+        parts = n.split(".")
+        for i in range(len(parts) - 2, 0, -1):
+            m = REEXPORT.get(parts[i])
+            if m is not None and parts[i - 1].lstrip("_") != parts[i].lstrip("_") \
+                    and ".".join(parts[:i + 1]) not in imported:
+                return ".".join([m] + parts[i + 1:])
+        return n
     NETWORK = (
         "socket", "_socket", "ssl", "urllib.request", "urllib.urlopen", "urllib.urlretrieve",
         "urllib.URLopener", "urllib.FancyURLopener", "urllib2", "urllib3", "http.client",
@@ -108,8 +146,9 @@ def _codefacts_main(source):
         "http.cookiejar", "wsgiref.simple_server", "multiprocessing.connection",
     )
     DYNAMIC = (
-        "importlib", "imp", "runpy", "code", "codeop", "marshal.loads", "marshal.load",
-        "pickle.loads", "pickle.load", "pickle.Unpickler", "_pickle", "cPickle", "dill",
+        "importlib", "imp", "_imp", "runpy", "code", "codeop", "marshal.loads", "marshal.load",
+        "pickle.loads", "pickle.load", "pickle.Unpickler", "pickle._loads", "pickle._load",
+        "pickle._Unpickler", "_pickle", "cPickle", "copyreg", "copy_reg", "dill",
         "cloudpickle", "joblib.load", "shelve", "jsonpickle", "yaml.load", "yaml.load_all",
         "yaml.unsafe_load", "yaml.unsafe_load_all", "yaml.full_load", "yaml.Loader",
         "yaml.UnsafeLoader", "types.FunctionType", "types.CodeType", "types.LambdaType",
@@ -118,8 +157,17 @@ def _codefacts_main(source):
         "sys.addaudithook", "inspect.currentframe", "inspect.stack", "inspect.getouterframes",
         "inspect.trace", "gc.get_objects", "gc.get_referents", "gc.get_referrers",
         "timeit.timeit", "timeit.repeat", "timeit.Timer", "cProfile.run", "cProfile.runctx",
-        "profile.run", "profile.runctx", "pdb.run", "pdb.runeval", "pdb.runctx", "zipimport",
-        "pkgutil.get_loader", "pkgutil.find_loader", "operator.attrgetter",
+        "cProfile.Profile.run", "cProfile.Profile.runctx", "profile.run", "profile.runctx",
+        "profile.Profile.run", "profile.Profile.runctx", "pdb.run*", "pdb.Pdb.run*",
+        "bdb.Bdb.run*", "trace.Trace.run", "trace.Trace.runctx", "zipimport",
+        # doctest runs the examples in docstrings (or a file).
+        "doctest.testmod", "doctest.testfile", "doctest.run_docstring_examples",
+        "doctest.DocTestRunner", "doctest.DebugRunner", "doctest.DocTestSuite",
+        "doctest.DocFileSuite", "doctest.debug*",
+        "pkgutil.get_loader", "pkgutil.find_loader", "pkgutil.resolve_name",
+        "pkgutil.get_importer", "pkgutil.ImpImporter", "pkgutil.ImpLoader",
+        # dictConfig and fileConfig import and call what their configuration names.
+        "logging.config", "operator.attrgetter",
         "operator.methodcaller", "builtins", "__builtin__", "__builtins__", "pydoc.locate",
         "threading.settrace", "atexit.register", "signal.signal",
     )
@@ -272,6 +320,7 @@ def _codefacts_main(source):
         # Bindings: a name -> the dotted names it may stand for, each with
         # whether it is rooted in an import (or a builtin).
         bind = {}
+        modnames = set()  # what import statements bind names to
         stars = []
         pending = []  # (name, value node) of plain assignments
 
@@ -315,9 +364,11 @@ def _codefacts_main(source):
                     add_import(a.name)
                     if a.asname:
                         bind_add(a.asname, a.name)
+                        modnames.add(a.name)
                     else:
                         top = a.name.split(".")[0]
                         bind_add(top, top)
+                        modnames.add(top)
             elif t == "ImportFrom":
                 mod = "." * (node.level or 0) + (node.module or "")
                 add_import(mod)
@@ -328,6 +379,7 @@ def _codefacts_main(source):
                         continue
                     full = mod + a.name if mod.endswith(".") else mod + "." + a.name
                     bind_add(a.asname or a.name, full)
+                    modnames.add(full)
             elif t in ("Assign", "AnnAssign", "NamedExpr"):
                 targets = node.targets if t == "Assign" else [node.target]
                 value = node.value
@@ -341,6 +393,8 @@ def _codefacts_main(source):
                         for e, v in zip(tg.elts, value.elts):
                             if tname(e) == "Name":
                                 pending.append((e.id, v))
+        importnames = modnames | facts["imports"]
+        STAR = 2  # rooted, but only a guess: a name a star import may have made
         memo = {}
 
         def resolve(node, depth=0):
@@ -374,7 +428,7 @@ def _codefacts_main(source):
                     elif name in BUILTIN_NAMES:
                         bases = set([(name, True)])
                     elif stars:
-                        bases = set((s + "." + name if not s.endswith(".") else s + name, True)
+                        bases = set((s + "." + name if not s.endswith(".") else s + name, STAR)
                                     for s in stars)
                         bases.add((name, False))
                     else:
@@ -393,6 +447,9 @@ def _codefacts_main(source):
                                 bases.add((arg0.split(".")[0], True))
                             else:
                                 bases.add((arg0, True))
+                        elif f == "pkgutil.resolve_name" and arg0 is not None:
+                            # resolve_name("os:popen") is os.popen
+                            bases.add((arg0.replace(":", "."), True))
                         elif f == "getattr" and len(cur.args) >= 2 and arg1 is not None:
                             for n, rooted in resolve(cur.args[0], depth + 1):
                                 bases.add((n + "." + arg1, rooted))
@@ -415,6 +472,8 @@ def _codefacts_main(source):
             out = set()
             for b, rooted in bases:
                 n = b + "." + tail if tail else b
+                if rooted and "." in n:
+                    n = reexport(n, importnames)
                 for pre in ("builtins.", "__builtin__.", "__builtins__."):
                     if n.startswith(pre) and len(n) > len(pre):
                         n = n[len(pre):]
@@ -460,17 +519,40 @@ def _codefacts_main(source):
                 elif matches(name, DYNAMIC) and name not in ("builtins", "__builtin__"):
                     add("dynamic_code", name)
                 return
+            kinds = set()
             if matches(name, PROCESS):
                 add("process_calls", name)
+                kinds.add("process_calls")
             if matches(name, NETWORK):
                 add("network_calls", name)
+                kinds.add("network_calls")
             if matches(name, DYNAMIC):
                 add("dynamic_code", name)
+                kinds.add("dynamic_code")
             if name.startswith("pathlib."):
                 if name.rsplit(".", 1)[1] in PATH_METHODS:
                     add("file_calls", name)
+                    kinds.add("file_calls")
             elif matches(name, FILE):
                 add("file_calls", name)
+                kinds.add("file_calls")
+            # A telling method the tables do not place (a module of
+            # someone else's re-exporting os under another name, ...).
+            if rooted is STAR:
+                # Any unbound name could come from a star import: it is no
+                # evidence that x.run or x.system is a module's.
+                return
+            recv, last = name.rsplit(".", 1)
+            kind = UNKNOWN_RECEIVER.get(last)
+            if kind is not None:
+                if kind not in kinds and name not in KNOWN_HARMLESS:
+                    add(kind, "*." + last)
+            elif last == "run" and "process_calls" not in kinds and "." in recv \
+                    and recv not in modnames and not recv.rsplit(".", 1)[1][:1].isupper():
+                # X.y.run where X.y is not a module imported by name (as
+                # asyncio.run, absl.app.run are) nor a class: a module
+                # reached through another (subprocess under another name).
+                add("process_calls", "*.run")
 
         decoded = set()  # ids of the nodes with a decoding call in them
 
@@ -557,6 +639,12 @@ def _codefacts_main(source):
                             add_import(lit)
                         else:
                             add("dynamic_code", n + "(non-literal)")
+                    elif n == "pkgutil.resolve_name":
+                        lit = str_const(arg0) if arg0 is not None else None
+                        if lit is not None:
+                            add_import(lit.split(":")[0] if ":" in lit else lit.split(".")[0])
+                        else:
+                            add("dynamic_code", n + "(non-literal)")
                     elif n in ATTR_CALLS:
                         lit = str_const(args[1]) if len(args) > 1 else None
                         if len(args) > 1 and lit is None:
@@ -588,6 +676,10 @@ def _codefacts_main(source):
                             and str_const(arg0) is None:
                         add("dynamic_code", n + "(non-literal)")
                 if tname(node.func) == "Call":
+                    # f(...)(...): what the inner call returns, when it is
+                    # known (pkgutil.resolve_name("os:popen")("id")).
+                    for n, rooted in fn:
+                        classify(n, rooted)
                     for n, rooted in resolve(node.func.func):
                         if rooted and n == "type":
                             add("dynamic_code", "type(...)(...)")
