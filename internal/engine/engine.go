@@ -299,13 +299,15 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 		}
 	}()
 
-	start := time.Now()
+	// The clock starts once the run has a slot: its wait in the queue is
+	// not the run's.
+	rs := e.newRun(req)
 	ictx, ispan := tracing.Tracer().Start(ctx, "install", trace.WithAttributes(attribute.Int("pysandbox.dependencies", len(req.Dependencies))))
 	renv, err := e.resolve(ictx, req.Code, req.PythonVersion, req.Dependencies, req.Progress)
 	ispan.End()
 	if err != nil {
 		if r, ok := e.installResult(err); ok {
-			r.DurationMS = time.Since(start).Milliseconds()
+			r.DurationMS = time.Since(rs.start).Milliseconds()
 			return r, nil
 		}
 		return nil, err
@@ -317,21 +319,18 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 			teardown = append(teardown, renv.close)
 		}
 	}()
-	timeout := e.timeout(req.Timeout)
 	// The deadline covers everything from here: sandbox start included.
-	runCtx, cancel := context.WithTimeout(ctx, timeout)
+	runCtx, cancel := context.WithTimeout(ctx, rs.timeout)
 	defer cancel()
 
-	stdout := newCapture(e.cfg.MaxOutput, req.Stdout)
-	stderr := newCapture(e.cfg.MaxOutput, req.Stderr)
-	spec := e.specFor(renv, true, stdout, stderr)
+	spec := e.specFor(renv, true, rs.stdout, rs.stderr)
 	spec.Imports = ImportsOf(req.Code)
 	sctx, sspan := tracing.Tracer().Start(runCtx, "sandbox.start", trace.WithAttributes(attribute.String("pysandbox.backend", string(e.cfg.Backend.Kind()))))
 	sb, err := e.cfg.Backend.Start(sctx, spec)
 	sspan.End()
 	if err != nil {
 		if ctx.Err() != nil || runCtx.Err() != nil {
-			return e.finish(ctx, runCtx, start, stdout, stderr, nil, nil, sandbox.Exit{}, timeout), nil
+			return rs.finish(ctx, runCtx, nil, nil, sandbox.Exit{}), nil
 		}
 		return nil, startError(err)
 	}
@@ -346,15 +345,7 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 	// The run's network ends with its answer, whatever it left running.
 	defer attachNetwork(sb, req.Network)()
 
-	// A flood far beyond the cap is stopped rather than left to burn CPU
-	// until the timeout; the head and tail are already kept.
-	flood := int64(e.cfg.MaxOutput) * 16
-	var flooded atomic.Bool
-	for _, c := range []*capture{stdout, stderr} {
-		c.mu.Lock()
-		c.limit, c.onOverflow = flood, func() { flooded.Store(true); sb.Kill() }
-		c.mu.Unlock()
-	}
+	rs.onFlood(func() { sb.Kill() })
 
 	conn := worker.NewConn(sb.Control())
 	defer func() {
@@ -369,15 +360,7 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 	_, rspan := tracing.Tracer().Start(runCtx, "run")
 	_, err = conn.Ready(runCtx)
 	if err == nil {
-		res, err = conn.Run(runCtx, worker.Request{
-			Code:           req.Code,
-			Inputs:         req.Inputs,
-			Filename:       req.Filename,
-			MaxReturnBytes: 64 << 10,
-			MaxFigureBytes: e.cfg.MaxFigureBytes,
-			Tools:          req.Tools,
-			Gate:           req.Gate,
-		})
+		res, err = conn.Run(runCtx, rs.workerRequest(req.Filename))
 	}
 	if res != nil {
 		rspan.SetAttributes(attribute.String("pysandbox.worker_status", res.Status), attribute.Int("pysandbox.exit_code", res.ExitCode))
@@ -416,10 +399,10 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 		// server measured does.
 		res = nil
 	}
-	r := e.finish(ctx, runCtx, start, stdout, stderr, res, err, exit, timeout)
-	if flooded.Load() && r.Status != StatusTimeout && r.Status != StatusCancelled {
+	r := rs.finish(ctx, runCtx, res, err, exit)
+	if rs.flooded.Load() && r.Status != StatusTimeout && r.Status != StatusCancelled {
 		r.Status = StatusOutputLimit
-		r.Message = fmt.Sprintf("the run printed more than %d bytes and was stopped; print less, or write large results to a file", flood)
+		r.Message = fmt.Sprintf("the run printed more than %d bytes and was stopped; print less, or write large results to a file", rs.flood)
 	}
 	return r, nil
 }
@@ -471,72 +454,6 @@ func waitOrKill(ctx context.Context, sb sandbox.Sandbox) bool {
 		<-done
 		return true
 	}
-}
-
-// finish classifies the run. The order matters: a cancelled or timed-out
-// run is reported as such even though its worker then died of SIGKILL.
-func (e *Engine) finish(ctx, runCtx context.Context, start time.Time, stdout, stderr *capture, res *worker.Result, runErr error, exit sandbox.Exit, timeout time.Duration) *Result {
-	r := &Result{
-		Sandbox:         string(e.cfg.Backend.Kind()),
-		DurationMS:      time.Since(start).Milliseconds(),
-		PeakMemoryBytes: exit.PeakMemoryBytes,
-		CPUTimeMS:       exit.CPUTime.Milliseconds(),
-	}
-	r.Stdout, r.StdoutTruncated = stdout.String()
-	r.Stderr, r.StderrTruncated = stderr.String()
-	switch {
-	case ctx.Err() != nil:
-		r.Status, r.ExitCode = StatusCancelled, -1
-		r.Message = "the run was cancelled and every process it started was killed"
-	case res == nil && runCtx.Err() != nil:
-		r.Status, r.ExitCode = StatusTimeout, -1
-		r.Message = fmt.Sprintf("the run exceeded its %s timeout and every process it started was killed; make the code faster or pass a larger timeout_seconds (max %s)", timeout, e.cfg.MaxTimeout)
-	case exit.OOMKilled || (res != nil && res.Error != nil && res.Error.Type == "MemoryError" && e.nearMemoryLimit(exit)):
-		r.Status, r.ExitCode = StatusMemoryLimit, exitCode(res, exit)
-		r.Message = fmt.Sprintf("the run exceeded the %d MiB memory limit; use less memory (process data in chunks)", e.cfg.Limits.MemoryBytes>>20)
-		if res != nil {
-			r.Error = res.Error
-		}
-	case res == nil && errors.Is(runErr, worker.ErrProtocol):
-		// User code wrote to the worker's control channel: whatever it
-		// said there was not used.
-		r.Status, r.ExitCode = StatusError, exitCode(nil, exit)
-		r.Message = fmt.Sprintf("the run wrote something other than its result on the worker's control channel (file descriptor 3), which ended it; nothing it wrote there was used (%v). Do not write to file descriptor 3", clipErr(runErr))
-	case res == nil && exit.Signal == 0 && exit.Code > 0:
-		// os._exit() or a crash inside the interpreter that still exited.
-		r.Status, r.ExitCode = StatusError, exit.Code
-		r.Message = fmt.Sprintf("the Python process exited with code %d before the code finished (os._exit?)", exit.Code)
-	case res == nil:
-		r.Status, r.ExitCode = StatusKilled, exitCode(nil, exit)
-		r.Message = "the Python process died before finishing"
-		if exit.Signal != 0 {
-			r.Message += " (killed by signal " + exit.Signal.String() + ")"
-		}
-		if runErr != nil {
-			e.log.Debug("worker ended without a result", "err", runErr)
-		}
-	default:
-		r.ExitCode = res.ExitCode
-		r.Error = res.Error
-		r.ReturnValue = decodeReturn(res.ReturnValue)
-		if res.Status == "success" && res.ExitCode == 0 {
-			r.Status = StatusSuccess
-		} else {
-			r.Status = StatusError
-		}
-	}
-	if res != nil {
-		r.ReturnText = res.ReturnText
-		for _, f := range res.Figures {
-			r.Figures = append(r.Figures, Figure{Width: f.Width, Height: f.Height, Bytes: len(f.PNG), TooLarge: f.TooLarge, PNG: f.PNG})
-		}
-		r.Displays, r.DisplaysOmitted = displaysOf(res.Displays), res.DisplaysOmitted
-	}
-	if r.Status == StatusSuccess && (r.StdoutTruncated || r.StderrTruncated) {
-		r.Status = StatusOutputLimit
-		r.Message = fmt.Sprintf("the output exceeded %d bytes per stream; its head and tail are kept", e.cfg.MaxOutput)
-	}
-	return r
 }
 
 // nearMemoryLimit tells a MemoryError that the memory limit caused from

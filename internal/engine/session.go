@@ -590,10 +590,8 @@ func (s *Sessions) Shutdown() {
 // Run runs code in a session: globals, imports and files persist. Calls on
 // one session are serialised.
 func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result, error) {
-	for k := range req.Inputs {
-		if !IsIdentifier(k) {
-			return nil, fmt.Errorf("engine: input name %q is not a Python identifier", k)
-		}
+	if err := req.Validate(); err != nil {
+		return nil, err
 	}
 	sess, err := s.get(id)
 	if err != nil {
@@ -618,12 +616,10 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	// its next run (and, unlike frozen ones, still die at once if killed).
 	s.idle(sess, false)
 
-	start := time.Now()
-	timeout := s.e.timeout(req.Timeout)
-	stdout := newCapture(s.e.cfg.MaxOutput, req.Stdout)
-	stderr := newCapture(s.e.cfg.MaxOutput, req.Stderr)
-	sess.out.begin(stdout)
-	sess.errs.begin(stderr)
+	rs := s.e.newRun(req)
+	timeout := rs.timeout
+	sess.out.begin(rs.stdout)
+	sess.errs.begin(rs.stderr)
 	defer sess.out.begin(nil)
 	defer sess.errs.begin(nil)
 
@@ -656,24 +652,18 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	defer stopCancel()
 	callCtx, cancel := context.WithTimeout(context.Background(), timeout+grace)
 	defer cancel()
-	// An output flood far beyond the cap is interrupted, as a one-shot
-	// run's is stopped: the server copies every byte, so it would
-	// otherwise pay for it until the timeout. Code that ignores the
-	// interrupt is killed after the grace period, and the session with it.
-	flood := int64(s.e.cfg.MaxOutput) * 16
-	for _, c := range []*capture{stdout, stderr} {
-		c.mu.Lock()
-		c.limit, c.onOverflow = flood, func() {
-			select {
-			case interrupted <- "output":
-			default:
-			}
-			stopTools(context.Canceled)
-			sess.sb.(sandbox.Sessioner).Interrupt()
-			time.AfterFunc(grace, cancel)
+	// An output flood is interrupted, as a one-shot run's is stopped. Code
+	// that ignores the interrupt is killed after the grace period, and the
+	// session with it.
+	rs.onFlood(func() {
+		select {
+		case interrupted <- "output":
+		default:
 		}
-		c.mu.Unlock()
-	}
+		stopTools(context.Canceled)
+		sess.sb.(sandbox.Sessioner).Interrupt()
+		time.AfterFunc(grace, cancel)
+	})
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -695,10 +685,9 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 		filename = fmt.Sprintf("<cell %d>", sess.runs+1)
 		sess.mu.Unlock()
 	}
-	res, runErr := sess.conn.Run(callCtx, worker.Request{
-		Code: req.Code, Inputs: req.Inputs, Filename: filename, MaxReturnBytes: 64 << 10,
-		MaxFigureBytes: s.e.cfg.MaxFigureBytes, Tools: req.Tools, ToolsCtx: toolsCtx, Gate: req.Gate,
-	})
+	wreq := rs.workerRequest(filename)
+	wreq.ToolsCtx = toolsCtx
+	res, runErr := sess.conn.Run(callCtx, wreq)
 	var why string
 	select {
 	case why = <-interrupted:
@@ -718,7 +707,7 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 		sess.sb.Kill()
 		exit = sess.sb.Wait()
 	}
-	r := s.e.finish(ctx, callCtx, start, stdout, stderr, res, runErr, exit, timeout)
+	r := rs.finish(ctx, callCtx, res, runErr, exit)
 	if d := sessionCPU(sess) - cpuBefore; d > 0 {
 		// The session's cgroup outlives the run: its CPU time is the
 		// difference (including what its background work did meanwhile).
@@ -735,7 +724,7 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 		r.Message = "the run was cancelled and interrupted (KeyboardInterrupt); the session and its state are kept"
 	case why == "output" && runErr == nil:
 		r.Status = StatusOutputLimit
-		r.Message = fmt.Sprintf("the run printed more than %d bytes and was interrupted (KeyboardInterrupt); the session and its state are kept. Print less, or write large results to a file", flood)
+		r.Message = fmt.Sprintf("the run printed more than %d bytes and was interrupted (KeyboardInterrupt); the session and its state are kept. Print less, or write large results to a file", rs.flood)
 	case runErr != nil:
 		whyDead := describeExit(exit, s.e.cfg.Limits.MemoryBytes)
 		switch {
@@ -747,7 +736,7 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 			whyDead = "the run was cancelled and the worker did not stop, so it was killed"
 		case why == "output":
 			r.Status, r.ExitCode = StatusOutputLimit, -1
-			whyDead = fmt.Sprintf("the run printed more than %d bytes and did not stop when interrupted, so it was killed", flood)
+			whyDead = fmt.Sprintf("the run printed more than %d bytes and did not stop when interrupted, so it was killed", rs.flood)
 		}
 		r.Message = "the session has ended: " + whyDead + "; its state is lost. Create a new session with create_session"
 		sess.mu.Lock()
