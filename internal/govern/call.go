@@ -243,9 +243,10 @@ func (t *Ticket) End(o Outcome) error {
 		rec.Error = o.Refused.Message
 	case o.Refused != nil:
 		// Nothing ran after all (a quota, a bad argument): the status
-		// says why, and it does not count against the limits.
+		// says why. It passed the policy, so it counts against the
+		// limits, as the gateway counts a call its server answered with
+		// an error (it gives the count back only for a protocol error).
 		rec.Status, rec.Error = string(o.Refused.Status), o.Refused.Message
-		t.cancel()
 	case ran:
 		rec.Status, rec.ExitCode, rec.PeakMemoryBytes, rec.CPUTimeMS = o.Status, o.ExitCode, o.PeakMemoryBytes, o.CPUTimeMS
 		rec.LimitsHit = append(rec.LimitsHit, o.LimitsHit...)

@@ -181,16 +181,19 @@ func TestStricterApproverWins(t *testing.T) {
 	tk.End(Outcome{Refused: v.Refusal})
 }
 
-// TestRefusedAfterCheckDoesNotCount: a call the tool refused before
-// anything ran (a quota, an unknown session) gives its place in the rate
-// limits back.
-func TestRefusedAfterCheckDoesNotCount(t *testing.T) {
+// TestRefusedByTheToolCounts: a call that passed the policy and that its
+// tool then refused (an unknown session) counts against the limits, as
+// the gateway counts a call its server answered with an error.
+func TestRefusedByTheToolCounts(t *testing.T) {
 	g, _ := newGov(t, `{"version": "1", "default": "allow", "tools": {"upload_file": {"limits": [{"counter": "u", "window": "hour", "max": 1}]}}}`, nil)
-	for i := range 2 {
-		ctx, tk, _ := g.Admit(context.Background(), Call{Tool: "upload_file", Identity: "alice", Args: json.RawMessage(`{}`)})
-		if v := tk.Check(ctx, Subject{}, Approver{}); v.Refusal != nil {
-			t.Fatalf("call %d: %+v", i, v.Refusal)
-		}
-		tk.End(Outcome{Refused: &Refusal{Status: StatusInvalidRequest, Message: "Unknown session."}})
+	ctx, tk, _ := g.Admit(context.Background(), Call{Tool: "upload_file", Identity: "alice", Args: json.RawMessage(`{}`)})
+	if v := tk.Check(ctx, Subject{}, Approver{}); v.Refusal != nil {
+		t.Fatal(v.Refusal)
 	}
+	tk.End(Outcome{Refused: &Refusal{Status: StatusInvalidRequest, Message: "Unknown session."}})
+	ctx, tk, _ = g.Admit(context.Background(), Call{Tool: "upload_file", Identity: "alice", Args: json.RawMessage(`{}`)})
+	if v := tk.Check(ctx, Subject{}, Approver{}); v.Refusal == nil || !strings.Contains(v.Refusal.Message, "rate limit") {
+		t.Errorf("the second call: %+v", v)
+	}
+	tk.End(Outcome{Refused: &Refusal{}})
 }
