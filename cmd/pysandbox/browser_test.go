@@ -18,7 +18,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/testutil"
 )
 
-var update = flag.Bool("update", false, "refresh the README's screenshots of the console (docs/console/)")
+var update = flag.Bool("update", false, "refresh docs/console.md's screenshots of the console (docs/console/)")
 
 // chromium finds Debian's Chromium (apt-get install chromium; the test
 // script installs it).
@@ -45,7 +45,7 @@ func chromium(t *testing.T) string {
 // a record and the policy page, and takes screenshots at desktop and
 // phone widths ($PYSANDBOX_ARTIFACTS, else the test's temporary
 // directory; `go test -run TestConsoleInBrowser -update` refreshes the
-// README's, docs/console/).
+// ones docs/console.md shows, docs/console/).
 func TestConsoleInBrowser(t *testing.T) {
 	started := time.Now().UTC()
 	browser := chromium(t)

@@ -24,7 +24,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/testutil/refservers"
 )
 
-// Tenancy over HTTP (README: "Who a caller is"), through real clients on
+// Tenancy over HTTP (docs/governance.md: "Who a caller is"), through real clients on
 // the wire: the Go SDK's on 2026-07-28 (sessionless) and the TypeScript
 // SDK's on 2025-06-18 (an MCP session per connection).
 

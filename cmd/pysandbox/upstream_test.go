@@ -18,7 +18,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/testutil/refservers"
 )
 
-// walkthroughCode is the README's walkthrough: one run calls tools of two
+// walkthroughCode is the walkthrough of docs/upstream.md: one run calls tools of two
 // upstream servers, combines their results and returns a short answer.
 const walkthroughCode = `
 import tools

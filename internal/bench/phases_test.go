@@ -97,7 +97,7 @@ func TestMatch(t *testing.T) {
 }
 
 // TestPhasesReport: the breakdown `bench --phases` prints, which the
-// README quotes.
+// docs/performance.md quotes.
 func TestPhasesReport(t *testing.T) {
 	runs := []tracedRun{syntheticRun(0), syntheticRun(1), syntheticRun(2)}
 	tr := &tracedRuns{runs: runs, busy: 15 * time.Millisecond, k0: time.Second, k1: time.Second + 6900*time.Microsecond}

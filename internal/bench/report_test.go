@@ -48,7 +48,7 @@ func (r *latencyReport) write() []byte {
 	return b.Bytes()
 }
 
-// TestLatencyReport: the full bench's report, which the README quotes.
+// TestLatencyReport: the full bench's report, which docs/performance.md quotes.
 func TestLatencyReport(t *testing.T) {
 	noPandas := fullReport()
 	noPandas.hasPandas, noPandas.preload = false, ""

@@ -40,7 +40,7 @@ Usage:
   pysandbox audit verify [--from-seq N] [--head HASH] [--store URL --replica-token-file F] FILE...
                                           check an audit log's hash chain, whole from seq 1; exit 1 naming the first bad line
   pysandbox audit tail [-n N] [-f] FILE   pretty-print the last records of an audit log
-  pysandbox serve --tools mcp-run-python  serve another Python MCP server's tools (see the README)
+  pysandbox serve --tools mcp-run-python  serve another Python MCP server's tools (see docs/profiles.md)
   pysandbox setup CLIENT [--write] [-- SERVE FLAGS]
                                           print (or merge) the config entry for claude-code, claude-desktop,
                                           cursor, vscode, codex or gemini

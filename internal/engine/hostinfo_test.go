@@ -90,7 +90,7 @@ func TestEscapeHostInfo(t *testing.T) {
 	if got.UsrLocalEtc || len(got.UsrLocal) > 1 || (len(got.UsrLocal) == 1 && got.UsrLocal[0] != "lib") {
 		t.Errorf("/usr/local shows %v (etc: %v), want at most lib/python3.*", got.UsrLocal, got.UsrLocalEtc)
 	}
-	t.Logf("flock on a shared read-only file: %s (residual channel, see README)", got.FlockSharedFile)
+	t.Logf("flock on a shared read-only file: %s (residual channel, see docs/security.md)", got.FlockSharedFile)
 }
 
 // runHostInfo runs hostInfoCode in e and checks what every backend must

@@ -2,7 +2,7 @@
 // of demand, each forked from a zygote that has already started the
 // interpreter and imported the preloaded modules.
 //
-// Design (chosen by measurement, see the README): a cold sandbox costs
+// Design (chosen by measurement, see docs/performance.md): a cold sandbox costs
 // about 50 ms (two process starts, an interpreter start, imports), and
 // with pandas preloaded over 300 ms of CPU, which caps a 2-core machine at
 // a few runs per second. A fork of a warm interpreter costs a few

@@ -5,7 +5,7 @@
 // limits, policy, approval, rate limits, quotas and audit log as
 // pysandbox's own tools. What a peer does that is a hole (the host
 // network, no timeout, pip into the server, host paths) is not copied;
-// the README lists each such difference.
+// docs/profiles.md lists each such difference.
 package profiles
 
 import (

@@ -7,7 +7,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// Who a caller is, and what it owns (the README's identity table).
+// Who a caller is, and what it owns (the identity table of docs/governance.md).
 //
 //   - stdio: one client, "stdio".
 //   - HTTP with a token: the token's name. Everything it makes is the

@@ -266,7 +266,7 @@ func firstImage(res *mcp.CallToolResult) *mcp.ImageContent {
 	return nil
 }
 
-// The README's walkthrough, call for call.
+// The walkthrough of docs/tools.md, call for call.
 func TestReadmeWalkthrough(t *testing.T) {
 	cs := connect(t, nil)
 	id := newSession(t, cs)

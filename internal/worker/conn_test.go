@@ -358,19 +358,19 @@ func TestCancelRunWithStuckToolReply(t *testing.T) {
 }
 
 // TestToolBoundsDefaults: a Conn as the server makes it has the per-run
-// tool-message bounds the README documents (tests prove the mechanism with
+// tool-message bounds docs/upstream.md documents (tests prove the mechanism with
 // smaller ones, see TestToolsHostile).
 func TestToolBoundsDefaults(t *testing.T) {
 	c := NewConn(nil)
 	if c.toolMsgs != 200_000 || c.toolBytes != 512<<20 {
 		t.Fatalf("a new Conn bounds a run to %d tool messages and %d bytes, want 200000 and 512 MiB", c.toolMsgs, c.toolBytes)
 	}
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/upstream.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := fmt.Sprintf("more than %d %03d tool messages or %d MiB of them in one run", c.toolMsgs/1000, c.toolMsgs%1000, c.toolBytes>>20)
 	if !bytes.Contains(readme, []byte(want)) {
-		t.Errorf("the README does not say %q", want)
+		t.Errorf("docs/upstream.md does not say %q", want)
 	}
 }

@@ -72,7 +72,7 @@ func (echoTools) Call(ctx context.Context, name string, args json.RawMessage) wo
 }
 
 // withTools: pysandbox_tools is the built-in whatever the wheel did, and
-// tools is the wheel's (as the README says).
+// tools is the wheel's (as docs/upstream.md says).
 const withTools = `
 import os, sys, tools, pysandbox_tools
 [os.path.basename(pysandbox_tools.__file__), getattr(pysandbox_tools, "SHADOW", None), pysandbox_tools.t.echo(message="hi"),
