@@ -30,6 +30,7 @@ func objectMembers(data []byte) ([]member, error) {
 		return nil, errors.New("not a JSON object")
 	}
 	var out []member
+	seen := map[string]bool{}
 	for dec.More() {
 		start := dec.InputOffset()
 		tok, err := dec.Token()
@@ -37,6 +38,11 @@ func objectMembers(data []byte) ([]member, error) {
 			return nil, err
 		}
 		key, _ := tok.(string)
+		if seen[key] {
+			// Clients differ on which one counts; a merge would pick.
+			return nil, fmt.Errorf("the key %q appears twice", key)
+		}
+		seen[key] = true
 		// The key as the file wrote it (escapes included), so that a
 		// merge never rewrites another entry's name.
 		rawKey := bytes.TrimLeft(data[start:dec.InputOffset()], " \t\r\n,")
@@ -49,8 +55,11 @@ func objectMembers(data []byte) ([]member, error) {
 	if _, err := dec.Token(); err != nil {
 		return nil, err
 	}
-	if dec.More() {
-		return nil, errors.New("more after the object")
+	// Only white space may follow. (Decoder.More reports none for a stray
+	// '}' or ']', so a file like {"a":1} }]] would read as its first
+	// object and be rewritten without the rest.)
+	if rest := bytes.TrimLeft(data[dec.InputOffset():], " \t\r\n"); len(rest) > 0 {
+		return nil, fmt.Errorf("%q after the object", truncate(rest, 20))
 	}
 	return out, nil
 }
@@ -105,7 +114,15 @@ func mergeJSON(data []byte, c Client, e Entry) ([]byte, error) {
 	var top []member
 	if len(bytes.TrimSpace(data)) > 0 {
 		var err error
-		if top, err = objectMembers(data); err != nil {
+		if !json.Valid(data) {
+			// Let objectMembers name the fault, or say where it is.
+			if _, err = objectMembers(data); err == nil {
+				err = errors.New("not valid JSON")
+			}
+		} else {
+			top, err = objectMembers(data)
+		}
+		if err != nil {
 			if bytes.Contains(data, []byte("//")) || bytes.Contains(data, []byte("/*")) {
 				return nil, fmt.Errorf("%v (comments, as JSONC allows, would be lost in a merge)", err)
 			}
@@ -146,4 +163,11 @@ func mergeJSON(data []byte, c Client, e Entry) ([]byte, error) {
 	writeObject(&out, top, indent, 0)
 	out.WriteByte('\n')
 	return out.Bytes(), nil
+}
+
+func truncate(b []byte, n int) string {
+	if len(b) > n {
+		return string(b[:n]) + "..."
+	}
+	return string(b)
 }

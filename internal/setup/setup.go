@@ -15,14 +15,27 @@ import (
 	"runtime"
 	"sort"
 	"strings"
+	"time"
 )
 
-// Entry is what the client runs: this binary, serve, and flags.
+// Entry is what the client runs: this binary, serve, and flags; or, with
+// URL, the running server it reaches over streamable HTTP.
 type Entry struct {
 	Name    string   // the server's name in the client, "pysandbox"
 	Command string   // absolute path of the binary
 	Args    []string // "serve" and the flags
+	// URL is a server's streamable HTTP endpoint (http(s)://HOST/mcp);
+	// with it, Command and Args are unused.
+	URL string
+	// Headers go with every request to URL (the bearer token).
+	Headers []Header
+	// ToolTimeout is how long the client waits for a tool call, where its
+	// file has a setting for it; 0 leaves the client's default.
+	ToolTimeout time.Duration
 }
+
+// Header is an HTTP header of an Entry.
+type Header struct{ Name, Value string }
 
 // Client is one MCP client's configuration format and place.
 type Client struct {
@@ -33,8 +46,17 @@ type Client struct {
 	// Key is the JSON object holding servers ("mcpServers", "servers");
 	// "" for TOML (Codex).
 	Key string
-	// Type adds "type": "stdio" to an entry (VS Code, Claude Code).
+	// Type adds "type": "stdio" or "http" to an entry (VS Code, Claude
+	// Code).
 	Type bool
+	// URLKey is the key of a streamable HTTP server's URL in the client's
+	// entry ("url"; Gemini CLI's "httpUrl"); "" when its file has no HTTP
+	// entry, and NoHTTP says what to do instead.
+	URLKey, NoHTTP string
+	// TimeoutMSKey is the key of the entry's tool-call timeout in
+	// milliseconds, when the client has one (Gemini CLI's "timeout").
+	// Codex's, in seconds, is in its TOML table.
+	TimeoutMSKey string
 	// Command is a shell command that does the same, when the client has
 	// one (Claude Code's claude mcp add).
 	Command func(e Entry) string
@@ -56,26 +78,51 @@ func appSupport(goos, home, appData, app string) string {
 	return joinHome(home, ".config", app)
 }
 
-// Clients are the supported clients, by ID.
+// Clients are the supported clients, by ID. The formats, HTTP entries and
+// timeouts are as each client documents them:
+//
+//   - Claude Code: https://code.claude.com/docs/en/mcp ("type": "http",
+//     "url", "headers"; claude mcp add --transport http ... --header). Its
+//     tool-call timeout is the MCP_TOOL_TIMEOUT environment variable, not
+//     a setting of the entry.
+//   - Claude Desktop: claude_desktop_config.json holds local servers only;
+//     remote ones are added under Settings > Connectors
+//     (https://support.anthropic.com/en/articles/11503834), without
+//     static headers.
+//   - Cursor: https://cursor.com/docs/mcp ("url", "headers").
+//   - VS Code: https://code.visualstudio.com/docs/copilot/reference/mcp-configuration
+//     ("type": "http", "url", "headers").
+//   - Codex: https://github.com/openai/codex/blob/main/docs/config.md
+//     (url, http_headers; tool_timeout_sec, default 60 s).
+//   - Gemini CLI: https://github.com/google-gemini/gemini-cli/blob/main/docs/tools/mcp-server.md
+//     ("httpUrl", "headers"; "timeout" in ms, default 600,000).
 var Clients = map[string]Client{
-	"claude-code": {ID: "claude-code", Title: "Claude Code", Key: "mcpServers", Type: true,
+	"claude-code": {ID: "claude-code", Title: "Claude Code", Key: "mcpServers", Type: true, URLKey: "url",
 		Path: func(_, home, _ string) string { return joinHome(home, ".claude.json") },
 		Command: func(e Entry) string {
+			if e.URL != "" {
+				cmd := "claude mcp add --scope user --transport http " + shellQuote(e.Name) + " " + shellQuote(e.URL)
+				for _, h := range e.Headers {
+					cmd += " --header " + shellQuote(h.Name+": "+h.Value)
+				}
+				return cmd
+			}
 			return "claude mcp add --scope user " + shellQuote(e.Name) + " -- " + shellQuote(e.Command) + " " + shellJoin(e.Args)
 		}},
 	"claude-desktop": {ID: "claude-desktop", Title: "Claude Desktop", Key: "mcpServers",
+		NoHTTP: "Claude Desktop does not read remote servers from claude_desktop_config.json: add the URL under Settings > Connectors > Add custom connector (it connects from Anthropic's cloud, without auth or with OAuth, not with a token header), or give it a local server (setup claude-desktop without --url)",
 		Path: func(goos, home, appData string) string {
 			return filepath.Join(appSupport(goos, home, appData, "Claude"), "claude_desktop_config.json")
 		}},
-	"cursor": {ID: "cursor", Title: "Cursor", Key: "mcpServers",
+	"cursor": {ID: "cursor", Title: "Cursor", Key: "mcpServers", URLKey: "url",
 		Path: func(_, home, _ string) string { return joinHome(home, ".cursor", "mcp.json") }},
-	"vscode": {ID: "vscode", Title: "VS Code", Key: "servers", Type: true,
+	"vscode": {ID: "vscode", Title: "VS Code", Key: "servers", Type: true, URLKey: "url",
 		Path: func(goos, home, appData string) string {
 			return filepath.Join(appSupport(goos, home, appData, "Code"), "User", "mcp.json")
 		}},
-	"codex": {ID: "codex", Title: "Codex",
+	"codex": {ID: "codex", Title: "Codex", URLKey: "url",
 		Path: func(_, home, _ string) string { return joinHome(home, ".codex", "config.toml") }},
-	"gemini": {ID: "gemini", Title: "Gemini CLI", Key: "mcpServers",
+	"gemini": {ID: "gemini", Title: "Gemini CLI", Key: "mcpServers", URLKey: "httpUrl", TimeoutMSKey: "timeout",
 		Path: func(_, home, _ string) string { return joinHome(home, ".gemini", "settings.json") }},
 }
 
@@ -112,22 +159,65 @@ func (c Client) Snippet(e Entry) string {
 	return out.String()
 }
 
+// jsonEntry is the entry's JSON object, compact, its keys in the order
+// the clients' documentation shows them.
 func jsonEntry(c Client, e Entry) []byte {
+	var o orderedObject
+	if e.URL != "" {
+		if c.Type {
+			o.add("type", "http")
+		}
+		o.add(c.URLKey, e.URL)
+		if len(e.Headers) > 0 {
+			var h orderedObject
+			for _, x := range e.Headers {
+				h.add(x.Name, x.Value)
+			}
+			o.addRaw("headers", h.bytes())
+		}
+	} else {
+		if c.Type {
+			o.add("type", "stdio")
+		}
+		o.add("command", e.Command)
+		o.add("args", e.Args)
+	}
+	if c.TimeoutMSKey != "" && e.ToolTimeout > 0 {
+		o.add(c.TimeoutMSKey, e.ToolTimeout.Milliseconds())
+	}
+	return o.bytes()
+}
+
+// orderedObject builds a JSON object whose keys keep their order.
+type orderedObject struct{ b bytes.Buffer }
+
+func (o *orderedObject) add(k string, v any) { o.addRaw(k, marshal(v)) }
+
+func (o *orderedObject) addRaw(k string, raw []byte) {
+	if o.b.Len() == 0 {
+		o.b.WriteByte('{')
+	} else {
+		o.b.WriteByte(',')
+	}
+	o.b.Write(marshal(k))
+	o.b.WriteByte(':')
+	o.b.Write(raw)
+}
+
+func (o *orderedObject) bytes() []byte {
+	if o.b.Len() == 0 {
+		return []byte("{}")
+	}
+	return append(o.b.Bytes(), '}')
+}
+
+// marshal is v as JSON, with <, > and & as they are (paths and URLs
+// read as written).
+func marshal(v any) []byte {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
-	if c.Type {
-		enc.Encode(struct {
-			Type    string   `json:"type"`
-			Command string   `json:"command"`
-			Args    []string `json:"args"`
-		}{"stdio", e.Command, e.Args})
-	} else {
-		enc.Encode(struct {
-			Command string   `json:"command"`
-			Args    []string `json:"args"`
-		}{e.Command, e.Args})
-	}
+	enc.Encode(v)
 	return bytes.TrimSpace(b.Bytes())
 }
 
@@ -142,89 +232,6 @@ func (c Client) Merge(data []byte, e Entry) ([]byte, error) {
 		return mergeTOML(data, e)
 	}
 	return mergeJSON(data, c, e)
-}
-
-// Result says what Write did.
-type Result struct {
-	Path, Backup string
-	Changed      bool
-}
-
-// Write merges the entry into the file at path (created with its
-// directories when missing), leaving path+".bak" with the old content
-// when it changes anything.
-func (c Client) Write(path string, e Entry) (Result, error) {
-	// A config file that is a symbolic link (a dotfile manager's) is
-	// updated where it points, and stays a link.
-	if target, err := filepath.EvalSymlinks(path); err == nil {
-		path = target
-	}
-	r := Result{Path: path}
-	old, err := os.ReadFile(path)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return r, fmt.Errorf("setup: %w", err)
-	}
-	merged, err := c.Merge(old, e)
-	if err != nil {
-		return r, fmt.Errorf("%w: %s: %v; add the entry by hand:\n%s", ErrUnparsable, path, err, c.Snippet(e))
-	}
-	if bytes.Equal(old, merged) {
-		return r, nil
-	}
-	mode := os.FileMode(0o600)
-	dir := filepath.Dir(path)
-	if st, err := os.Stat(path); err == nil {
-		mode = st.Mode().Perm()
-		r.Backup = path + ".bak"
-		if err := writeNew(dir, r.Backup, old, mode); err != nil {
-			return r, fmt.Errorf("setup: backup: %w", err)
-		}
-	} else if err := os.MkdirAll(dir, 0o755); err != nil {
-		return r, fmt.Errorf("setup: %w", err)
-	}
-	if err := writeNew(dir, path, merged, mode); err != nil {
-		return r, fmt.Errorf("setup: %w", err)
-	}
-	r.Changed = true
-	return r, nil
-}
-
-// writeNew puts data at path through a file of its own (created
-// exclusively, with mode, in dir) renamed into place: nothing already
-// lying there (a stray temporary file, a symbolic link where the backup
-// goes) is written through or lends its mode.
-func writeNew(dir, path string, data []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(dir, ".pysandbox-setup-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			os.Remove(tmp)
-		}
-	}()
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	ok = true
-	return nil
 }
 
 // shellQuote quotes s for a POSIX shell when it needs it.

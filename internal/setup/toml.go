@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
 )
@@ -13,12 +14,27 @@ import (
 func tomlTable(e Entry) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "[mcp_servers.%s]\n", tomlKey(e.Name))
-	fmt.Fprintf(&b, "command = %s\n", tomlString(e.Command))
-	q := make([]string, len(e.Args))
-	for i, a := range e.Args {
-		q[i] = tomlString(a)
+	if e.URL != "" {
+		fmt.Fprintf(&b, "url = %s\n", tomlString(e.URL))
+		if len(e.Headers) > 0 {
+			q := make([]string, len(e.Headers))
+			for i, h := range e.Headers {
+				q[i] = tomlString(h.Name) + " = " + tomlString(h.Value)
+			}
+			fmt.Fprintf(&b, "http_headers = { %s }\n", strings.Join(q, ", "))
+		}
+	} else {
+		fmt.Fprintf(&b, "command = %s\n", tomlString(e.Command))
+		q := make([]string, len(e.Args))
+		for i, a := range e.Args {
+			q[i] = tomlString(a)
+		}
+		fmt.Fprintf(&b, "args = [%s]\n", strings.Join(q, ", "))
 	}
-	fmt.Fprintf(&b, "args = [%s]\n", strings.Join(q, ", "))
+	if e.ToolTimeout > 0 {
+		// Whole seconds, rounded up.
+		fmt.Fprintf(&b, "tool_timeout_sec = %d\n", (e.ToolTimeout+time.Second-1)/time.Second)
+	}
 	return b.String()
 }
 
@@ -94,11 +110,11 @@ func mergeTOML(data []byte, e Entry) ([]byte, error) {
 	} else if _, there := probe["mcp_servers"]; there {
 		return nil, fmt.Errorf("mcp_servers is not a table")
 	}
-	args := make([]any, len(e.Args))
-	for i, a := range e.Args {
-		args[i] = a
+	var table map[string]any
+	if _, err := toml.Decode(tomlTable(e), &table); err != nil {
+		return nil, fmt.Errorf("the entry does not encode: %v", err)
 	}
-	servers[e.Name] = map[string]any{"command": e.Command, "args": args}
+	servers[e.Name] = table["mcp_servers"].(map[string]any)[e.Name]
 	want["mcp_servers"] = servers
 	if !reflect.DeepEqual(want, after) {
 		return nil, fmt.Errorf("the file's layout (a table header inside a string, or the entry split over several tables) keeps an exact merge from being sure")
