@@ -3,7 +3,7 @@
 # linux/arm64 with version information (`pysandbox version` shows the
 # version, commit and build date), their SHA-256 checksums, and a
 # CycloneDX SBOM per binary (cyclonedx-gomod, pinned, from the Go module
-# proxy). Everything lands in dist/ (or $DIST).
+# proxy) that names VERSION as the binary's version. Everything lands in dist/ (or $DIST).
 # Usage: scripts/release.sh [VERSION]   (default: git describe, else 0.1.0-dev)
 #        RELEASE_TARGETS="linux/amd64" scripts/release.sh   (fewer targets)
 set -euo pipefail
@@ -31,7 +31,10 @@ for t in $targets; do
 	os=${t%/*} arch=${t#*/}
 	out="$dist/pysandbox-$version-$os-$arch"
 	CGO_ENABLED=0 GOOS=$os GOARCH=$arch go build -trimpath -buildvcs=false -ldflags "$ldflags" -o "$out" ./cmd/pysandbox
-	CGO_ENABLED=0 GOOS=$os GOARCH=$arch "$bin/cyclonedx-gomod" app -licenses=false -json -main cmd/pysandbox -output "$out.cdx.json" . 2>/dev/null
+	# The SBOM of the binary itself (its embedded module list), with
+	# VERSION as the main component's version: `app` would take the
+	# version from git, a pseudo-version unless HEAD is tagged.
+	"$bin/cyclonedx-gomod" bin -licenses=false -json -version "$version" -output "$out.cdx.json" "$out" 2>/dev/null
 	echo "built $out"
 done
 (cd "$dist" && sha256sum pysandbox-* > SHA256SUMS)

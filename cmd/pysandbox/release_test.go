@@ -34,11 +34,18 @@ func TestRelease(t *testing.T) {
 	}
 	data, err := os.ReadFile(bin + ".cdx.json")
 	var sbom struct {
-		BOMFormat  string `json:"bomFormat"`
+		BOMFormat string `json:"bomFormat"`
+		Metadata  struct {
+			Component struct{ Version, Purl string }
+		}
 		Components []struct{ Name string }
 	}
 	if err != nil || json.Unmarshal(data, &sbom) != nil || sbom.BOMFormat != "CycloneDX" || len(sbom.Components) < 5 {
 		t.Errorf("SBOM: %v %.300s", err, data)
+	}
+	// The version released, not a pseudo-version from git.
+	if c := sbom.Metadata.Component; c.Version != "v9.9.9-test" || !strings.Contains(c.Purl, "@v9.9.9-test") {
+		t.Errorf("SBOM: the main component is %q (%s), want v9.9.9-test", c.Version, c.Purl)
 	}
 	names := ""
 	for _, c := range sbom.Components {
