@@ -1,17 +1,27 @@
 package cli
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"time"
 
+	"github.com/pysandbox/pysandbox/internal/httpserver"
+	"github.com/pysandbox/pysandbox/internal/policy"
+	"github.com/pysandbox/pysandbox/internal/profiles"
 	"github.com/pysandbox/pysandbox/internal/setup"
+	"github.com/pysandbox/pysandbox/internal/upstream"
 )
 
-// setupCmd is `pysandbox setup CLIENT [--write] [-- SERVE FLAGS...]`.
+// setupCmd is `pysandbox setup CLIENT [--write] [-- SERVE FLAGS...]`, or
+// `pysandbox setup CLIENT --url URL [--token-file F]` for a server
+// already running over HTTP.
 func setupCmd(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("setup", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -19,16 +29,25 @@ func setupCmd(args []string, stdout, stderr io.Writer) error {
 	name := fs.String("name", "pysandbox", "the server's name in the client")
 	file := fs.String("file", "", "the config file to write (default: the client's documented user-level file)")
 	binary := fs.String("binary", "", "the pysandbox binary the client runs (default: this one, by absolute path)")
+	rawURL := fs.String("url", "", "instead of running this binary, point the client at a server already serving over HTTP: its streamable HTTP endpoint, e.g. https://sandbox.example.com/mcp (pysandbox serve --http serves it at /mcp). Not for Claude Desktop, which takes remote servers only under Settings > Connectors")
+	tokenFile := fs.String("token-file", "", "with --url: a file holding the client's bearer token (the token alone, or one 'NAME TOKEN' line of the server's --auth-token-file); it is written into the client's config as an 'Authorization: Bearer' header")
+	maxTimeout := durationFlag(fs, "max-timeout", 300*time.Second, "with --url: the server's --max-timeout, from which the client's tool-call timeout is set where it has one (without --url it comes from the serve flags)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: pysandbox setup CLIENT [--write] [--name NAME] [--file PATH] [-- SERVE FLAGS...]\n\nCLIENT is one of: %s.\n"+
-			"Prints the exact config entry that runs this binary's `serve` (with the serve flags after --), and with --write merges it into the client's file.\n\nFlags:\n",
+		fmt.Fprintf(stderr, "Usage: pysandbox setup CLIENT [--write] [--name NAME] [--file PATH] [-- SERVE FLAGS...]\n"+
+			"       pysandbox setup CLIENT --url URL [--token-file FILE] [--max-timeout D] [--write] [--name NAME] [--file PATH]\n\n"+
+			"CLIENT is one of: %s.\n"+
+			"Prints the exact config entry that runs this binary's `serve` (with the serve flags after --, checked as serve\n"+
+			"would check them, their files made absolute), or with --url the entry that reaches a running server over\n"+
+			"streamable HTTP; with --write merges it into the client's file. Where the client has a tool-call timeout\n"+
+			"setting (Codex, Gemini CLI), it is set to --max-timeout plus --install-timeout plus 30s.\n\nFlags:\n",
 			strings.Join(setup.IDs(), ", "))
 		fs.PrintDefaults()
 	}
 	var serveFlags []string
+	dashes := false
 	for i, a := range args {
 		if a == "--" {
-			args, serveFlags = args[:i], args[i+1:]
+			args, serveFlags, dashes = args[:i], args[i+1:], true
 			break
 		}
 	}
@@ -47,21 +66,58 @@ func setupCmd(args []string, stdout, stderr io.Writer) error {
 	if !ok {
 		return usageError{fmt.Errorf("setup: name a client: %s", strings.Join(setup.IDs(), ", "))}
 	}
-	bin := *binary
-	if bin == "" {
-		self, err := os.Executable()
-		if err != nil {
-			return fmt.Errorf("setup: where is this binary: %w", err)
+	e := setup.Entry{Name: *name}
+	if *rawURL != "" {
+		if dashes {
+			return usageError{errors.New("setup: --url points the client at a running server; serve flags (after --) go with the entry that starts one")}
 		}
-		bin = self
+		if *binary != "" {
+			return usageError{errors.New("setup: --binary goes with the entry that starts a server, not with --url")}
+		}
+		if c.URLKey == "" {
+			return usageError{fmt.Errorf("setup: %s", c.NoHTTP)}
+		}
+		u, warning, err := checkURL(*rawURL)
+		if err != nil {
+			return usageError{err}
+		}
+		e.URL = u
+		if *tokenFile != "" {
+			tok, err := readClientToken(*tokenFile)
+			if err != nil {
+				return usageError{err}
+			}
+			e.Headers = []setup.Header{{Name: "Authorization", Value: "Bearer " + tok}}
+			if warning != "" {
+				fmt.Fprintf(stderr, "pysandbox: warning: %s\n", warning)
+			}
+		}
+		e.ToolTimeout = toolTimeout(time.Duration(*maxTimeout), 5*time.Minute)
+	} else {
+		if *tokenFile != "" || isSet(fs, "max-timeout") {
+			return usageError{errors.New("setup: --token-file and --max-timeout go with --url (a server this binary starts takes its limits from the serve flags after --)")}
+		}
+		cfg, abs, err := checkServeFlags(serveFlags)
+		if err != nil {
+			return err
+		}
+		bin := *binary
+		if bin == "" {
+			self, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("setup: where is this binary: %w", err)
+			}
+			bin = self
+		}
+		if bin, err = filepath.Abs(bin); err != nil {
+			return err
+		}
+		e.Command, e.Args = bin, append([]string{"serve"}, abs...)
+		e.ToolTimeout = toolTimeout(time.Duration(cfg.maxTimeout), time.Duration(cfg.installTimeout))
 	}
-	bin, err := filepath.Abs(bin)
-	if err != nil {
-		return err
-	}
-	e := setup.Entry{Name: *name, Command: bin, Args: append([]string{"serve"}, absPaths(serveFlags)...)}
 	path := *file
 	if path == "" {
+		var err error
 		if path, err = c.DefaultPath(); err != nil {
 			return err
 		}
@@ -80,39 +136,250 @@ func setupCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	switch {
 	case !r.Changed:
-		fmt.Fprintf(stdout, "%s: %s already has this entry; nothing changed.\n", c.Title, path)
+		fmt.Fprintf(stdout, "%s: %s already has this entry; nothing changed.\n", c.Title, r.Path)
 	case r.Backup != "":
-		fmt.Fprintf(stdout, "%s: wrote the %q entry into %s (the old file is %s). Restart %s to use it.\n", c.Title, e.Name, path, r.Backup, c.Title)
+		fmt.Fprintf(stdout, "%s: wrote the %q entry into %s (the old file is %s). Restart %s to use it.\n", c.Title, e.Name, r.Path, r.Backup, c.Title)
 	default:
-		fmt.Fprintf(stdout, "%s: created %s with the %q entry. Restart %s to use it.\n", c.Title, path, e.Name, c.Title)
+		fmt.Fprintf(stdout, "%s: created %s with the %q entry. Restart %s to use it.\n", c.Title, r.Path, e.Name, c.Title)
+	}
+	if len(e.Headers) > 0 {
+		if st, err := os.Stat(r.Path); err == nil && st.Mode().Perm()&0o044 != 0 {
+			fmt.Fprintf(stderr, "pysandbox: warning: %s now holds a bearer token and is readable by other users (mode %#o); chmod 600 it\n", r.Path, st.Mode().Perm())
+		}
 	}
 	return nil
 }
 
-// absPaths makes the serve flags' file arguments absolute: the client
-// starts the server from a directory of its own.
-func absPaths(args []string) []string {
-	out := make([]string, len(args))
-	for i, a := range args {
-		out[i] = a
-		if strings.HasPrefix(a, "-") {
-			if k, v, ok := strings.Cut(a, "="); ok && isFile(v) {
-				abs, _ := filepath.Abs(v)
-				out[i] = k + "=" + abs
-			}
-			continue
-		}
-		if isFile(a) {
-			out[i], _ = filepath.Abs(a)
-		}
-	}
-	return out
+// toolTimeout is the client's tool-call timeout for a server whose runs
+// take at most maxTimeout, after installing their dependencies for at
+// most install, with 30 s for the rest (queueing, the reply).
+func toolTimeout(maxTimeout, install time.Duration) time.Duration {
+	return maxTimeout + install + 30*time.Second
 }
 
-func isFile(p string) bool {
-	if p == "" || filepath.IsAbs(p) {
-		return false
+// durationFlag is a flag of serve's duration type (a bare number is
+// seconds).
+func durationFlag(fs *flag.FlagSet, name string, def time.Duration, usage string) *duration {
+	d := duration(def)
+	fs.Var(&d, name, usage)
+	return &d
+}
+
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// checkServeFlags parses the serve flags with serve's own flag set and
+// refuses what serve would refuse before starting (Validate), a policy or
+// upstream servers' file that does not load (with serve's message), and
+// --http, which no client could talk to over stdio. It returns the flags
+// with every file argument absolute.
+func checkServeFlags(args []string) (*ServeConfig, []string, error) {
+	refuse := func(err error) error {
+		return usageError{fmt.Errorf("setup: serve would refuse the flags after --: %w", err)}
 	}
-	_, err := os.Stat(p)
-	return err == nil
+	fs, cfg := newServeFlags(io.Discard)
+	fs.Usage = func() {}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			err = errors.New("-h: see pysandbox serve -h for serve's flags")
+		}
+		return nil, nil, refuse(err)
+	}
+	cfg.Args = fs.Args()
+	if cfg.HTTP != "" {
+		return nil, nil, usageError{errors.New("setup: --http after -- would make a server the client cannot talk to (it talks over stdio); to point a client at a server running with --http, use setup CLIENT --url URL")}
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, nil, refuse(err)
+	}
+	// What serve reads before it starts, read now: a broken policy must
+	// not become a client entry that fails every time it starts.
+	for _, f := range []struct{ flag, path string }{{"--upstream", cfg.Upstream}, {"--policy", cfg.Policy}} {
+		if f.path == "" {
+			continue
+		}
+		// A FIFO would block the read, and serve's too.
+		if st, err := os.Stat(f.path); err == nil && !st.Mode().IsRegular() {
+			return nil, nil, refuse(fmt.Errorf("%s: %s is not a regular file", f.flag, f.path))
+		}
+	}
+	profs, native, err := cfg.Profiles.selectProfiles()
+	if err != nil {
+		return nil, nil, refuse(err)
+	}
+	toolNames := profiles.ToolNames(profs, native)
+	if cfg.Upstream != "" {
+		upCfg, err := upstream.Load(cfg.Upstream)
+		if err != nil {
+			return nil, nil, refuse(err)
+		}
+		toolNames = append(toolNames, upstreamPatterns(upCfg)...)
+	}
+	if cfg.Policy != "" {
+		if _, err := policy.Load(cfg.Policy, toolNames); err != nil {
+			return nil, nil, refuse(err)
+		}
+	}
+	abs, err := absServeArgs(fs, args)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cfg, abs, nil
+}
+
+// serveFileFlags are serve's flags whose values are paths: setup makes
+// them absolute, since the client starts the server from a directory of
+// its own. (--python and --python-version take a path only when the
+// value has a '/'; --find-links also takes a URL.) TestServeFileFlags
+// checks that every flag that names a file is here.
+var serveFileFlags = map[string]bool{
+	"policy": true, "audit-log": true, "upstream": true,
+	"auth-token-file": true, "operator-token-file": true, "metrics-token-file": true,
+	"tls-cert": true, "tls-key": true,
+	"approval-key-file": true, "replica-token-file": true,
+	"cache-dir": true, "find-links": true,
+	"python": true, "python-version": true,
+}
+
+// absServeArgs is args (parsed by fs without error) with the value of
+// every file flag absolute, whether the file exists yet or not (an audit
+// log is created by serve). Everything else is kept as written.
+func absServeArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	out := slices.Clone(args)
+	for i := 0; i < len(out); i++ {
+		a := out[i]
+		if a == "--" || len(a) < 2 || a[0] != '-' {
+			break // where serve's flag parsing stops
+		}
+		dashes := "-"
+		if strings.HasPrefix(a, "--") {
+			dashes = "--"
+		}
+		name, value, inline := strings.Cut(a[len(dashes):], "=")
+		f := fs.Lookup(name)
+		if f == nil {
+			return nil, fmt.Errorf("setup: flag %s: not a serve flag", a)
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			continue
+		}
+		at := i
+		if !inline {
+			if i+1 >= len(out) {
+				break
+			}
+			i++
+			at, value = i, out[i]
+		}
+		if !serveFileFlags[name] || !isPathValue(name, value) {
+			continue
+		}
+		abs, err := filepath.Abs(value)
+		if err != nil {
+			return nil, fmt.Errorf("setup: %s %s: %w", dashes+name, value, err)
+		}
+		if inline {
+			out[at] = dashes + name + "=" + abs
+		} else {
+			out[at] = abs
+		}
+	}
+	return out, nil
+}
+
+func isPathValue(flagName, v string) bool {
+	switch {
+	case v == "" || filepath.IsAbs(v):
+		return false
+	case flagName == "python" || flagName == "python-version":
+		return strings.ContainsRune(v, '/')
+	case flagName == "find-links":
+		return !strings.Contains(v, "://")
+	}
+	return true
+}
+
+// checkURL checks a server's URL for --url: http or https, a host, no
+// user information (a password in a config file is the token's job). A
+// plain http URL to another machine gets a warning, for the token it
+// would carry in clear text.
+func checkURL(raw string) (string, string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", "", fmt.Errorf("setup: --url %q: %v", raw, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" || u.Hostname() == "" {
+		return "", "", fmt.Errorf("setup: --url %q: want http(s)://HOST[:PORT]/mcp, the server's streamable HTTP endpoint", raw)
+	}
+	if u.User != nil {
+		return "", "", fmt.Errorf("setup: --url %q: no user or password in the URL; give the token with --token-file", raw)
+	}
+	if u.Fragment != "" {
+		return "", "", fmt.Errorf("setup: --url %q: no #fragment", raw)
+	}
+	warning := ""
+	if u.Scheme == "http" && !isLoopback(u.Hostname()) {
+		warning = fmt.Sprintf("--url %s is plain HTTP to another machine: the bearer token travels in clear text; serve with --tls-cert/--tls-key or behind a TLS proxy and use https://", raw)
+	}
+	return u.String(), warning, nil
+}
+
+// readClientToken reads the client's bearer token from path: a regular
+// file of at most httpserver.MaxTokenFileBytes holding one token, alone
+// or as one 'NAME TOKEN' (or NAME:TOKEN) line as in the server's token
+// file; blank lines and # comments are skipped.
+func readClientToken(path string) (string, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return "", fmt.Errorf("setup: --token-file: %w", err)
+	}
+	if !st.Mode().IsRegular() {
+		return "", fmt.Errorf("setup: --token-file %s: not a regular file", path)
+	}
+	if st.Size() > httpserver.MaxTokenFileBytes {
+		return "", fmt.Errorf("setup: --token-file %s: larger than 1 MiB; that is no token file", path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("setup: --token-file: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, httpserver.MaxTokenFileBytes+1))
+	if err != nil {
+		return "", fmt.Errorf("setup: --token-file %s: %w", path, err)
+	}
+	var tokens []string
+	for _, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.Fields(line)
+		switch {
+		case len(fields) == 2:
+			tokens = append(tokens, fields[1])
+		case len(fields) == 1:
+			if _, tok, ok := strings.Cut(line, ":"); ok {
+				tokens = append(tokens, tok)
+			} else {
+				tokens = append(tokens, line)
+			}
+		default:
+			return "", fmt.Errorf("setup: --token-file %s: want the token, or one 'NAME TOKEN' line", path)
+		}
+	}
+	switch {
+	case len(tokens) == 0:
+		return "", fmt.Errorf("setup: --token-file %s: no token", path)
+	case len(tokens) > 1:
+		return "", fmt.Errorf("setup: --token-file %s: %d tokens; give a file with this client's one token", path, len(tokens))
+	}
+	tok := tokens[0]
+	if len(tok) < httpserver.MinTokenLength || strings.IndexFunc(tok, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
+		return "", fmt.Errorf("setup: --token-file %s: the token must be at least %d printable characters without spaces, as the server requires", path, httpserver.MinTokenLength)
+	}
+	return tok, nil
 }
