@@ -156,6 +156,10 @@ func ParseHostRule(s string) (HostRule, error) {
 	if s == "" || len(s) > 300 {
 		return HostRule{}, errors.New("want a host of 1 to 300 characters, optionally with :PORT")
 	}
+	if scheme, rest, ok := strings.Cut(s, "://"); ok {
+		host, _, _ := strings.Cut(rest, "/")
+		return HostRule{}, fmt.Errorf("%q: want HOST[:PORT], not a URL; e.g. %s (a %s URL's port is %s unless it names one)", s, host, scheme, map[bool]string{true: "443", false: "80"}[strings.EqualFold(scheme, "https")])
+	}
 	host, portText := s, ""
 	if strings.HasPrefix(s, "[") {
 		end := strings.Index(s, "]")
@@ -183,6 +187,12 @@ func ParseHostRule(s string) (HostRule, error) {
 	if a, err := netip.ParseAddr(host); err == nil {
 		if a.Zone() != "" {
 			return HostRule{}, fmt.Errorf("%q: an address with a zone cannot be reached from a sandbox", s)
+		}
+		if a.Unmap().IsUnspecified() {
+			// A rule names the addresses it allows, and the proxy does
+			// not check those for being this machine's: 0.0.0.0 and ::
+			// would reach the host's own services.
+			return HostRule{}, fmt.Errorf("%q: %s is the unspecified address, not a host (a connection to it reaches this machine itself)", s, a)
 		}
 		r.Addr = a.Unmap()
 		r.Host = r.Addr.String()

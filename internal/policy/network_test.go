@@ -144,3 +144,15 @@ func TestNormalizeHost(t *testing.T) {
 		t.Error("no port accepted for CONNECT")
 	}
 }
+
+func TestHostRuleUnspecifiedAndURL(t *testing.T) {
+	for _, c := range []struct{ rule, want string }{
+		{"0.0.0.0", "unspecified address"},
+		{"[::]:443", "unspecified address"},
+		{"http://example.com/x", `want HOST[:PORT], not a URL; e.g. example.com`},
+	} {
+		if _, err := ParseHostRule(c.rule); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v", c.rule, err)
+		}
+	}
+}
