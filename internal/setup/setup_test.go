@@ -1,12 +1,16 @@
 package setup
 
 import (
+	"crypto/sha256"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
@@ -179,5 +183,192 @@ func TestMergeKeepsKeys(t *testing.T) {
 	out, err := Clients["cursor"].Merge([]byte(in), entry)
 	if err != nil || !strings.Contains(string(out), `"a\ud800b": 1`) || !strings.Contains(string(out), `"x\u0041": {"command": "y"}`) {
 		t.Errorf("%v\n%s", err, out)
+	}
+}
+
+// httpEntry is a streamable HTTP entry with a token and a timeout.
+var httpEntry = Entry{Name: "pysandbox", URL: "https://sandbox.example.com/mcp", Headers: []Header{{"Authorization", "Bearer 0123456789abcdef0123"}}, ToolTimeout: 630 * time.Second}
+
+// TestHTTPEntries: each client that documents a streamable HTTP entry gets
+// one in its own format (with the tool-call timeout where it has one),
+// printed and merged into a file with other servers; a stdio entry gets
+// the timeout too.
+func TestHTTPEntries(t *testing.T) {
+	for _, id := range IDs() {
+		c := Clients[id]
+		if c.URLKey == "" {
+			if c.NoHTTP == "" {
+				t.Errorf("%s: neither an HTTP entry nor a reason", id)
+			}
+			continue
+		}
+		t.Run(id, func(t *testing.T) {
+			out := c.Snippet(httpEntry)
+			if c.Command != nil {
+				out += "\n" + c.Command(httpEntry) + "\n"
+			}
+			golden(t, id+".http.snippet", out)
+			merged, err := c.Merge([]byte(existing[c.Key]), httpEntry)
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden(t, id+".http.merged", string(merged))
+			again, err := c.Merge(merged, httpEntry)
+			if err != nil || string(again) != string(merged) {
+				t.Errorf("a second merge changed something: %v", err)
+			}
+			timed := entry
+			timed.ToolTimeout = 450 * time.Second
+			golden(t, id+".timeout.snippet", c.Snippet(timed))
+		})
+	}
+}
+
+// TestWriteRefusesHostileFiles: what Write will not rewrite is left
+// exactly as it was, with the entry to paste: a file that does not parse
+// exactly, a symbolic link to nothing or to a device, a FIFO (without
+// blocking), a file over MaxFileBytes. The refusals' messages are golden.
+func TestWriteRefusesHostileFiles(t *testing.T) {
+	c := Clients["cursor"]
+	dir := t.TempDir()
+	var msgs strings.Builder
+	for _, tc := range []struct {
+		name string
+		make func(path string) error
+		want error
+	}{
+		{"trailing brackets", func(p string) error { return os.WriteFile(p, []byte("{\"a\":1} }\n]]"), 0o600) }, ErrUnparsable},
+		{"trailing object", func(p string) error { return os.WriteFile(p, []byte(`{"a":1} {"b":2}`), 0o600) }, ErrUnparsable},
+		{"duplicate key", func(p string) error {
+			return os.WriteFile(p, []byte(`{"mcpServers": {}, "mcpServers": {"x": {}}}`), 0o600)
+		}, ErrUnparsable},
+		{"dangling link", func(p string) error { return os.Symlink(filepath.Join(dir, "nowhere", "mcp.json"), p) }, ErrUnsafe},
+		{"link to /dev/zero", func(p string) error { return os.Symlink("/dev/zero", p) }, ErrUnsafe},
+		{"FIFO", func(p string) error { return syscall.Mkfifo(p, 0o600) }, ErrUnsafe},
+		{"link to a FIFO", func(p string) error {
+			if err := syscall.Mkfifo(p+".fifo", 0o600); err != nil {
+				return err
+			}
+			return os.Symlink(p+".fifo", p)
+		}, ErrUnsafe},
+		{"directory", func(p string) error { return os.Mkdir(p, 0o700) }, ErrUnsafe},
+		{"huge file", func(p string) error {
+			f, err := os.Create(p)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			f.WriteString(`{"mcpServers": {}}`)
+			return f.Truncate(MaxFileBytes + 1) // sparse: costs no disk
+		}, ErrUnsafe},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.NewReplacer(" ", "-", "/", "").Replace(tc.name)+".json")
+			if err := tc.make(path); err != nil {
+				t.Fatal(err)
+			}
+			before := snapshot(t, path)
+			done := make(chan error, 1)
+			go func() { _, err := c.Write(path, entry); done <- err }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("Write blocked")
+			}
+			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), "add the entry by hand") {
+				t.Fatalf("got %v, want %v with the snippet", err, tc.want)
+			}
+			if after := snapshot(t, path); after != before {
+				t.Errorf("the path changed:\n%s\n%s", before, after)
+			}
+			if _, err := os.Lstat(path + ".bak"); err == nil {
+				t.Error("a backup was left")
+			}
+			msg, _, _ := strings.Cut(err.Error(), "; add the entry by hand")
+			fmt.Fprintf(&msgs, "%s: %s\n", tc.name, strings.ReplaceAll(msg, dir, "DIR"))
+		})
+	}
+	golden(t, "refusals.txt", msgs.String())
+}
+
+// snapshot describes what is at path without following it or reading a
+// FIFO: its type, mode, link target, and a regular file's content hash.
+func snapshot(t *testing.T, path string) string {
+	t.Helper()
+	st, err := os.Lstat(path)
+	if err != nil {
+		return "missing"
+	}
+	s := fmt.Sprintf("%v size %d", st.Mode(), st.Size())
+	if st.Mode()&os.ModeSymlink != 0 {
+		target, _ := os.Readlink(path)
+		s += " -> " + target
+	} else if st.Mode().IsRegular() {
+		data, _ := os.ReadFile(path)
+		s += fmt.Sprintf(" sha256 %x", sha256.Sum256(data))
+	}
+	return s
+}
+
+// TestWriteInPlace: a merge rewrites the file's own inode, so another
+// user's file stays theirs (Write runs as root here), with its mode, and
+// its hard links see the new content; the backup has the file's owner and
+// mode.
+func TestWriteInPlace(t *testing.T) {
+	c := Clients["cursor"]
+	dir := t.TempDir()
+	path := filepath.Join(dir, "mcp.json")
+	old := "{\n  \"mcpServers\": {\"other\": {\"command\": \"true\"}}\n}\n"
+	os.WriteFile(path, []byte(old), 0o640)
+	os.Chmod(path, 0o640)
+	other := filepath.Join(dir, "hardlink.json")
+	if err := os.Link(path, other); err != nil {
+		t.Fatal(err)
+	}
+	owned := os.Geteuid() == 0
+	if owned {
+		if err := os.Chown(path, 4242, 4343); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, _ := os.Stat(path)
+	r, err := c.Write(path, entry)
+	if err != nil || !r.Changed || r.Path != path {
+		t.Fatalf("%+v %v", r, err)
+	}
+	after, _ := os.Stat(path)
+	if !os.SameFile(before, after) {
+		t.Error("the file was replaced, not rewritten")
+	}
+	if after.Mode().Perm() != 0o640 {
+		t.Errorf("mode %v", after.Mode().Perm())
+	}
+	st := after.Sys().(*syscall.Stat_t)
+	if st.Nlink != 2 {
+		t.Errorf("%d links", st.Nlink)
+	}
+	linked, _ := os.ReadFile(other)
+	if !strings.Contains(string(linked), "/usr/local/bin/pysandbox") || !strings.Contains(string(linked), `"other"`) {
+		t.Errorf("the hard link does not see the merge:\n%s", linked)
+	}
+	bak, _ := os.Stat(r.Backup)
+	if data, _ := os.ReadFile(r.Backup); string(data) != old || bak.Mode().Perm() != 0o640 {
+		t.Errorf("the backup: %v\n%s", bak.Mode(), data)
+	}
+	if owned {
+		if st.Uid != 4242 || st.Gid != 4343 {
+			t.Errorf("the file's owner became %d:%d", st.Uid, st.Gid)
+		}
+		if b := bak.Sys().(*syscall.Stat_t); b.Uid != 4242 || b.Gid != 4343 {
+			t.Errorf("the backup's owner is %d:%d", b.Uid, b.Gid)
+		}
+	} else {
+		t.Log("not root: the owner part is skipped")
+	}
+	// Nothing to change: not even write permission is needed.
+	os.Chmod(path, 0o440)
+	if r, err := c.Write(path, entry); err != nil || r.Changed {
+		t.Errorf("an unchanged read-only file: %+v %v", r, err)
 	}
 }

@@ -104,7 +104,7 @@ func openConfig(path string) (*os.File, os.FileInfo, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	real := path
+	real, via := path, ""
 	if lst.Mode()&fs.ModeSymlink != 0 {
 		target, _ := os.Readlink(path)
 		resolved, err := filepath.EvalSymlinks(path)
@@ -116,10 +116,12 @@ func openConfig(path string) (*os.File, os.FileInfo, error) {
 		if lst, err = os.Lstat(resolved); err != nil {
 			return nil, nil, err
 		}
-		real = resolved
+		real, via = resolved, fmt.Sprintf("a symbolic link to %s, which is ", target)
 	}
 	if !lst.Mode().IsRegular() {
-		return nil, nil, unsafeError{real, fmt.Sprintf("not a regular file (%s)", kind(lst.Mode()))}
+		// Reading a FIFO would block, a device never end; writing either
+		// would write into something that is no config file.
+		return nil, nil, unsafeError{path, fmt.Sprintf("%snot a regular file but %s", via, kind(lst.Mode()))}
 	}
 	if lst.Size() > MaxFileBytes {
 		return nil, nil, unsafeError{real, fmt.Sprintf("larger than %d MiB, which is no config file setup rewrites", MaxFileBytes>>20)}
