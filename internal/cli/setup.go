@@ -180,15 +180,32 @@ func checkServeFlags(args []string) (*ServeConfig, []string, error) {
 	refuse := func(err error) error {
 		return usageError{fmt.Errorf("setup: serve would refuse the flags after --: %w", err)}
 	}
-	fs, cfg := newServeFlags(io.Discard)
-	fs.Usage = func() {}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			err = errors.New("-h: see pysandbox serve -h for serve's flags")
+	parse := func(args []string) (*flag.FlagSet, *ServeConfig, error) {
+		fs, cfg := newServeFlags(io.Discard)
+		fs.Usage = func() {}
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				err = errors.New("-h: see pysandbox serve -h for serve's flags")
+			}
+			return nil, nil, refuse(err)
 		}
-		return nil, nil, refuse(err)
+		cfg.Args = fs.Args()
+		return fs, cfg, nil
 	}
-	cfg.Args = fs.Args()
+	fs, _, err := parse(args)
+	if err != nil {
+		return nil, nil, err
+	}
+	// What is checked is what serve will get: the flags with their files
+	// absolute (serve itself wants --find-links absolute).
+	abs, err := absServeArgs(fs, args)
+	if err != nil {
+		return nil, nil, err
+	}
+	_, cfg, err := parse(abs)
+	if err != nil {
+		return nil, nil, err
+	}
 	if cfg.HTTP != "" {
 		return nil, nil, usageError{errors.New("setup: --http after -- would make a server the client cannot talk to (it talks over stdio); to point a client at a server running with --http, use setup CLIENT --url URL")}
 	}
@@ -222,10 +239,6 @@ func checkServeFlags(args []string) (*ServeConfig, []string, error) {
 		if _, err := policy.Load(cfg.Policy, toolNames); err != nil {
 			return nil, nil, refuse(err)
 		}
-	}
-	abs, err := absServeArgs(fs, args)
-	if err != nil {
-		return nil, nil, err
 	}
 	return cfg, abs, nil
 }
