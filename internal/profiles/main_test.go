@@ -128,6 +128,8 @@ var volatile = []struct {
 	{regexp.MustCompile(`session:[0-9A-Za-z_-]+`), "session:ID"},
 	{regexp.MustCompile(`sandbox_id": "[^"]+"`), `sandbox_id": "ID"`},
 	{regexp.MustCompile(`pysandbox://sessions/[^/]+/`), "pysandbox://sessions/ID/"},
+	// mcp-run-python names the server's default interpreter.
+	{regexp.MustCompile(`executed with Python 3\.\d+\.`), "executed with Python 3.X."},
 }
 
 func normalize(s string) string {

@@ -3,6 +3,7 @@ package profiles
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"github.com/pysandbox/pysandbox/internal/govern"
 	"strings"
 
@@ -14,10 +15,23 @@ import (
 
 // Pydantic's mcp-run-python (retired): one tool, run_python_code, whose
 // result is XML-tagged text. Its description and input schema are the
-// peer's, verbatim (its own test asserts the schema).
+// peer's, verbatim (its own test asserts the schema), except that the
+// description names the Python the server runs (the peer's said 3.13).
 const runPythonCodeDescription = "Tool to execute Python code and return stdout, stderr, and return value.\n\n" +
 	"The code may be async, and the value on the last line will be returned as the return value.\n\n" +
-	"The code will be executed with Python 3.13.\n"
+	"The code will be executed with Python %s.\n"
+
+// runPythonCodeDescriptionFor is the description naming the engine's
+// default interpreter (3.13, the peer's, when it has none).
+func runPythonCodeDescriptionFor(e *engine.Engine) string {
+	version := "3.13"
+	if e != nil {
+		if py := e.Config().Python; py != nil && py.Major > 0 {
+			version = py.MajorMinor()
+		}
+	}
+	return fmt.Sprintf(runPythonCodeDescription, version)
+}
 
 // runPythonCodeSchema is the peer's inputSchema (zod-to-json-schema,
 // draft-07).
@@ -27,8 +41,8 @@ var runPythonCodeSchema = json.RawMessage(`{"type":"object","properties":{"pytho
 
 // RunPythonCodeInput is mcp-run-python's run_python_code input.
 type RunPythonCodeInput struct {
-	PythonCode      string         `json:"python_code"`
-	GlobalVariables map[string]any `json:"global_variables,omitempty"`
+	PythonCode      string           `json:"python_code"`
+	GlobalVariables tools.JSONInputs `json:"global_variables,omitempty"`
 	deps            []string
 }
 
@@ -49,7 +63,7 @@ func mcpRunPython(opts Options) tools.Profile {
 			tools.AddTool(h, &mcp.Tool{
 				Name:        "run_python_code",
 				Title:       "Run Python code",
-				Description: runPythonCodeDescription,
+				Description: runPythonCodeDescriptionFor(h.Engine()),
 				InputSchema: runPythonCodeSchema,
 			}, func(ctx context.Context, req *mcp.CallToolRequest, in RunPythonCodeInput) (*mcp.CallToolResult, any, error) {
 				in.deps = opts.Deps

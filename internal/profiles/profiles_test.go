@@ -232,3 +232,40 @@ func TestBoundsAndRecords(t *testing.T) {
 		}
 	}
 }
+
+// TestMCPRunPythonNamesItsPython: run_python_code's description names the
+// Python its code runs on (the peer's said 3.13 whatever ran), and its
+// global_variables arrive as sent: big integers exact, 2.0 a float, -0.0
+// with its sign.
+func TestMCPRunPythonNamesItsPython(t *testing.T) {
+	cs := connect(t, "mcp-run-python", serverOpts{})
+	res, err := cs.ListTools(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc := ""
+	for _, tl := range res.Tools {
+		if tl.Name == "run_python_code" {
+			desc = tl.Description
+		}
+	}
+	text, _ := callText(t, cs, "run_python_code", map[string]any{"python_code": "import sys\n'%d.%d' % sys.version_info[:2]"})
+	version := between(text, "<return_value>\n", "\n</return_value>")
+	if version == "" || !strings.Contains(desc, "executed with Python "+version+".\n") {
+		t.Errorf("the code ran on Python %q; the description says %q", version, desc)
+	}
+	args := json.RawMessage(`{"python_code": "repr((a, a == 9007199254740993, b, type(b).__name__, str(c), type(c).__name__))", "global_variables": {"a": 12345678901234567890, "b": 2.0, "c": -0.0}}`)
+	r, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "run_python_code", Arguments: args})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := ""
+	for _, c := range r.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			got += tc.Text
+		}
+	}
+	if want := "(12345678901234567890, False, 2.0, 'float', '-0.0', 'float')"; !strings.Contains(got, want) {
+		t.Errorf("global_variables: %s, want %s", got, want)
+	}
+}

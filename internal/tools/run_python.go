@@ -1,6 +1,7 @@
 package tools
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,15 +19,34 @@ import (
 // RunPythonInput is run_python's input: the code, and optionally a
 // session to run in, dependencies to install first and the interpreter.
 type RunPythonInput struct {
-	Code           string         `json:"code" jsonschema:"Python 3 source code to run. The value of the last expression statement is returned as return_value, like a notebook cell. Top-level await works. Print to show output."`
-	TimeoutSeconds float64        `json:"timeout_seconds,omitempty" jsonschema:"Wall-clock limit in seconds (default 30; the server's maximum applies). Every process the code started is killed when it passes."`
-	Inputs         map[string]any `json:"inputs,omitempty" jsonschema:"JSON values to pass in: each key becomes a global variable of that name before the code runs."`
-	SessionID      string         `json:"session_id,omitempty" jsonschema:"Run in this session (from create_session): its variables, imports and files persist between calls. Omit for a fresh sandbox."`
-	Dependencies   []string       `json:"dependencies,omitempty" jsonschema:"PEP 508 requirements to install first, e.g. [\"pandas>=2\", \"requests\"]; merged with an inline '# /// script' block in the code. Installed once and cached."`
-	PythonVersion  string         `json:"python_version,omitempty" jsonschema:"Python to run on, e.g. \"3.12\" (check_environment lists the interpreters). Default: the server's, or the newest that meets the script's requires-python."`
+	Code           string     `json:"code" jsonschema:"Python 3 source code to run. The value of the last expression statement is returned as return_value, like a notebook cell. Top-level await works. Print to show output."`
+	TimeoutSeconds float64    `json:"timeout_seconds,omitempty" jsonschema:"Wall-clock limit in seconds (default 30; the server's maximum applies). Every process the code started is killed when it passes."`
+	Inputs         JSONInputs `json:"inputs,omitempty" jsonschema:"JSON values to pass in: each key becomes a global variable of that name before the code runs."`
+	SessionID      string     `json:"session_id,omitempty" jsonschema:"Run in this session (from create_session): its variables, imports and files persist between calls. Omit for a fresh sandbox."`
+	Dependencies   []string   `json:"dependencies,omitempty" jsonschema:"PEP 508 requirements to install first, e.g. [\"pandas>=2\", \"requests\"]; merged with an inline '# /// script' block in the code. Installed once and cached."`
+	PythonVersion  string     `json:"python_version,omitempty" jsonschema:"Python to run on, e.g. \"3.12\" (check_environment lists the interpreters). Default: the server's, or the newest that meets the script's requires-python."`
 	// Filename names the code in tracebacks ("<code>" when empty); tool
 	// profiles set their peer's (main.py, script.py).
 	Filename string `json:"-"`
+}
+
+// JSONInputs are a run's inputs as the client sent them: numbers are
+// decoded as json.Number, so that each reaches the code as its literal
+// (9007199254740993 and 12345678901234567890 exact, 2.0 a float, -0.0
+// with its sign), not rounded through a float64. Its schema is a map
+// string -> any JSON value, as map[string]any's.
+type JSONInputs map[string]any
+
+// UnmarshalJSON decodes an object, keeping its numbers' text.
+func (in *JSONInputs) UnmarshalJSON(b []byte) error {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var m map[string]any
+	if err := d.Decode(&m); err != nil {
+		return err
+	}
+	*in = m
+	return nil
 }
 
 const runPythonDescription = `Run Python 3 code in a fresh, isolated sandbox and return its output.
