@@ -72,8 +72,9 @@ type FileOutput struct {
 
 // ListFilesInput is list_files' input.
 type ListFilesInput struct {
-	SessionID string `json:"session_id" jsonschema:"The session whose files to list."`
-	Path      string `json:"path,omitempty" jsonschema:"A directory relative to /work to list (default: all of /work)."`
+	SessionID     string `json:"session_id" jsonschema:"The session whose files to list."`
+	Path          string `json:"path,omitempty" jsonschema:"A directory relative to /work to list (default: all of /work)."`
+	IncludeHidden bool   `json:"include_hidden,omitempty" jsonschema:"Also list hidden entries, whose names begin with a dot (.cache, .config: what libraries keep there), and what they hold. Default false: they are left out and counted."`
 }
 
 // ListFilesOutput is list_files' result.
@@ -81,6 +82,8 @@ type ListFilesOutput struct {
 	Outcome
 	Files     []workspace.FileInfo `json:"files"`
 	Truncated bool                 `json:"truncated"`
+	// Hidden counts the hidden entries left out (include_hidden was false).
+	Hidden int `json:"hidden,omitempty"`
 }
 
 // DownloadFileInput is download_file's input.
@@ -100,7 +103,7 @@ func (s *server) addFileTools(srv *mcp.Server) {
 	addTool(s, srv, &mcp.Tool{
 		Name:        "list_files",
 		Title:       "List a session's files",
-		Description: fmt.Sprintf("List the files in a session's working directory (/work), recursively: path, type, size and modification time. Symbolic links are listed, not followed. At most %d entries.", maxListEntries),
+		Description: fmt.Sprintf("List the files in a session's working directory (/work), recursively: path, type, size and modification time. Symbolic links are listed, not followed. Hidden entries (names beginning with a dot, such as the .cache libraries write) are left out unless include_hidden is true. At most %d entries.", maxListEntries),
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 	}, s.listFiles)
 	addTool(s, srv, &mcp.Tool{
@@ -179,7 +182,11 @@ func (s *server) listFiles(ctx context.Context, req *mcp.CallToolRequest, in Lis
 	out := &ListFilesOutput{}
 	err := s.sessions.Workspace(in.SessionID, func(d *workspace.Dir) error {
 		var err error
-		out.Files, out.Truncated, err = d.List(dir, maxListEntries)
+		if in.IncludeHidden {
+			out.Files, out.Truncated, err = d.List(dir, maxListEntries)
+		} else {
+			out.Files, out.Hidden, out.Truncated, err = d.ListVisible(dir, maxListEntries)
+		}
 		return err
 	})
 	if err != nil {
@@ -205,6 +212,11 @@ func listText(out *ListFilesOutput) string {
 	fmt.Fprintf(&b, "%d entries in /work", len(out.Files))
 	if out.Truncated {
 		b.WriteString(" (truncated: list a subdirectory to see the rest)")
+	}
+	if out.Hidden == 1 {
+		b.WriteString("; 1 hidden entry (its name begins with a dot) was left out: pass include_hidden: true to list it")
+	} else if out.Hidden > 1 {
+		fmt.Fprintf(&b, "; %d hidden entries (names beginning with a dot) were left out: pass include_hidden: true to list them", out.Hidden)
 	}
 	b.WriteString("\n")
 	for _, f := range out.Files {

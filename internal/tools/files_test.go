@@ -59,3 +59,38 @@ func TestListFilesEscapesNames(t *testing.T) {
 		}
 	}
 }
+
+// TestListFilesHidden: what libraries keep in dot-directories (.cache)
+// is left out of list_files and counted, unless include_hidden is true.
+func TestListFilesHidden(t *testing.T) {
+	cs := connect(t, nil)
+	id := newSession(t, cs)
+	code := "import os\nos.makedirs('.cache/fontconfig', exist_ok=True)\n" +
+		"for n in ('a', 'b', 'c'):\n    open('.cache/fontconfig/' + n, 'w').close()\n" +
+		"open('.env', 'w').close()\nos.makedirs('data', exist_ok=True)\nopen('data/.keep', 'w').close()\nopen('plot.png', 'w').close()"
+	if res, _ := call(t, cs, "run_python", map[string]any{"session_id": id, "code": code}); res.IsError {
+		t.Fatalf("run_python: %s", text(res))
+	}
+	paths := func(out map[string]any) string {
+		var ps []string
+		for _, f := range out["files"].([]any) {
+			ps = append(ps, f.(map[string]any)["path"].(string))
+		}
+		return strings.Join(ps, " ")
+	}
+	res, out := call(t, cs, "list_files", map[string]any{"session_id": id})
+	if got := paths(out); res.IsError || got != "data plot.png" || out["hidden"] != 3.0 {
+		t.Errorf("list_files: %s (hidden %v)", got, out["hidden"])
+	}
+	if first, _, _ := strings.Cut(text(res), "\n"); first != "2 entries in /work; 3 hidden entries (names beginning with a dot) were left out: pass include_hidden: true to list them" {
+		t.Errorf("list_files text: %q", first)
+	}
+	res, out = call(t, cs, "list_files", map[string]any{"session_id": id, "include_hidden": true})
+	if got := paths(out); res.IsError || got != ".cache .cache/fontconfig .cache/fontconfig/a .cache/fontconfig/b .cache/fontconfig/c .env data data/.keep plot.png" || out["hidden"] != nil {
+		t.Errorf("list_files include_hidden: %s (hidden %v)", got, out["hidden"])
+	}
+	res, out = call(t, cs, "list_files", map[string]any{"session_id": id, "path": ".cache"})
+	if got := paths(out); res.IsError || got != ".cache/fontconfig .cache/fontconfig/a .cache/fontconfig/b .cache/fontconfig/c" {
+		t.Errorf("list_files .cache: %s", got)
+	}
+}

@@ -44,9 +44,22 @@ const (
 // The start path follows symlinks that stay inside the workspace, like
 // Read. If it is not a directory, List returns just its Stat.
 func (d *Dir) List(path string, max int) (entries []FileInfo, truncated bool, err error) {
+	entries, _, truncated, err = d.list(path, max, false)
+	return entries, truncated, err
+}
+
+// ListVisible is List without hidden entries: those whose name begins
+// with a dot (.cache, .config, .env), which are neither listed nor
+// entered. hidden counts the ones met and left out (not what they hold).
+// The start path may itself be hidden.
+func (d *Dir) ListVisible(path string, max int) (entries []FileInfo, hidden int, truncated bool, err error) {
+	return d.list(path, max, true)
+}
+
+func (d *Dir) list(path string, max int, skipHidden bool) (entries []FileInfo, hidden int, truncated bool, err error) {
 	c, err := cleanDir(path)
 	if err != nil {
-		return nil, false, fmt.Errorf("workspace: list %q: %w", path, err)
+		return nil, 0, false, fmt.Errorf("workspace: list %q: %w", path, err)
 	}
 	if max <= 0 {
 		max = DefaultListMax
@@ -54,7 +67,7 @@ func (d *Dir) List(path string, max int) (entries []FileInfo, truncated bool, er
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	if d.fd < 0 {
-		return nil, false, closed("list")
+		return nil, 0, false, closed("list")
 	}
 	fd, err := openat2(d.fd, c, unix.O_RDONLY|unix.O_DIRECTORY, 0, resolveBeneath)
 	if errors.Is(err, unix.ENOTDIR) {
@@ -62,29 +75,31 @@ func (d *Dir) List(path string, max int) (entries []FileInfo, truncated bool, er
 		// is not a directory; stat tells both apart.
 		info, err := d.stat(c)
 		if err != nil {
-			return nil, false, err
+			return nil, 0, false, err
 		}
-		return []FileInfo{info}, false, nil
+		return []FileInfo{info}, 0, false, nil
 	}
 	if err != nil {
-		return nil, false, lookupError("list", c, os.NewSyscallError("openat2", err))
+		return nil, 0, false, lookupError("list", c, os.NewSyscallError("openat2", err))
 	}
-	w := walker{max: max, budget: maxListScan, out: []FileInfo{}}
+	w := walker{max: max, budget: maxListScan, out: []FileInfo{}, skipHidden: skipHidden}
 	prefix := ""
 	if c != "." {
 		prefix = c + "/"
 	}
 	if err := w.walk(fd, prefix, 1); err != nil {
-		return nil, false, lookupError("list", c, err)
+		return nil, 0, false, lookupError("list", c, err)
 	}
-	return w.out, w.truncated, nil
+	return w.out, w.hidden, w.truncated, nil
 }
 
 type walker struct {
-	max       int
-	budget    int // names still allowed to be read
-	out       []FileInfo
-	truncated bool
+	max        int
+	budget     int // names still allowed to be read
+	out        []FileInfo
+	truncated  bool
+	skipHidden bool // leave out names beginning with a dot
+	hidden     int  // how many were left out
 }
 
 // walk lists the directory open at fd, which it closes, and descends into
@@ -100,6 +115,10 @@ func (w *walker) walk(fd int, prefix string, depth int) error {
 	}
 	slices.Sort(names)
 	for _, name := range names {
+		if w.skipHidden && strings.HasPrefix(name, ".") {
+			w.hidden++
+			continue
+		}
 		if len(w.out) >= w.max {
 			w.truncated = true
 			return nil

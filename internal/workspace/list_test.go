@@ -66,6 +66,30 @@ func TestListOrderAndCap(t *testing.T) {
 	}
 }
 
+// TestListVisible: hidden names (a dot first) are left out at every
+// level, and not entered, and counted; a hidden start path is listed.
+func TestListVisible(t *testing.T) {
+	d, _, _ := newWS(t)
+	for _, p := range []string{".cache/fontconfig/a", ".cache/fontconfig/b", ".env", "data/.keep", "data/x.csv", "plot.png"} {
+		mustWrite(t, d, p, p)
+	}
+	e, hidden, trunc, err := d.ListVisible("", 0)
+	if err != nil || trunc {
+		t.Fatal(err, trunc)
+	}
+	if got, want := paths(e), "data data/x.csv plot.png"; got != want || hidden != 3 {
+		t.Errorf("ListVisible = %s (%d hidden), want %s (3 hidden)", got, hidden, want)
+	}
+	e, hidden, _, err = d.ListVisible(".cache", 0)
+	if got, want := paths(e), ".cache/fontconfig .cache/fontconfig/a .cache/fontconfig/b"; err != nil || got != want || hidden != 0 {
+		t.Errorf("ListVisible(.cache) = %s (%d hidden), %v; want %s", got, hidden, err, want)
+	}
+	e, _, _ = d.List("", 0)
+	if got, want := paths(e), ".cache .cache/fontconfig .cache/fontconfig/a .cache/fontconfig/b .env data data/.keep data/x.csv plot.png"; got != want {
+		t.Errorf("List = %s, want %s", got, want)
+	}
+}
+
 func TestListSymlinks(t *testing.T) {
 	d, ws, out := newWS(t)
 	mustWrite(t, d, "a/file", "x")
