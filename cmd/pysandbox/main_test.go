@@ -82,7 +82,7 @@ func TestRunCommand(t *testing.T) {
 		t.Fatalf("code %d stderr %q", code, errOut)
 	}
 	_, errOut, code = runBin(t, "import time\ntime.sleep(30)\n", "run", "--timeout", "1", "-")
-	if code != 124 || !strings.Contains(errOut, "timeout") {
+	if code != 124 || !strings.Contains(errOut, "1s timeout (--timeout)") || !strings.Contains(errOut, "pass a larger --timeout") || strings.Contains(errOut, "timeout_seconds") {
 		t.Fatalf("timeout: code %d stderr %q", code, errOut)
 	}
 	_, errOut, code = runBin(t, "", "run", filepath.Join(dir, "missing.py"))
@@ -126,7 +126,12 @@ func TestFlagErrors(t *testing.T) {
 			t.Errorf("%v: code %d stderr %q", args, code, errOut)
 		}
 	}
-	_, errOut, _ := runBin(t, "", "serve", "--http", "0.0.0.0:8080")
+	// A flag serve does not have: the error and one usage line.
+	_, errOut, code := runBin(t, "", "serve", "--no-such-flag")
+	if code != 2 || errOut != "pysandbox serve: flag provided but not defined: -no-such-flag\nusage: pysandbox serve [flags]; pysandbox serve -h lists them\n" {
+		t.Errorf("bad flag: code %d stderr %q", code, errOut)
+	}
+	_, errOut, _ = runBin(t, "", "serve", "--http", "0.0.0.0:8080")
 	if !strings.Contains(errOut, "non-loopback") {
 		t.Errorf("non-loopback refusal unclear: %q", errOut)
 	}

@@ -27,6 +27,12 @@ func auditCmd(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return usageError{fmt.Errorf("%s", auditUsage)}
 	}
+	if isHelp(args[0]) {
+		fmt.Fprintf(stderr, "Usage: pysandbox audit verify [flags] FILE...   check an audit log's hash chain\n"+
+			"       pysandbox audit tail [flags] FILE        show its last records\n\n"+
+			"Run 'pysandbox audit verify -h' or 'pysandbox audit tail -h' for the flags.\n")
+		return flag.ErrHelp
+	}
 	switch args[0] {
 	case "verify":
 		return auditVerify(args[1:], stdout, stderr)
@@ -77,8 +83,7 @@ func auditVerify(args []string, stdout, stderr io.Writer) error {
 	}
 	paths := fs.Args()
 	if len(paths) == 0 {
-		fs.Usage()
-		return usageError{fmt.Errorf("audit verify takes at least one FILE")}
+		return usageError{fmt.Errorf("audit verify takes at least one FILE\n%s", shortUsage("audit verify"))}
 	}
 	if *fromSeq < 0 {
 		return usageError{fmt.Errorf("audit verify: --from-seq %d: want a seq, 1 or more", *fromSeq)}
@@ -305,8 +310,7 @@ func auditTail(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if fs.NArg() != 1 {
-		fs.Usage()
-		return usageError{fmt.Errorf("audit tail takes one FILE")}
+		return usageError{fmt.Errorf("audit tail takes one FILE\n%s", shortUsage("audit tail"))}
 	}
 	if *n < 0 {
 		return usageError{fmt.Errorf("audit tail: -n %d: want 0 or more", *n)}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,13 +11,23 @@ import (
 	"github.com/pysandbox/pysandbox/internal/sandbox"
 )
 
+const cacheUsage = `Usage: pysandbox cache ls [flags]          list the cached dependency environments
+       pysandbox cache prune [flags]       remove the least recently used ones (--all: every one not in use)
+
+Run 'pysandbox cache ls -h' or 'pysandbox cache prune -h' for the flags.
+`
+
 // cacheCmd lists or prunes the cached dependency environments. Sizes are
 // what the environments take on disk as the cache charges them against
 // --cache-size: 4 KiB (deps.InodeCost) for each inode plus its allocated
 // blocks, a hard-linked file once (see internal/deps/diskuse.go).
 func cacheCmd(args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && isHelp(args[0]) {
+		fmt.Fprint(stderr, cacheUsage)
+		return flag.ErrHelp
+	}
 	if len(args) == 0 || (args[0] != "ls" && args[0] != "prune") {
-		return usageError{fmt.Errorf("usage: pysandbox cache ls|prune [--all] [--max-size SIZE] [--cache-dir DIR]")}
+		return usageError{fmt.Errorf("usage: pysandbox cache ls|prune [--all] [--max-size SIZE] [--cache-dir DIR]; pysandbox cache ls -h lists the flags")}
 	}
 	sub := args[0]
 	fs, o := newFlagSet("cache "+sub, "cache "+sub+" [flags]", stderr)

@@ -81,6 +81,10 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "setup":
 		err = setupCmd(rest, stdout, stderr)
 	case "version", "--version":
+		if len(rest) > 0 && isHelp(rest[0]) {
+			fmt.Fprint(stderr, "Usage: pysandbox version\n\nPrints the version, the commit and the build date.\n")
+			return 0
+		}
 		fmt.Fprint(stdout, versionText())
 		return 0
 	case "help", "-h", "--help":
@@ -113,13 +117,57 @@ type usageError struct{ error }
 // flagError is a flag parsing failure, already reported by the flag package.
 type flagError struct{ error }
 
-// parseFlags parses args, marking errors as already reported.
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	err := fs.Parse(args)
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		return flagError{err}
+// commands are the commands and subcommands, each with its synopsis:
+// what a bad flag's short usage line shows, and what the help tests go
+// through.
+var commands = []struct{ name, synopsis string }{
+	{"serve", "serve [flags]"},
+	{"run", "run [flags] FILE|-"},
+	{"check", "check [--json] [flags]"},
+	{"bench", "bench [-n N] [--concurrency C] [--phases] [--network] [--tools] [--cache] [flags]"},
+	{"cache", "cache ls|prune [flags]"},
+	{"cache ls", "cache ls [flags]"},
+	{"cache prune", "cache prune [--all] [--max-size SIZE] [flags]"},
+	{"audit", "audit verify|tail [flags] FILE..."},
+	{"audit verify", "audit verify [flags] FILE..."},
+	{"audit tail", "audit tail [-n N] [-f] [--json] FILE"},
+	{"setup", "setup CLIENT [--write] [flags] [-- SERVE FLAGS]"},
+	{"version", "version"},
+}
+
+// isHelp is an argument that asks for a command's usage.
+func isHelp(a string) bool { return a == "-h" || a == "-help" || a == "--help" }
+
+// shortUsage is the one line a command line the flags refuse gets,
+// instead of every flag: the synopsis, and how to list them.
+func shortUsage(name string) string {
+	synopsis := name + " [flags]"
+	for _, c := range commands {
+		if c.name == name {
+			synopsis = c.synopsis
+		}
 	}
-	return err
+	return fmt.Sprintf("usage: pysandbox %s; pysandbox %s -h lists them", synopsis, name)
+}
+
+// parseFlags parses args, marking errors as already reported. -h prints
+// the command's whole usage; a bad flag, the error and one usage line.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	out, usage := fs.Output(), fs.Usage
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	fs.Usage = usage
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		fs.Usage()
+		return err
+	}
+	fmt.Fprintf(out, "pysandbox %s: %v\n%s\n", fs.Name(), err, shortUsage(fs.Name()))
+	return flagError{err}
 }
 
 // options are the flags every command shares.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/pysandbox/pysandbox/internal/egress"
@@ -26,8 +27,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) 
 		return 0, err
 	}
 	if fs.NArg() != 1 {
-		fs.Usage()
-		return 0, usageError{fmt.Errorf("run takes one FILE (or - for stdin)")}
+		return 0, usageError{fmt.Errorf("run takes one FILE (or - for stdin)\n%s", shortUsage("run"))}
 	}
 	name := fs.Arg(0)
 	var src io.Reader = stdin
@@ -84,7 +84,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) 
 	case engine.StatusSuccess, engine.StatusError:
 		return res.ExitCode, nil
 	}
-	fmt.Fprintf(stderr, "pysandbox: %s: %s\n", res.Status, res.Message)
+	fmt.Fprintf(stderr, "pysandbox: %s: %s\n", res.Status, o.runMessage(res))
 	switch res.Status {
 	case engine.StatusTimeout:
 		return 124, nil // as timeout(1)
@@ -95,4 +95,21 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) 
 		return res.ExitCode, nil
 	}
 	return 1, nil
+}
+
+// runMessage is how a run ended, told in the command line's terms: the
+// engine's messages name the MCP arguments (timeout_seconds), which a
+// user of run sets with flags.
+func (o *options) runMessage(res *engine.Result) string {
+	switch res.Status {
+	case engine.StatusTimeout:
+		hint := fmt.Sprintf("pass a larger --timeout (at most --max-timeout, %s)", o.maxTimeout.String())
+		if o.timeout >= o.maxTimeout {
+			hint = "pass a larger --timeout, and --max-timeout with it"
+		}
+		return fmt.Sprintf("the run exceeded its %s timeout (--timeout) and every process it started was killed; make the code faster or %s", o.timeout.String(), hint)
+	case engine.StatusMemoryLimit:
+		return fmt.Sprintf("the run exceeded the %s memory limit (--memory); use less memory (process data in chunks), or pass a larger --memory", o.memory.String())
+	}
+	return strings.ReplaceAll(res.Message, "timeout_seconds", "--timeout")
 }
