@@ -155,6 +155,7 @@ func (s *server) execute(ctx context.Context, req *mcp.CallToolRequest, in RunPy
 		s.log.Error("run failed", "err", err)
 		return nil, use, refusal(govern.StatusSandboxError, fmt.Sprintf("The sandbox could not run the code: %v. Nothing was run; run check_environment to see whether the sandbox works on this server.", err))
 	}
+	s.hintNoNetwork(res)
 	return res, use, nil
 }
 
