@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -330,6 +332,10 @@ type InstallError struct {
 	Lines []string
 	// Output is the installer's whole output, capped.
 	Output string
+	// Unreachable, when set, is why the package index could not be
+	// reached (the index and the error): the installer then reports
+	// packages it found nowhere, which is not the cause.
+	Unreachable string
 }
 
 func (e *InstallError) Error() string {
@@ -345,6 +351,11 @@ func (e *InstallError) Error() string {
 	}
 	if reason == "the installer failed" && len(rest) > 0 {
 		reason, rest = rest[0], rest[1:]
+	}
+	if e.Unreachable != "" {
+		// What the installer said follows from it: no package was found
+		// because no index answered.
+		reason, rest = "the package index could not be reached ("+e.Unreachable+")", nil
 	}
 	var head string
 	if e.Requirement != "" {
@@ -398,10 +409,124 @@ func (c *Cache) installError(out *output, exit sandbox.Exit, canon []string, pyV
 	if strings.Contains(text, "No module named pip") {
 		e.Lines = append(e.Lines, fmt.Sprintf("note: Python %s has no pip (install python3-pip, or uv under /usr)", pyVersion))
 	}
-	if !c.cfg.Index.AllowSdist && strings.Contains(text, "No matching distribution") {
+	if notFound(text) {
+		e.Unreachable = c.unreachableIndex(text)
+	}
+	if e.Unreachable == "" && !c.cfg.Index.AllowSdist && strings.Contains(text, "No matching distribution") {
 		e.Lines = append(e.Lines, fmt.Sprintf("note: only wheels are accepted (building from source is disabled); a package may exist but have no wheel for Python %s", pyVersion))
 	}
 	return e
+}
+
+// notFound is installer output that says a package was found nowhere,
+// or that an index could not be fetched.
+func notFound(text string) bool {
+	for _, s := range []string{"No matching distribution", "from versions: none", "was not found in the package registry", "Failed to fetch", "error sending request"} {
+		if strings.Contains(text, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// netFailures are what pip (urllib3, requests) and uv (reqwest) write
+// when a host cannot be reached, and what each means.
+var netFailures = []struct{ pattern, means string }{
+	{"Connection refused", "connection refused"},
+	{"Temporary failure in name resolution", "name resolution failed"},
+	{"Name or service not known", "name resolution failed"},
+	{"No address associated with hostname", "name resolution failed"},
+	{"failed to lookup address", "name resolution failed"},
+	{"dns error", "name resolution failed"},
+	{"Network is unreachable", "network unreachable"},
+	{"No route to host", "no route to host"},
+	{"ConnectTimeoutError", "timed out"},
+	{"Read timed out", "timed out"},
+	{"operation timed out", "timed out"},
+	{"Tunnel connection failed: 502", "the proxy could not connect"},
+	{"Tunnel connection failed: 504", "timed out"},
+}
+
+// unreachableIndex says why the package index could not be reached, from
+// the installer's output (a direct connection, or an HTTPS index through
+// the proxy, whose refused CONNECT pip retries and reports) or, since pip
+// keeps quiet about a plain HTTP index the proxy answered with an error,
+// by connecting to each such index from here, as the proxy does; "" when
+// neither shows it.
+func (c *Cache) unreachableIndex(text string) string {
+	indexes := c.indexURLs()
+	for _, f := range netFailures {
+		if strings.Contains(text, f.pattern) {
+			if len(indexes) == 1 {
+				return indexes[0] + ": " + f.means
+			}
+			return f.means
+		}
+	}
+	for _, u := range indexes {
+		if !strings.HasPrefix(u, "http://") {
+			continue
+		}
+		if why := probe(u); why != "" {
+			return u + ": " + why
+		}
+	}
+	return ""
+}
+
+// indexURLs are the indexes (and find-links pages) the installer reads
+// over the network: pip's and uv's default, PyPI, when none is set.
+func (c *Cache) indexURLs() []string {
+	ix := c.cfg.Index
+	var out []string
+	if !ix.NoIndex {
+		if ix.IndexURL != "" {
+			out = append(out, ix.IndexURL)
+		} else {
+			out = append(out, "https://pypi.org/simple/")
+		}
+		out = append(out, ix.ExtraIndexURLs...)
+	}
+	for _, fl := range ix.FindLinks {
+		if isHTTPURL(fl) {
+			out = append(out, fl)
+		}
+	}
+	return out
+}
+
+// probe connects to the host of an index URL, as the proxy would; it
+// returns why it could not, or "".
+func probe(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Hostname() == "" {
+		return ""
+	}
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	conn, err := net.DialTimeout("tcp", net.JoinHostPort(u.Hostname(), port), 5*time.Second)
+	if err == nil {
+		conn.Close()
+		return ""
+	}
+	var dnsErr *net.DNSError
+	var netErr net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.As(err, &dnsErr):
+		return "name resolution failed: " + dnsErr.Err
+	case errors.As(err, &netErr) && netErr.Timeout():
+		return "timed out"
+	case errors.Is(err, syscall.ENETUNREACH):
+		return "network unreachable"
+	}
+	return err.Error()
 }
 
 // matchRequirement maps the installer's spelling of a requirement to the

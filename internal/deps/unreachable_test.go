@@ -1,0 +1,61 @@
+package deps
+
+import (
+	"errors"
+	"net"
+	"strings"
+	"testing"
+)
+
+// TestUnreachableIndex: an index nothing listens on is reported as an
+// index that could not be reached, not as a package without a wheel.
+func TestUnreachableIndex(t *testing.T) {
+	t.Parallel()
+	py := systemPython(t)
+	// A port that was free a moment ago: nothing listens on it.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + l.Addr().String() + "/simple/"
+	l.Close()
+	c := newCache(t, IndexConfig{IndexURL: url})
+	_, _, err = ensure(t, c, py, []string{"pysbx-beta"}, nil)
+	var ie *InstallError
+	if !errors.As(err, &ie) {
+		t.Fatalf("err = %v, want an InstallError", err)
+	}
+	msg := err.Error()
+	t.Logf("error: %v\noutput:\n%s", err, ie.Output)
+	if !strings.Contains(msg, "the package index could not be reached (") {
+		t.Errorf("error does not say the index could not be reached: %q", msg)
+	}
+	if strings.Contains(msg, "only wheels are accepted") || strings.Contains(msg, "No matching distribution") {
+		t.Errorf("error blames the package: %q", msg)
+	}
+	if n := strings.Count(msg, "\n"); n > 1 {
+		t.Errorf("error has %d lines", n+1)
+	}
+	assertNoBuilds(t, c)
+}
+
+// TestUnreachableFromOutput: what pip and uv write when they cannot reach
+// an index is recognized without connecting anywhere.
+func TestUnreachableFromOutput(t *testing.T) {
+	c := &Cache{cfg: Config{Index: IndexConfig{IndexURL: "https://index.example/simple/"}}}
+	for text, want := range map[string]string{
+		"WARNING: Retrying (Retry(total=4, connect=None, read=None, redirect=None, status=None)) after connection broken by 'NewConnectionError('<pip._vendor.urllib3.connection.HTTPSConnection object at 0x7f>: Failed to establish a new connection: [Errno 111] Connection refused')': /simple/x/\nERROR: No matching distribution found for x": "connection refused",
+		"WARNING: Retrying (...) after connection broken by 'NewConnectionError(...: Failed to establish a new connection: [Errno -3] Temporary failure in name resolution')': /simple/x/\nERROR: Could not find a version that satisfies the requirement x (from versions: none)":                                                                  "name resolution failed",
+		"WARNING: Retrying (...) after connection broken by 'ProxyError('Unable to connect to proxy', OSError('Tunnel connection failed: 502 cannot connect to index.example:443: connection refused'))': /simple/x/\nERROR: No matching distribution found for x":                                                                                  "the proxy could not connect",
+		"WARNING: Retrying (...) after connection broken by 'ConnectTimeoutError(...)': /simple/x/\nERROR: No matching distribution found for x":                                                                                                                                                                                                    "timed out",
+		"error: Failed to fetch: `https://index.example/simple/x/`\n  Caused by: Request failed after 3 retries\n  Caused by: error sending request for url (https://index.example/simple/x/)\n  Caused by: client error (Connect)\n  Caused by: dns error: failed to lookup address information: Name or service not known":                        "name resolution failed",
+		"error: Failed to fetch: `https://index.example/simple/x/`\n  Caused by: tcp connect error: Connection refused (os error 111)":                                                                                                                                                                                                              "connection refused",
+	} {
+		if !notFound(text) {
+			t.Errorf("not taken for a failed install: %q", text)
+		}
+		if got := c.unreachableIndex(text); got != "https://index.example/simple/: "+want {
+			t.Errorf("%q: got %q, want %q", text, got, want)
+		}
+	}
+}
