@@ -436,7 +436,7 @@ func (s *server) openConsole() error {
 
 func (s *server) newToolServers() error {
 	s.srv, s.internal = tools.NewServers(tools.Options{Engine: s.eng, Posture: s.posture, Sessions: s.sessions,
-		MaxUploadBytes: int64(s.cfg.MaxUpload), MaxReplyBytes: int64(s.cfg.MaxReply), Quotas: s.quotas, Governance: s.gov,
+		MaxUploadBytes: int64(s.cfg.MaxUpload), MaxReplyBytes: int64(s.cfg.MaxReply), MaxStreamReplyBytes: int64(s.cfg.MaxReplyOutput), Quotas: s.quotas, Governance: s.gov,
 		Network: s.o.proxy, Upstreams: s.ups, Cluster: s.rep.cl, Forwarder: s.rep.fwd, Profiles: s.profs, NoNative: !s.native,
 		Logger: s.log, SDKLogger: sdkLogger(s.log)})
 	return nil

@@ -30,6 +30,7 @@ type ServeConfig struct {
 	SessionsMemory size
 	MaxUpload      size
 	MaxReply       size
+	MaxReplyOutput size   // --max-reply-output: what a reply shows of each stream
 	Upstream       string // --upstream: the upstream servers' file
 
 	// Governance.
@@ -66,6 +67,7 @@ func newServeFlags(stderr io.Writer) (*flag.FlagSet, *ServeConfig) {
 		SessionsMemory: 4 << 30,
 		MaxUpload:      16 << 20,
 		MaxReply:       size(tools.DefaultMaxReply),
+		MaxReplyOutput: size(tools.DefaultMaxStreamReply),
 		AuditMaxSize:   100 << 20,
 	}
 	c.addServerFlags(fs)
@@ -86,6 +88,7 @@ func (c *ServeConfig) addServerFlags(fs *flag.FlagSet) {
 	fs.Var(&c.SessionsMemory, "sessions-memory", "memory budget of all sessions together (each may use --memory)")
 	fs.Var(&c.MaxUpload, "max-upload", "largest file upload_file accepts")
 	fs.Var(&c.MaxReply, "max-reply", "largest tool result on the wire, JSON escapes included: figures beyond it become resource links and output is cut further (clients drop connections at about 10MiB)")
+	fs.Var(&c.MaxReplyOutput, "max-reply-output", "how much of each of a run's stdout, stderr and return value its reply shows, head and tail; the whole (as --max-output captured it) is linked: a resource, or a file in the session. A reply's text, both channels together, stays within five times it (100000 bytes, about 25000 tokens, by default)")
 	fs.StringVar(&c.Upstream, "upstream", "", "MCP servers whose tools Python code may call (import tools), in the mcpServers JSON format of Claude Desktop, Cursor and VS Code: {\"mcpServers\": {\"NAME\": {\"command\": ..., \"args\": [...], \"env\": {...}} or {\"url\": ..., \"headers\": {...}}}}. They run as children of this server, with its credentials; the policy names their tools NAME.TOOL")
 }
 
@@ -190,8 +193,8 @@ func (c *ServeConfig) checkProfiles() error {
 }
 
 func (c *ServeConfig) checkRanges() error {
-	if c.MaxSessions < 1 || c.SessionTTL <= 0 || c.MaxSessionTTL < c.SessionTTL || c.MaxUpload < 1 || c.AuditMaxSize < 0 || c.MaxReply < 256<<10 {
-		return usageError{errors.New("--max-sessions must be at least 1, --session-ttl positive and at most --max-session-ttl, --max-upload positive, --audit-max-size not negative, --max-reply at least 256KiB")}
+	if c.MaxSessions < 1 || c.SessionTTL <= 0 || c.MaxSessionTTL < c.SessionTTL || c.MaxUpload < 1 || c.AuditMaxSize < 0 || c.MaxReply < 256<<10 || c.MaxReplyOutput < 1024 {
+		return usageError{errors.New("--max-sessions must be at least 1, --session-ttl positive and at most --max-session-ttl, --max-upload positive, --audit-max-size not negative, --max-reply at least 256KiB, --max-reply-output at least 1KiB")}
 	}
 	return nil
 }

@@ -23,18 +23,26 @@ const figurePrefix = "pysandbox://figures/"
 // figureStore keeps the most recent oversized figures in memory, bounded
 // in count and bytes: a one-shot run has no workspace to leave them in.
 // Each belongs to the caller whose run drew it, as a session does: another
-// caller who learns the link still cannot read it.
+// caller who learns the link still cannot read it. The same store, with
+// its own prefix and bounds, keeps runs' displays and whole output
+// (outputs.go).
 type figureStore struct {
-	mu    sync.Mutex
-	byID  map[string]storedFigure
-	order []string
-	bytes int
+	mu     sync.Mutex
+	prefix string
+	lim    storeLimits
+	byID   map[string]storedFigure
+	order  []string
+	bytes  int
 }
 
 type storedFigure struct {
 	png   []byte
+	mime  string
 	owner string
 }
+
+// storeLimits bound a store: in all, and what one owner holds.
+type storeLimits struct{ items, bytes, ownerItems, ownerBytes int }
 
 const (
 	maxStoredFigures     = 32
@@ -53,22 +61,34 @@ func (f *figureStore) drop(i int) {
 	delete(f.byID, k)
 }
 
-func newFigureStore() *figureStore { return &figureStore{byID: map[string]storedFigure{}} }
+func newFigureStore() *figureStore {
+	return newStore(figurePrefix, storeLimits{maxStoredFigures, maxStoredFigureBytes, maxFiguresPerOwner, maxFigureBytesPerOwner})
+}
+
+func newStore(prefix string, lim storeLimits) *figureStore {
+	return &figureStore{prefix: prefix, lim: lim, byID: map[string]storedFigure{}}
+}
 
 // put stores png for owner; suffix ends its name before ".png" (with
 // replicas, the replica's, as its session ids end: a read of the figure
 // through another replica is routed here by it).
 func (f *figureStore) put(png []byte, owner, suffix string) string {
+	return f.putAs(png, "image/png", owner, suffix, ".png")
+}
+
+// putAs stores data of type mime for owner, under a random name that ends
+// with suffix and then ext, and returns its URI.
+func (f *figureStore) putAs(data []byte, mime, owner, suffix, ext string) string {
 	// 128 random bits: for callers without a token, who share one
 	// identity, the name is what keeps a figure its drawer's.
 	var b [16]byte
 	rand.Read(b[:])
-	id := hex.EncodeToString(b[:]) + suffix + ".png"
+	id := hex.EncodeToString(b[:]) + suffix + ext
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.byID[id] = storedFigure{png: png, owner: owner}
+	f.byID[id] = storedFigure{png: data, mime: mime, owner: owner}
 	f.order = append(f.order, id)
-	f.bytes += len(png)
+	f.bytes += len(data)
 	// An owner over its share loses its own oldest figures first, so that
 	// one caller's plots cannot push another's links out.
 	n, size := 0, 0
@@ -77,7 +97,7 @@ func (f *figureStore) put(png []byte, owner, suffix string) string {
 			n, size = n+1, size+len(fig.png)
 		}
 	}
-	for i := 0; i < len(f.order) && (n > maxFiguresPerOwner || size > maxFigureBytesPerOwner); {
+	for i := 0; i < len(f.order) && (n > f.lim.ownerItems || size > f.lim.ownerBytes); {
 		if k := f.order[i]; f.byID[k].owner == owner && k != id {
 			n, size = n-1, size-len(f.byID[k].png)
 			f.drop(i)
@@ -86,7 +106,7 @@ func (f *figureStore) put(png []byte, owner, suffix string) string {
 		i++
 	}
 	// Past the store's bound, the owner holding the most loses its oldest.
-	for len(f.order) > maxStoredFigures || f.bytes > maxStoredFigureBytes {
+	for len(f.order) > f.lim.items || f.bytes > f.lim.bytes {
 		held := map[string]int{}
 		top := ""
 		for _, k := range f.order {
@@ -102,23 +122,29 @@ func (f *figureStore) put(png []byte, owner, suffix string) string {
 			}
 		}
 	}
-	return figurePrefix + id
+	return f.prefix + id
 }
 
 // get returns the figure at uri if who owns it. Someone else's figure is
 // not found, as an unknown one is, so its existence does not leak.
 func (f *figureStore) get(uri, who string) ([]byte, bool) {
-	id, ok := strings.CutPrefix(uri, figurePrefix)
+	data, _, ok := f.getAs(uri, who)
+	return data, ok
+}
+
+// getAs is get with the data's MIME type.
+func (f *figureStore) getAs(uri, who string) ([]byte, string, bool) {
+	id, ok := strings.CutPrefix(uri, f.prefix)
 	if !ok {
-		return nil, false
+		return nil, "", false
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fig, ok := f.byID[id]
 	if !ok || fig.owner != who {
-		return nil, false
+		return nil, "", false
 	}
-	return fig.png, true
+	return fig.png, fig.mime, true
 }
 
 // figureRef is the part of a figure's URI that names the replica holding

@@ -2,61 +2,239 @@ package tools
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/govern"
 )
 
-// DefaultMaxReply bounds a run's reply as it goes on the wire. Clients
-// give up on far less than servers can send: the TypeScript SDK drops a
-// connection at 10 MiB (which ends a stdio server), so the default stays
-// well under that after JSON escaping.
+// DefaultMaxReply bounds a run's reply as it goes on the wire, images
+// included. Clients give up on far less than servers can send: the
+// TypeScript SDK drops a connection at 10 MiB (which ends a stdio server),
+// so the default stays well under that after JSON escaping.
 const DefaultMaxReply = 4 << 20
+
+// DefaultMaxStreamReply is how much of each of a run's stdout, stderr and
+// return value its reply shows by default (--max-reply-output), head and
+// tail; the whole is kept where the reply says. A reply's text, content
+// and structured content together, stays within five times it: 100 000
+// bytes, about 25 000 tokens, whatever the run printed.
+const DefaultMaxStreamReply = 20_000
 
 // replyOverhead is room for what the reply holds besides what we measure:
 // the JSON-RPC envelope, content wrappers, _meta.
 const replyOverhead = 16 << 10
 
-// boundReply builds a run's content (the text summary and its figures)
-// so that the whole reply, structured content included, fits s.maxReply
-// as the SDK encodes it. In order, until it fits: figures that do not fit
-// become resource links (the largest first kept inline as long as they
-// fit); then stdout, stderr and return_text are cut further, head and
-// tail kept, and the message says so. Sizes are measured as encoded JSON,
-// where one '<' of output takes six bytes.
+// What reaches the model. A run's reply carries its output twice: in the
+// text content and in the structured content. Which one a client gives
+// its model differs, so both must carry it, and both must be bounded:
+//
+//   - Claude Code (since 2.0.21) and Codex give the model
+//     JSON.stringify(structuredContent) and drop the text content when
+//     structured content is there (anthropics/claude-code#9962, #55677,
+//     #79944; openai/codex#2594, #38287), as does GitHub Copilot CLI
+//     (github/copilot-cli#3258).
+//   - Claude Desktop gives the model the content blocks and not the
+//     structured content (blockscout/mcp-server#324, prebid/salesagent#2140);
+//     so do the OpenAI Agents SDK by default (openai/openai-agents-python#1236)
+//     and many hosts built on the Python SDK.
+//   - Some give it both (github/copilot-cli#4515, Copilot for JetBrains:
+//     microsoft/copilot-intellij-feedback#2058); VS Code reads structured
+//     content when there is some (microsoft/vscode#290063, as reported).
+//     Cursor's documentation says nothing; it checks that structured
+//     content matches the output schema (WordPress/mcp-adapter#37).
+//   - The TypeScript and Python SDK clients hand an application both.
+//
+// So neither channel can point at the other: the text is a human summary
+// with the output's head and tail, the structured content the same data
+// as fields, each stream cut to the same --max-reply-output; the whole is
+// a resource or a session file both name. The spec's SHOULD (the
+// structured content serialized into a text block, 2025-06-18, "Structured
+// Content") would cost more than the summary (every newline and quote of
+// the output escaped twice) and tell a text-only model less; the summary
+// is what the text block holds instead. A client that shows both pays for
+// both: at most the text budget, 5 x --max-reply-output.
+
+// textBudget is what a reply's text may take on the wire: the text
+// content, the structured content and the displays' text.
+func (s *server) textBudget() int64 {
+	return min(5*s.maxStream-2048, (s.maxReply-replyOverhead)/2)
+}
+
+// boundReply builds a run's content (the text summary, its figures and
+// displays) so that the reply fits: its text (both channels) within the
+// text budget, and all of it, images included, within s.maxReply, as the
+// SDK encodes it. Each stream longer than s.maxStream is cut to its head
+// and tail, the whole kept (keepOutput) and named; if the text is still
+// over budget (output of '<', six bytes each as JSON), the largest field
+// is cut further. Figures that do not fit become resource links.
 func (s *server) boundReply(res *RunPythonOutput, sessionID, owner string) []mcp.Content {
-	budget := s.maxReply - replyOverhead
-	size := func() int64 { return encodedLen(res) + encodedLen(summary(res)) }
+	run := s.runNumber(sessionID)
+	ret := returnDisplay(res)
+	s.cutStreams(res, sessionID, run, owner)
+	budget := s.textBudget()
+	target := budget
+	if len(res.Displays) > 0 {
+		target = budget / 2 // the rest for the displays' text
+	}
+	size := func() int64 { return encodedLen(res) + encodedLen(replyText(res)) }
 	cut := false
-	for n := 0; size() > budget/2 && n < 40; n++ {
-		// Text takes at most half the budget, so that figures are not
-		// crowded out by output the agent can ask for again.
+	for n := 0; size() > target && n < 40; n++ {
 		if !shrinkLargest(res) {
 			break
 		}
 		cut = true
 	}
 	if cut {
-		res.Message = joinMessage(res.Message, fmt.Sprintf("the reply was cut to fit the server's %d-byte reply limit (--max-reply): output was shortened, its head and tail kept; write large output to a file", s.maxReply))
+		res.Message = joinMessage(res.Message, fmt.Sprintf("the reply was cut further to fit its %d-byte text budget (5 x --max-reply-output, within --max-reply): output was shortened, its head and tail kept", budget))
 	}
-	room := budget - size()
-	figs := s.figureContent(res, sessionID, s.runNumber(sessionID), owner, room)
+	textRoom := budget - size()
+	imageRoom := s.maxReply - replyOverhead - budget
+	figs := s.figureContent(res, sessionID, run, owner, imageRoom)
 	for _, f := range figs {
-		room -= encodedLen(f)
+		imageRoom -= encodedLen(f)
 	}
-	out := append([]mcp.Content{&mcp.TextContent{Text: summary(res)}}, figs...)
-	return append(out, displayContent(res, room)...)
+	disp := s.displayContent(res, ret, owner, textRoom, imageRoom)
+	out := append([]mcp.Content{&mcp.TextContent{Text: replyText(res)}}, figs...)
+	return append(out, disp...)
+}
+
+// cutStreams cuts stdout, stderr, the return value and its text to
+// s.maxStream each, head and tail kept, and keeps the whole of each cut
+// one where the reply says.
+func (s *server) cutStreams(res *RunPythonOutput, sessionID string, run int, owner string) {
+	n := int(s.maxStream)
+	var notes []string
+	for _, f := range []struct {
+		name string
+		text *string
+		flag *bool
+		uri  *string
+	}{{"stdout", &res.Stdout, &res.StdoutTruncated, &res.StdoutURI}, {"stderr", &res.Stderr, &res.StderrTruncated, &res.StderrURI}} {
+		if len(*f.text) <= n {
+			continue
+		}
+		whole, captureCut := *f.text, *f.flag
+		uri, why := s.keepOutput(whole, f.name, sessionID, run, owner)
+		*f.uri, *f.flag = uri, true
+		*f.text = keepEndsNoting(whole, n, uri)
+		note := fmt.Sprintf("%s: this reply shows the first and last %d of its %d bytes (--max-reply-output)", f.name, n/2, len(whole))
+		if captureCut {
+			note += "; the server captured only the head and tail of what the run printed (--max-output): the middle is gone"
+		}
+		if uri != "" {
+			note += fmt.Sprintf("; all %d captured bytes: %s (resources/read", len(whole), uri)
+			if sessionID != "" {
+				note += fmt.Sprintf(", or /work/%s/run-%d-%s.txt in the session", OutputDir, run, f.name)
+			}
+			note += ")"
+		} else {
+			note += "; the whole could not be kept: " + why
+		}
+		notes = append(notes, note)
+	}
+	if len(res.ReturnText) > n {
+		res.ReturnText = keepEndsNoting(res.ReturnText, n, "")
+	}
+	if res.ReturnValue != nil {
+		text, isString := res.ReturnValue.(string)
+		if !isString {
+			b, _ := govern.PlainJSON(res.ReturnValue, "")
+			text = string(b)
+		}
+		if len(text) > n {
+			uri, why := s.keepOutput(text, "return", sessionID, run, owner)
+			res.ReturnValue, res.ReturnTruncated, res.ReturnURI = keepEndsNoting(text, n, uri), true, uri
+			note := fmt.Sprintf("return_value: this reply shows the first and last %d of its %d bytes, as text", n/2, len(text))
+			if uri != "" {
+				note += "; all of it: " + uri
+			} else {
+				note += "; the whole could not be kept: " + why
+			}
+			notes = append(notes, note)
+		}
+	}
+	if len(notes) > 0 {
+		res.Message = joinMessage(res.Message, strings.Join(notes, "; "))
+	}
+}
+
+// keepEndsNoting keeps about n bytes of s, head and tail, with a mark
+// where the middle was that says where the whole is.
+func keepEndsNoting(s string, n int, uri string) string {
+	head, tail := engine.Ends(s, n)
+	where := ""
+	if uri != "" {
+		where = "; the whole is at " + uri
+	}
+	return head + fmt.Sprintf("\n[... %d bytes not shown%s ...]\n", len(s)-len(head)-len(tail), where) + tail
+}
+
+// returnDisplay is the index of the display that is the return value's
+// rich form (the last one, with the return value's repr as its text), or
+// -1: its text is not repeated.
+func returnDisplay(res *RunPythonOutput) int {
+	v, ok := res.ReturnValue.(string)
+	if i := len(res.Displays) - 1; ok && i >= 0 && res.Displays[i].Text == v {
+		return i
+	}
+	return -1
+}
+
+// replyText is the text form of a result, for clients that give their
+// model the content blocks. It shows <, > and & as they are.
+func replyText(r *RunPythonOutput) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "status: %s (exit code %d, %d ms", r.Status, r.ExitCode, r.DurationMS)
+	if r.Sandbox == "none" {
+		b.WriteString(", UNSANDBOXED")
+	}
+	b.WriteString(")\n")
+	if r.Message != "" {
+		b.WriteString(r.Message + "\n")
+	}
+	section := func(name, text string, truncated bool) {
+		if text == "" {
+			return
+		}
+		fmt.Fprintf(&b, "--- %s", name)
+		if truncated {
+			b.WriteString(" (truncated)")
+		}
+		b.WriteString(" ---\n" + text)
+		if !strings.HasSuffix(text, "\n") {
+			b.WriteString("\n")
+		}
+	}
+	section("stdout", r.Stdout, r.StdoutTruncated)
+	section("stderr", r.Stderr, r.StderrTruncated)
+	switch v := r.ReturnValue.(type) {
+	case nil:
+	case string:
+		// A repr, or a string: shown as it is, once (a DataFrame as its
+		// text table).
+		if r.ReturnText != "" {
+			v = r.ReturnText
+		}
+		section("return_value", v, r.ReturnTruncated)
+	default:
+		j, _ := govern.PlainJSON(v, "")
+		section("return_value", string(j), false)
+	}
+	return b.String()
 }
 
 // shrinkLargest halves the largest text field of res (stdout, stderr,
-// return_text), keeping its head and tail; false when nothing is left to
-// cut.
+// return_text, a return value cut to text), keeping its head and tail;
+// false when nothing is left to cut.
 func shrinkLargest(res *RunPythonOutput) bool {
+	rv, _ := res.ReturnValue.(string)
 	fields := []struct {
 		s    *string
 		flag *bool
-	}{{&res.Stdout, &res.StdoutTruncated}, {&res.Stderr, &res.StderrTruncated}, {&res.ReturnText, nil}}
+	}{{&res.Stdout, &res.StdoutTruncated}, {&res.Stderr, &res.StderrTruncated}, {&res.ReturnText, nil}, {&rv, &res.ReturnTruncated}}
 	best := -1
 	for i, f := range fields {
 		if len(*f.s) > 256 && (best < 0 || len(*f.s) > len(*fields[best].s)) {
@@ -70,6 +248,9 @@ func shrinkLargest(res *RunPythonOutput) bool {
 	*f.s = keepEnds(*f.s, len(*f.s)/2)
 	if f.flag != nil {
 		*f.flag = true
+	}
+	if best == 3 {
+		res.ReturnValue = rv
 	}
 	return true
 }

@@ -20,6 +20,15 @@ type RunPythonOutput struct {
 	StdoutTruncated bool  `json:"stdout_truncated"`
 	StderrTruncated bool  `json:"stderr_truncated"`
 	DurationMS      int64 `json:"duration_ms"`
+	// StdoutURI and StderrURI are where the whole stream (as captured)
+	// can be read when the reply shows only its head and tail: a session
+	// file, or a resource of the caller's for a one-shot run.
+	StdoutURI string `json:"stdout_uri,omitempty" jsonschema:"where the whole stdout, as the server captured it, can be read (resources/read) when this reply shows only its head and tail"`
+	StderrURI string `json:"stderr_uri,omitempty" jsonschema:"where the whole stderr, as the server captured it, can be read (resources/read) when this reply shows only its head and tail"`
+	// ReturnTruncated: return_value was too large for the reply and is
+	// the head and tail of its JSON (or repr) text; ReturnURI has it all.
+	ReturnTruncated bool   `json:"return_value_truncated,omitempty"`
+	ReturnURI       string `json:"return_value_uri,omitempty" jsonschema:"where the whole return value can be read when return_value_truncated"`
 	// Error names the exception that ended the run, when there was one.
 	Error *worker.Exception `json:"error,omitempty"`
 	// Message explains a non-success status in words an agent can act on.
@@ -65,6 +74,9 @@ type Display struct {
 	Text      string   `json:"-"`
 	Preview   string   `json:"text"`
 	MIMETypes []string `json:"mime_types"`
+	// URIs name where each MIME type's data can be read (resources/read),
+	// but for images that go inline.
+	URIs map[string]string `json:"uris,omitempty" jsonschema:"where each rich form of the display can be read (resources/read), by MIME type"`
 	// Data maps each MIME type but text/plain to its data (base64 for
 	// images, text otherwise).
 	Data map[string]string `json:"-"`

@@ -143,6 +143,8 @@ func (s *server) registerInternal(srv *mcp.Server) {
 	// holds.
 	srv.AddResourceTemplate(&mcp.ResourceTemplate{Name: "session-file", URITemplate: FileTemplate, Description: "internal: forwarded by another replica"}, internalResource(s.readFileResource))
 	srv.AddResourceTemplate(&mcp.ResourceTemplate{Name: "figure", URITemplate: FigureTemplate, Description: "internal: forwarded by another replica"}, internalResource(s.readFigure))
+	srv.AddResourceTemplate(&mcp.ResourceTemplate{Name: "output", URITemplate: OutputTemplate, Description: "internal: forwarded by another replica"}, internalResource(s.readStored(s.outputs)))
+	srv.AddResourceTemplate(&mcp.ResourceTemplate{Name: "display", URITemplate: DisplayTemplate, Description: "internal: forwarded by another replica"}, internalResource(s.readStored(s.displays)))
 }
 
 // routedResource sends a resources/read of what another replica holds to

@@ -200,40 +200,6 @@ func checkCode(code string) string {
 	return ""
 }
 
-// summary is the text form of a result, for clients that ignore
-// structured output.
-func summary(r *RunPythonOutput) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "status: %s (exit code %d, %d ms", r.Status, r.ExitCode, r.DurationMS)
-	if r.Sandbox == "none" {
-		b.WriteString(", UNSANDBOXED")
-	}
-	b.WriteString(")\n")
-	if r.Message != "" {
-		b.WriteString(r.Message + "\n")
-	}
-	section := func(name, text string, truncated bool) {
-		if text == "" {
-			return
-		}
-		fmt.Fprintf(&b, "--- %s", name)
-		if truncated {
-			b.WriteString(" (truncated)")
-		}
-		b.WriteString(" ---\n" + text)
-		if !strings.HasSuffix(text, "\n") {
-			b.WriteString("\n")
-		}
-	}
-	section("stdout", r.Stdout, r.StdoutTruncated)
-	section("stderr", r.Stderr, r.StderrTruncated)
-	if r.ReturnValue != nil {
-		v, _ := json.Marshal(r.ReturnValue)
-		section("return_value", string(v), false)
-	}
-	return b.String()
-}
-
 func ptr[T any](v T) *T { return &v }
 
 // runNumber numbers a session's runs for figure file names.

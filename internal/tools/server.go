@@ -50,6 +50,12 @@ type Options struct {
 	// escapes included): figures beyond it become resource links, and
 	// output is cut further (see reply.go). Zero means DefaultMaxReply.
 	MaxReplyBytes int64
+	// MaxStreamReplyBytes is how much of each of a run's stdout, stderr
+	// and return value its reply shows (head and tail); the whole is kept
+	// where the reply says (outputs.go). A reply's text, both channels
+	// together, stays within five times it. Zero means
+	// DefaultMaxStreamReply.
+	MaxStreamReplyBytes int64
 	// Quotas bound what each caller holds at once (runs executing and
 	// waiting); nil: no per-caller bound. Session quotas are the engine's
 	// (SessionConfig.OwnerLimit).
@@ -89,9 +95,11 @@ type server struct {
 	eng      *engine.Engine
 	sessions *engine.Sessions
 	figures  *figureStore
-	log      *slog.Logger
-	posture  func(context.Context) *engine.Posture
-	gov      *govern.Governor
+	// outputs and displays keep what a one-shot run's reply only links to.
+	outputs, displays *figureStore
+	log               *slog.Logger
+	posture           func(context.Context) *engine.Posture
+	gov               *govern.Governor
 	// governed are the tools whose calls are decided, audited and
 	// counted: pysandbox's own (unless left out) and the profiles'.
 	governed map[string]bool
@@ -111,6 +119,8 @@ type server struct {
 	sessNets map[string]*sessionNet // by session id
 
 	maxUpload, maxInline, maxDownload, maxReply int64
+	// maxStream is what a reply shows of each stream (MaxStreamReplyBytes).
+	maxStream int64
 
 	profiles []Profile
 	noNative bool
@@ -130,7 +140,7 @@ func NewServers(opts Options) (*mcp.Server, *mcp.Server) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &server{eng: opts.Engine, log: log, sessions: opts.Sessions, figures: newFigureStore(), quotas: opts.Quotas, net: opts.Network, up: opts.Upstreams, sessNets: map[string]*sessionNet{},
+	s := &server{eng: opts.Engine, log: log, sessions: opts.Sessions, figures: newFigureStore(), outputs: newStore(outputPrefix, outputLimits), displays: newStore(displayPrefix, displayLimits), quotas: opts.Quotas, net: opts.Network, up: opts.Upstreams, sessNets: map[string]*sessionNet{},
 		maxUpload: opts.MaxUploadBytes, maxInline: opts.MaxInlineBytes, maxDownload: opts.MaxDownloadBytes, profiles: opts.Profiles, noNative: opts.NoNative}
 	if s.sessions == nil {
 		s.sessions = opts.Engine.NewSessions(engine.SessionConfig{})
@@ -145,6 +155,9 @@ func NewServers(opts Options) (*mcp.Server, *mcp.Server) {
 	}
 	if s.maxReply = opts.MaxReplyBytes; s.maxReply <= 0 {
 		s.maxReply = DefaultMaxReply
+	}
+	if s.maxStream = opts.MaxStreamReplyBytes; s.maxStream <= 0 {
+		s.maxStream = DefaultMaxStreamReply
 	}
 	if s.maxDownload <= 0 {
 		s.maxDownload = 64 << 20
@@ -249,6 +262,7 @@ func (s *server) register(srv *mcp.Server) {
 		s.addListTools(srv)
 	}
 	s.addFigureResources(srv)
+	s.addOutputResources(srv)
 	if s.noNative && len(s.profiles) > 0 {
 		// Profiles link to session files (mcp-sandbox's file_links): they
 		// are readable as resources, under download_file's rule.
