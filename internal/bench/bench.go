@@ -9,9 +9,11 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os/exec"
 	"strings"
+	"time"
 
 	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/engine"
@@ -43,6 +45,9 @@ type Config struct {
 	Engine EngineFunc
 	// Out gets the report.
 	Out io.Writer
+	// Log, when set, is told before anything starts how long the
+	// measurements should take (Estimate).
+	Log io.Writer
 }
 
 // Variant is one measurement's warm pool and network, in place of the
@@ -82,6 +87,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if hasPandas && cfg.Defaults.PoolSize > 0 && !strings.Contains(","+cfg.Defaults.Preload+",", ",pandas,") {
 		cfg.Defaults.Preload = strings.Trim(cfg.Defaults.Preload+",pandas", ",")
 	}
+	if cfg.Log != nil {
+		fmt.Fprintf(cfg.Log, "pysandbox bench: %s, %d iterations each: this takes about %s (a rough estimate; a slower machine takes longer)\n",
+			sections(cfg), cfg.N, roundEstimate(Estimate(cfg, hasPandas)))
+	}
 	switch {
 	case cfg.Phases:
 		return phases(ctx, cfg)
@@ -93,4 +102,62 @@ func Run(ctx context.Context, cfg Config) error {
 		return upstreamTools(ctx, cfg)
 	}
 	return everything(ctx, cfg, hasPandas)
+}
+
+// sections names what cfg measures.
+func sections(cfg Config) string {
+	switch {
+	case cfg.Phases:
+		return "--phases"
+	case cfg.Network:
+		return "--network"
+	case cfg.Cache:
+		return "--cache"
+	case cfg.Tools:
+		return "--tools"
+	}
+	return "every section"
+}
+
+// Estimate is roughly how long Run takes on an ordinary machine, from
+// the iterations and the sections cfg asks for: what each step costs per
+// iteration (its pauses between calls included) and once (servers,
+// engines and files to set up).
+func Estimate(cfg Config, hasPandas bool) time.Duration {
+	n := time.Duration(max(cfg.N, 1))
+	phases := 3*time.Second + n*150*time.Millisecond
+	network := 15 * time.Second
+	tools := 10*time.Second + n*10*time.Millisecond
+	cache := 5*time.Second + time.Duration(max(cfg.N/10, 3))*3*time.Second
+	switch {
+	case cfg.Phases:
+		return phases
+	case cfg.Network:
+		return network
+	case cfg.Cache:
+		return cache
+	case cfg.Tools:
+		return tools
+	}
+	calls := max(4*cfg.N, 200)
+	d := n*50*time.Millisecond + // python3 -c pass
+		n*200*time.Millisecond + // the engine, paced and back to back
+		3*(2*time.Second+n*350*time.Millisecond) + // three MCP servers: paced, back to back, with progress
+		n*200*time.Millisecond + // under a flood
+		n*time.Millisecond + // a session
+		time.Duration(calls)*60*time.Millisecond/time.Duration(max(cfg.Concurrency, 1))*2 + // throughput
+		network + tools + phases
+	if hasPandas {
+		d += 10*time.Second + time.Duration(max(cfg.N/5, 3))*600*time.Millisecond + 2*n*200*time.Millisecond
+	}
+	return d
+}
+
+// roundEstimate is d as an estimate reads: to 10 s under two minutes,
+// then to the minute.
+func roundEstimate(d time.Duration) time.Duration {
+	if d < 2*time.Minute {
+		return max(d.Round(10*time.Second), 10*time.Second)
+	}
+	return d.Round(time.Minute)
 }

@@ -67,10 +67,11 @@ func parseNetOutput(s string) (netResult, error) {
 // the small GETs each made.
 func writeNetwork(w io.Writer, count int, proxied, direct netResult) {
 	fmt.Fprintf(w, "\nnetwork, the same urllib client (best of 3 downloads of %d MiB; %d new connections with a small GET):\n", netSize>>20, count)
-	fmt.Fprintf(w, "  download: through the proxy from a sandbox %.0f MB/s, directly on the host %.0f MB/s: %.2fx of direct (goal >= 0.8x)\n",
-		proxied.rate/1e6, direct.rate/1e6, proxied.rate/direct.rate)
-	fmt.Fprintf(w, "  a new connection + small GET: through the proxy %.2fms, direct %.2fms: %.2fms added per connection (goal < 2ms)\n",
-		proxied.conn*1e3, direct.conn*1e3, (proxied.conn-direct.conn)*1e3)
+	x, added := proxied.rate/direct.rate, (proxied.conn-direct.conn)*1e3
+	fmt.Fprintf(w, "  download: through the proxy from a sandbox %.0f MB/s, directly on the host %.0f MB/s: %.2fx of direct%s\n",
+		proxied.rate/1e6, direct.rate/1e6, x, goalNote(">= 0.8x", x, 0))
+	fmt.Fprintf(w, "  a new connection + small GET: through the proxy %.2fms, direct %.2fms: %.2fms added per connection%s\n",
+		proxied.conn*1e3, direct.conn*1e3, added, goalNote("< 2ms", 0, added))
 }
 
 // netCodeFor is netCode against base, with count small GETs.

@@ -213,9 +213,15 @@ func writePhases(w io.Writer, matched []tracedRun) {
 	printPhases(w, matched, teardownPhases)
 }
 
+// printPhases prints each phase's line. A phase whose end came before
+// its start in some runs (the child's exit, stamped before the bench saw
+// the run's answer: the engine stops the child before it answers) counts
+// 0 there, not a negative time, and a note says in how many runs.
 func printPhases(out io.Writer, runs []tracedRun, phases []phase) {
+	var notes []string
 	for _, ph := range phases {
 		var wall, cpu, flt []int64
+		before := 0
 		child := strings.HasPrefix(ph.from, "c:") && strings.HasPrefix(ph.to, "c:") && ph.from[2] == ph.to[2]
 		for _, r := range runs {
 			a, ok1 := r.at(ph.from)
@@ -223,7 +229,10 @@ func printPhases(out io.Writer, runs []tracedRun, phases []phase) {
 			if !ok1 || !ok2 {
 				continue
 			}
-			wall = append(wall, b.Wall-a.Wall)
+			if b.Wall < a.Wall {
+				before++
+			}
+			wall = append(wall, max(b.Wall-a.Wall, 0))
 			if child {
 				cpu = append(cpu, b.CPU-a.CPU)
 				flt = append(flt, b.Minflt-a.Minflt)
@@ -236,7 +245,16 @@ func printPhases(out io.Writer, runs []tracedRun, phases []phase) {
 		if len(cpu) > 0 {
 			c, f = msd(time.Duration(median(cpu))), strconv.FormatInt(median(flt), 10)
 		}
-		fmt.Fprintf(out, "  %-44s %9s %9s %8s\n", ph.name, msd(time.Duration(median(wall))), c, f)
+		mark := ""
+		if before > 0 {
+			mark = " *"
+			notes = append(notes, fmt.Sprintf("  * %s: in %d of %d runs it was over before it began by these stamps (%s before %s), and counts 0 there",
+				ph.name, before, len(wall), ph.to, ph.from))
+		}
+		fmt.Fprintf(out, "  %-44s %9s %9s %8s%s\n", ph.name, msd(time.Duration(median(wall))), c, f, mark)
+	}
+	for _, n := range notes {
+		fmt.Fprintln(out, n)
 	}
 }
 
@@ -248,6 +266,9 @@ type cpuPerRun struct {
 	// faults.
 	wall   time.Duration
 	minflt int64
+	// kernelGone: kernel threads ended during the measurement, so their
+	// CPU could not be counted (kernel is 0).
+	kernelGone bool
 }
 
 // cpu is the CPU per run of n runs, wherever it was spent.
@@ -281,7 +302,11 @@ func (tr *tracedRuns) cpu(matched []tracedRun, n int) cpuPerRun {
 		c.zygote = zyg[len(zyg)/2]
 	}
 	c.server = time.Duration((tr.ru1.Utime.Nano()+tr.ru1.Stime.Nano())-(tr.ru0.Utime.Nano()+tr.ru0.Stime.Nano())) / time.Duration(n)
-	c.kernel = (tr.k1 - tr.k0) / time.Duration(n)
+	// The kernel threads' CPU is summed over the live ones: one that
+	// ended meanwhile takes its time with it, which can make the
+	// difference negative. None is counted then.
+	c.kernel = max(tr.k1-tr.k0, 0) / time.Duration(n)
+	c.kernelGone = tr.k1 < tr.k0
 	c.wall = tr.busy / time.Duration(n)
 	flt := make([]int64, 0, len(matched))
 	for _, r := range matched {
@@ -298,7 +323,11 @@ func writeCPU(w io.Writer, c cpuPerRun) {
 	fmt.Fprintf(w, "  %-44s %9s\n", "zygote (fork, and its pages copied after)", msd(c.zygote))
 	fmt.Fprintf(w, "  %-44s %9s\n", "child setup (namespaces, mounts, lockdown)", msd(c.childSetup))
 	fmt.Fprintf(w, "  %-44s %9s\n", "child run and exit (code, reply, teardown)", msd(c.childRun))
-	fmt.Fprintf(w, "  %-44s %9s\n", "kernel threads (deferred namespace cleanup)", msd(c.kernel))
+	if c.kernelGone {
+		fmt.Fprintf(w, "  %-44s %9s (kernel threads ended meanwhile, taking their CPU time with them: not counted)\n", "kernel threads (deferred namespace cleanup)", "?")
+	} else {
+		fmt.Fprintf(w, "  %-44s %9s\n", "kernel threads (deferred namespace cleanup)", msd(c.kernel))
+	}
 	fmt.Fprintf(w, "  (wall time per run, for comparison: %s; the child's minor page faults: %d)\n", msd(c.wall), c.minflt)
 }
 

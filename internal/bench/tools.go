@@ -114,10 +114,8 @@ func writeTools(w io.Writer, n int, direct, plain, governed []time.Duration) {
 	row := func(name string, d []time.Duration, goal string) {
 		fmt.Fprintf(w, "%-56s %9s %9s", name, msd(pct(d, 50)), msd(pct(d, 99)))
 		if name != directRow {
-			fmt.Fprintf(w, " %9s %.2fx of direct", msd(pct(d, 50)-pct(direct, 50)), ratio(pct(d, 50), pct(direct, 50)))
-			if goal != "" {
-				fmt.Fprintf(w, " (goal %s)", goal)
-			}
+			added, x := pct(d, 50)-pct(direct, 50), ratio(pct(d, 50), pct(direct, 50))
+			fmt.Fprintf(w, " %9s %.2fx of direct%s", msd(added), x, goalNote(goal, x, millis(added)))
 		}
 		fmt.Fprintln(w)
 	}

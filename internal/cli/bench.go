@@ -14,7 +14,7 @@ import (
 // benchCmd is `pysandbox bench`: its flags, then internal/bench measures.
 func benchCmd(args []string, stdout, stderr io.Writer) error {
 	fs, o := newFlagSet("bench", "bench [-n N] [--concurrency C] [--phases] [--network] [--tools] [--cache] [flags]", stderr)
-	cfg := bench.Config{Out: stdout, Version: version}
+	cfg := bench.Config{Out: stdout, Log: stderr, Version: version}
 	fs.IntVar(&cfg.N, "n", 50, "iterations per measurement")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 16, "calls in flight for the throughput measurement")
 	fs.StringVar(&cfg.Baseline, "baseline", "/usr/bin/python3", "interpreter spawned directly for the baselines")
