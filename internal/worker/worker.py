@@ -936,6 +936,256 @@ def _take_displays(value, failed):
     return out, omitted
 
 
+# ---------------------------------------------------------------- IPython shim
+#
+# Code written for notebooks does `from IPython.display import display,
+# HTML, Markdown, Image, SVG, JSON`. Without IPython installed, _IPythonFinder
+# (last in sys.meta_path: an IPython a dependency installs wins) serves
+# "IPython" and "IPython.display" (also as IPython.core.display): objects with
+# the _repr_*_ methods display() shows, display() itself and a no-op
+# clear_output(). IPython.get_ipython() returns None, as outside a shell.
+
+_IPYTHON_NAMES = ("IPython", "IPython.core", "IPython.display", "IPython.core.display")
+
+
+def _ipython_display_names():
+    """The names of the IPython.display shim."""
+
+    def _exists(path):
+        try:
+            return os.path.exists(path)
+        except (ValueError, OSError):
+            return False
+
+    class DisplayObject(object):
+        _read_flags = "r"
+
+        def __init__(self, data=None, url=None, filename=None, metadata=None):
+            if isinstance(data, os.PathLike):
+                data = os.fspath(data)
+            if isinstance(data, str):
+                if data.startswith("http") and url is None:
+                    url, data = data, None
+                elif filename is None and "\n" not in data and len(data) < 4096 and _exists(data):
+                    filename, data = data, None
+            self.data, self.url, self.filename, self.metadata = data, url, filename, metadata
+            if data is None and filename is not None:
+                if self._read_flags == "rb":
+                    with open(filename, "rb") as f:
+                        self.data = f.read()
+                else:
+                    with open(filename, "r", encoding="utf-8") as f:
+                        self.data = f.read()
+            self._check_data()
+
+        def _check_data(self):
+            pass
+
+        def __repr__(self):
+            return "<IPython.core.display.%s object>" % type(self).__name__
+
+    class TextDisplayObject(DisplayObject):
+        def _check_data(self):
+            if isinstance(self.data, bytes):
+                self.data = self.data.decode("utf-8", "replace")
+            if self.data is not None and not isinstance(self.data, str):
+                raise TypeError("%s expects text, not %r" % (type(self).__name__, self.data))
+
+    class HTML(TextDisplayObject):
+        def _repr_html_(self):
+            if self.data is None and self.url is not None:
+                return '<iframe src="%s"></iframe>' % self.url.replace('"', "&quot;")
+            return self.data
+
+        def __html__(self):
+            return self._repr_html_()
+
+    class Markdown(TextDisplayObject):
+        def _repr_markdown_(self):
+            return self.data
+
+    class Latex(TextDisplayObject):
+        def _repr_latex_(self):
+            return self.data
+
+    class Math(TextDisplayObject):
+        def _repr_latex_(self):
+            s = (self.data or "").strip("$")
+            return "$\\displaystyle %s$" % s
+
+    class SVG(DisplayObject):
+        _read_flags = "rb"
+
+        def _check_data(self):
+            if isinstance(self.data, (bytes, bytearray)):
+                self.data = bytes(self.data).decode("utf-8", "replace")
+            if self.data is not None and not isinstance(self.data, str):
+                raise TypeError("SVG expects text or bytes, not %r" % (self.data,))
+            if self.data is not None:
+                # As IPython: the <svg> element, without an XML prologue.
+                start = self.data.find("<svg")
+                if start > 0:
+                    self.data = self.data[start:]
+
+        def _repr_svg_(self):
+            return self.data
+
+    class JSON(DisplayObject):
+        def __init__(self, data=None, url=None, filename=None, expanded=False, metadata=None, root="root", **kwargs):
+            self.expanded, self.root, self.kwargs = expanded, root, kwargs
+            DisplayObject.__init__(self, data=data, url=url, filename=filename, metadata=metadata)
+
+        def _check_data(self):
+            if isinstance(self.data, (str, bytes)):
+                self.data = json.loads(self.data)
+            if self.data is not None and not isinstance(self.data, (dict, list)):
+                raise TypeError("JSON expects a dict or a list, not %r" % (self.data,))
+
+        def _repr_json_(self):
+            return self.data
+
+    _magic = ((b"\x89PNG\r\n\x1a\n", "png"), (b"\xff\xd8", "jpeg"), (b"GIF87a", "gif"), (b"GIF89a", "gif"))
+    _exts = {"png": "png", "jpg": "jpeg", "jpeg": "jpeg", "jpe": "jpeg", "gif": "gif", "webp": "webp", "bmp": "bmp"}
+
+    class Image(DisplayObject):
+        _read_flags = "rb"
+
+        def __init__(self, data=None, url=None, filename=None, format=None, embed=None, width=None, height=None,
+                     retina=False, unconfined=False, metadata=None, alt=None):
+            if isinstance(data, os.PathLike):
+                data = os.fspath(data)
+            name = filename or (data if isinstance(data, str) else None) or url or ""
+            if format is None and "." in name:
+                format = _exts.get(name.rsplit(".", 1)[1].lower())
+            self.width, self.height, self.alt = width, height, alt
+            DisplayObject.__init__(self, data=data, url=url, filename=filename, metadata=metadata)
+            if isinstance(self.data, str):
+                raise ValueError("Image: %r is neither a file nor image data" % (self.data[:100],))
+            if format is None and isinstance(self.data, (bytes, bytearray)):
+                for magic, fmt in _magic:
+                    if bytes(self.data[: len(magic)]) == magic:
+                        format = fmt
+                        break
+            format = {"jpg": "jpeg"}.get(str(format).lower(), str(format).lower()) if format else "png"
+            self.format = format
+            self.embed = embed if embed is not None else self.data is not None
+
+        def _repr_png_(self):
+            if self.embed and self.format == "png":
+                return self.data
+
+        def _repr_jpeg_(self):
+            if self.embed and self.format == "jpeg":
+                return self.data
+
+        def _repr_html_(self):
+            if self.embed and self.format in ("png", "jpeg"):
+                return None
+            if self.embed and self.data is not None:
+                src = "data:image/%s;base64,%s" % (self.format, binascii.b2a_base64(bytes(self.data)).decode("ascii").strip())
+            elif self.url is not None:
+                src = self.url.replace('"', "&quot;")
+            else:
+                return None
+            return '<img src="%s"/>' % src
+
+    class _RawBundle(object):
+        """display(bundle, raw=True): a MIME bundle given as a dict."""
+
+        def __init__(self, bundle):
+            self.bundle = bundle
+
+        def _get(self, mime):
+            return self.bundle.get(mime)
+
+        def _binary(self, mime):
+            data = self.bundle.get(mime)
+            if isinstance(data, str):
+                return binascii.a2b_base64(data.encode("ascii"))
+            return data
+
+        def _repr_png_(self):
+            return self._binary("image/png")
+
+        def _repr_jpeg_(self):
+            return self._binary("image/jpeg")
+
+        def _repr_svg_(self):
+            return self._get("image/svg+xml")
+
+        def _repr_html_(self):
+            return self._get("text/html")
+
+        def _repr_markdown_(self):
+            return self._get("text/markdown")
+
+        def _repr_json_(self):
+            return self._get("application/json")
+
+        def _repr_latex_(self):
+            return self._get("text/latex")
+
+        def __repr__(self):
+            text = self.bundle.get("text/plain")
+            return text if isinstance(text, str) else repr(self.bundle)
+
+    def display(*objs, **kwargs):
+        """Show each object with its richest representations, as the
+        worker's built-in display() does (raw=True: each is a MIME bundle)."""
+        if kwargs.get("raw"):
+            objs = [_RawBundle(o) if isinstance(o, dict) else o for o in objs]
+        _display(*objs)
+
+    def clear_output(wait=False):
+        """A no-op: outputs are not shown until the run ends."""
+
+    names = {}
+    for obj in (DisplayObject, TextDisplayObject, HTML, Markdown, Latex, Math, SVG, JSON, Image, display, clear_output):
+        obj.__module__ = "IPython.core.display"
+        obj.__qualname__ = obj.__name__
+        names[obj.__name__] = obj
+    return names
+
+
+class _IPythonFinder(object):
+    """Serves the IPython shim when no real IPython is found first."""
+
+    modules = {}
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _IPYTHON_NAMES:
+            return None
+        from importlib.machinery import ModuleSpec
+
+        spec = ModuleSpec(fullname, self, origin="pysandbox (IPython is not installed)")
+        if fullname in ("IPython", "IPython.core"):
+            spec.submodule_search_locations = []
+        return spec
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        name = module.__name__
+        if name in ("IPython.display", "IPython.core.display"):
+            shared = _IPythonFinder.modules.get("display")
+            if shared is None:
+                shared = _IPythonFinder.modules["display"] = _ipython_display_names()
+            module.__dict__.update(shared)
+            module.__all__ = sorted(k for k in shared if k[0] != "_")
+        elif name == "IPython":
+            module.__doc__ = "A stand-in for IPython, which is not installed: IPython.display works; get_ipython() is None."
+            module.get_ipython = _get_ipython
+
+
+def _get_ipython():
+    """There is no IPython shell (None, as IPython says outside one)."""
+    return None
+
+
+_IPYTHON_FINDER = _IPythonFinder()
+
+
 # ---------------------------------------------------------------- figures
 
 
@@ -1194,6 +1444,8 @@ def _setup(zygote=False):
     here = os.path.dirname(os.path.abspath(_WORKER_FILE))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     _tools_first()
+    if _IPYTHON_FINDER not in sys.meta_path:
+        sys.meta_path.append(_IPYTHON_FINDER)  # last: a real IPython wins
     args = sys.argv[1:]
     global _SITES
     _SITES = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--site" and os.path.isabs(args[i + 1])]
