@@ -79,6 +79,7 @@ type tsStep struct {
 	Error      string         `json:"error"`
 	MCPSession string         `json:"mcpSession"`
 	Protocol   string         `json:"protocol"`
+	Size       int            `json:"size"` // the result as JSON, as the client has it
 }
 
 // tsClient runs the TypeScript SDK's client through steps (see

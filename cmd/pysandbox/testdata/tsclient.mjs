@@ -6,6 +6,8 @@
 // order and prints one JSON line per step:
 //   {"tool": NAME, "args": {...}}   → {"isError", "structured", "text"}
 //   {"read": URI}                   → {"contents"} or {"error"}
+//   {"readField": [I, FIELD]}       → as "read", of the URI in field FIELD
+//                                     of step I's structured result
 //   {"delete": true}                → ends the MCP session (HTTP DELETE)
 // and finally {"mcpSession": ID}. An error ends it with exit code 1.
 const [sdk, url, stepsJSON] = process.argv.slice(2);
@@ -28,19 +30,25 @@ try {
   if (client.getServerVersion() && transport.protocolVersion && transport.protocolVersion !== protocol) {
     throw new Error("negotiated " + transport.protocolVersion + ", not " + protocol);
   }
+  const results = [];
   for (const step of JSON.parse(stepsJSON)) {
     if (step.tool) {
       const res = await client.callTool({ name: step.tool, arguments: step.args || {} });
       const text = (res.content || []).filter((c) => c.type === "text").map((c) => c.text).join("\n");
-      console.log(JSON.stringify({ isError: !!res.isError, structured: res.structuredContent ?? null, text }));
-    } else if (step.read) {
+      results.push(res);
+      console.log(JSON.stringify({ isError: !!res.isError, structured: res.structuredContent ?? null, text, size: JSON.stringify(res).length }));
+    } else if (step.read || step.readField) {
+      const [i, field] = step.readField || [];
+      const uri = step.read || results[i]?.structuredContent?.[field];
+      results.push(null);
       try {
-        const res = await client.readResource({ uri: step.read });
+        const res = await client.readResource({ uri });
         console.log(JSON.stringify({ contents: res.contents }));
       } catch (e) {
         console.log(JSON.stringify({ error: String(e.message || e) }));
       }
     } else if (step.delete) {
+      results.push(null);
       await transport.terminateSession();
       console.log(JSON.stringify({ deleted: true }));
     }
