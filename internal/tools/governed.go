@@ -331,7 +331,14 @@ func decodeInput[In any](tool string, raw json.RawMessage, sc *schemas) (In, *go
 	var in In
 	var m map[string]any
 	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
-		return in, &govern.Refusal{Status: govern.StatusInvalidRequest, Message: fmt.Sprintf("The arguments of %s must be a JSON object. Nothing was run.", tool)}
+		msg := fmt.Sprintf("The arguments of %s must be a JSON object. Nothing was run.", tool)
+		var obj map[string]json.RawMessage
+		if err != nil && json.Unmarshal(raw, &obj) == nil {
+			// An object, with a value this server cannot read (a number
+			// beyond a 64-bit float's range, 1e400).
+			msg = fmt.Sprintf("The arguments of %s are not valid: %v. Nothing was run; send numbers within a 64-bit float's range (a string holds any number).", tool, err)
+		}
+		return in, &govern.Refusal{Status: govern.StatusInvalidRequest, Message: msg}
 	}
 	if err := sc.in.Validate(&m); err != nil {
 		return in, &govern.Refusal{Status: govern.StatusInvalidRequest, Message: fmt.Sprintf("The arguments of %s are not valid: %s. Nothing was run; fix them (the tool's input schema says what each takes).", tool, plainError(err))}

@@ -235,3 +235,18 @@ func TestExactArgumentNames(t *testing.T) {
 		t.Errorf("decoded %+v (%v)", got, ref)
 	}
 }
+
+func TestArgumentOutOfRange(t *testing.T) {
+	type in struct {
+		N float64 `json:"n"`
+	}
+	tool := &mcp.Tool{Name: "t"}
+	sc, err := schemasFor[in, any](tool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, ref := decodeInput[in]("t", json.RawMessage(`{"n": 1e400}`), sc)
+	if ref == nil || !strings.Contains(ref.Message, "64-bit float") {
+		t.Errorf("%+v", ref)
+	}
+}
