@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -25,6 +26,12 @@ func serve(args []string, stderr io.Writer) error {
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
+	}
+	if cfg.Container != "" {
+		return serveInContainer(cfg, args, stderr)
+	}
+	if cfg.Image != "" {
+		return usageError{errors.New("--image goes with --container")}
 	}
 	s, err := assemble(cfg, stderr)
 	if err != nil {

@@ -33,6 +33,10 @@ type ServeConfig struct {
 	MaxReplyOutput size   // --max-reply-output: what a reply shows of each stream
 	Upstream       string // --upstream: the upstream servers' file
 
+	// Container is --container: run the server in pysandbox's image under
+	// this runtime (internal/launcher) instead of here; Image is --image.
+	Container, Image string
+
 	// Governance.
 	Policy            string
 	AuditLog          string
@@ -89,6 +93,8 @@ func (c *ServeConfig) addServerFlags(fs *flag.FlagSet) {
 	fs.Var(&c.MaxUpload, "max-upload", "largest file upload_file accepts")
 	fs.Var(&c.MaxReply, "max-reply", "largest tool result on the wire, JSON escapes included: figures beyond it become resource links and output is cut further (clients drop connections at about 10MiB)")
 	fs.Var(&c.MaxReplyOutput, "max-reply-output", "how much of each of a run's stdout, stderr and return value its reply shows, head and tail; the whole (as --max-output captured it) is linked: a resource, or a file in the session. A reply's text, both channels together, stays within five times it (100000 bytes, about 25000 tokens, by default)")
+	fs.StringVar(&c.Container, "container", "", "run the server in pysandbox's OCI image under this container runtime (podman, docker, or its absolute path) with stdio passed through, as on macOS and Windows (see docs/commands.md)")
+	fs.StringVar(&c.Image, "image", "", "with --container: the image (default pysandbox:VERSION, loaded from pysandbox-image.tar next to this binary when missing)")
 	fs.StringVar(&c.Upstream, "upstream", "", "MCP servers whose tools Python code may call (import tools), in the mcpServers JSON format of Claude Desktop, Cursor and VS Code: {\"mcpServers\": {\"NAME\": {\"command\": ..., \"args\": [...], \"env\": {...}} or {\"url\": ..., \"headers\": {...}}}}. They run as children of this server, with its credentials; the policy names their tools NAME.TOOL")
 }
 

@@ -82,6 +82,10 @@ func SplitArgs(args []string) (runtime, image string, rest []string, err error) 
 		name, value, inline := strings.Cut(strings.TrimLeft(a, "-"), "=")
 		if name != "container" && name != "image" {
 			rest = append(rest, a)
+			if !inline && !BoolFlags[name] && i+1 < len(args) {
+				i++
+				rest = append(rest, args[i])
+			}
 			continue
 		}
 		if !inline {
@@ -179,7 +183,7 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	if err := f.Close(); err != nil {
 		return 0, err
 	}
-	cmd := exec.Command(rt, RunArgs(image, f.Name(), ulimits(), mounts, cacheVolume, serveArgs)...)
+	cmd := exec.Command(rt, RunArgs(image, f.Name(), Ulimits(), mounts, cacheVolume, serveArgs)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = cfg.Stdin, cfg.Stdout, cfg.Stderr
 	if cmd.Stdin == nil {
 		cmd.Stdin = os.Stdin

@@ -9,8 +9,8 @@ import (
 )
 
 func TestSplitArgs(t *testing.T) {
-	rt, img, rest, err := SplitArgs([]string{"--container", "podman", "--log-level=debug", "-image=x:1", "--policy", "p"})
-	if err != nil || rt != "podman" || img != "x:1" || !slices.Equal(rest, []string{"--log-level=debug", "--policy", "p"}) {
+	rt, img, rest, err := SplitArgs([]string{"--log-level", "warn", "--container", "podman", "--console", "-image=x:1", "--policy", "p"})
+	if err != nil || rt != "podman" || img != "x:1" || !slices.Equal(rest, []string{"--log-level", "warn", "--console", "--policy", "p"}) {
 		t.Fatalf("%q %q %q %v", rt, img, rest, err)
 	}
 	if _, _, _, err := SplitArgs([]string{"--container"}); err == nil {

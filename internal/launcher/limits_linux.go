@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"fmt"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -13,20 +14,27 @@ const (
 	runtimeNproc  = 4194304
 )
 
-// ulimits are --ulimit values for the limits of this host that are below
-// the runtime's defaults: the host's own, which the runtime can set.
-func ulimits() []string {
+// Ulimits are --ulimit values for this host's limits that are below the
+// runtime's defaults: sane values the runtime can set, within the
+// host's (open files: the host's, up to 65536; processes: 4096, as
+// docs/commands.md says; the host's own can still be refused by runc).
+func Ulimits() []string {
 	var out []string
 	for _, l := range []struct {
 		name     string
 		resource int
-		def      uint64
-	}{{"nofile", unix.RLIMIT_NOFILE, runtimeNofile}, {"nproc", unix.RLIMIT_NPROC, runtimeNproc}} {
+		def, max uint64
+	}{{"nofile", unix.RLIMIT_NOFILE, runtimeNofile, 65536}, {"nproc", unix.RLIMIT_NPROC, runtimeNproc, 4096}} {
 		var r unix.Rlimit
 		if unix.Getrlimit(l.resource, &r) != nil || r.Max >= l.def {
 			continue
 		}
-		out = append(out, fmt.Sprintf("%s=%d:%d", l.name, r.Cur, r.Max))
+		hard := min(r.Max, l.max)
+		soft := min(r.Cur, hard)
+		if l.name == "nproc" {
+			soft = hard
+		}
+		out = append(out, fmt.Sprintf("%s=%d:%d", l.name, soft, hard))
 	}
 	return out
 }

@@ -2,6 +2,6 @@
 
 package launcher
 
-// ulimits are none: on macOS and Windows the runtime's containers run in
+// Ulimits are none: on macOS and Windows the runtime's containers run in
 // its own Linux VM, whose limits are its own.
-func ulimits() []string { return nil }
+func Ulimits() []string { return nil }

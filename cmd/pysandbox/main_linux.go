@@ -1,5 +1,8 @@
+//go:build linux
+
 // Command pysandbox is an MCP server that runs Python from AI agents in a
-// fresh, layered Linux sandbox. See the README.
+// fresh, layered Linux sandbox. See the README. On other systems
+// (main_other.go) it runs the Linux server in a container.
 package main
 
 import (
