@@ -18,8 +18,9 @@ cd "$(dirname "$0")/.."
 #   python3-pip the installer that builds dependency environments (internal/deps)
 #   redis-server  the shared store of several replicas (internal/sharedstate), started by the tests
 #   chromium    the real browser that drives the operator console (cmd/pysandbox/browser_test.go)
+#   podman      the container runtime serve --container runs the image under (cmd/pysandbox/container_test.go)
 need=()
-for pkg in python3 bubblewrap passwd python3-pandas python3-matplotlib python3-pil python3-pip python3-requests redis-server chromium; do
+for pkg in python3 bubblewrap passwd python3-pandas python3-matplotlib python3-pil python3-pip python3-requests redis-server chromium podman; do
 	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -28,7 +28,8 @@ import (
 )
 
 // ArchiveName is the image archive the launcher loads when the image is
-// not in the runtime's store, looked for next to the pysandbox binary.
+// not in the runtime's store, looked for next to the pysandbox binary
+// (as is the release's pysandbox-VERSION-image.tar).
 const ArchiveName = "pysandbox-image.tar"
 
 // Runtimes are the container runtimes looked for on PATH, in order.
@@ -243,6 +244,12 @@ func ensureImage(ctx context.Context, rt, image, archive string, stderr io.Write
 			self = s
 		}
 		archive = filepath.Join(filepath.Dir(self), ArchiveName)
+		// The release's name for it: pysandbox-VERSION-image.tar.
+		if tag, ok := strings.CutPrefix(image, "pysandbox:"); ok {
+			if rel := filepath.Join(filepath.Dir(self), "pysandbox-"+tag+"-image.tar"); fileExists(rel) && !fileExists(archive) {
+				archive = rel
+			}
+		}
 	}
 	if _, err := os.Stat(archive); err != nil {
 		return fmt.Errorf("image %s is not in %s and there is no image archive to load (%s): put the release's image archive there, or build one with scripts/k8s/image.sh OUT.tar %s and run %s load -i OUT.tar", image, filepath.Base(rt), archive, image, filepath.Base(rt))
@@ -257,4 +264,9 @@ func ensureImage(ctx context.Context, rt, image, archive string, stderr io.Write
 		return fmt.Errorf("%s holds no image %s (it loaded: %s); name the one it holds with --image", archive, image, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
