@@ -336,7 +336,7 @@ func decodeInput[In any](tool string, raw json.RawMessage, sc *schemas) (In, *go
 		if err != nil && json.Unmarshal(raw, &obj) == nil {
 			// An object, with a value this server cannot read (a number
 			// beyond a 64-bit float's range, 1e400).
-			msg = fmt.Sprintf("The arguments of %s are not valid: %v. Nothing was run; send numbers within a 64-bit float's range (a string holds any number).", tool, err)
+			msg = fmt.Sprintf("The arguments of %s are not valid: %s. Nothing was run; send numbers within a 64-bit float's range (a string holds any number).", tool, shortErr(err.Error()))
 		}
 		return in, &govern.Refusal{Status: govern.StatusInvalidRequest, Message: msg}
 	}
@@ -356,7 +356,7 @@ func decodeInput[In any](tool string, raw json.RawMessage, sc *schemas) (In, *go
 		raw, _ = json.Marshal(fields)
 	}
 	if err := json.Unmarshal(raw, &in); err != nil {
-		return in, &govern.Refusal{Status: govern.StatusInvalidRequest, Message: fmt.Sprintf("The arguments of %s are not valid: %v. Nothing was run; fix them.", tool, err)}
+		return in, &govern.Refusal{Status: govern.StatusInvalidRequest, Message: fmt.Sprintf("The arguments of %s are not valid: %s. Nothing was run; fix them.", tool, shortErr(err.Error()))}
 	}
 	return in, nil
 }
@@ -368,7 +368,17 @@ func plainError(err error) string {
 	if i := strings.LastIndex(msg, "\n"); i >= 0 {
 		msg = strings.TrimSpace(msg[i+1:])
 	}
-	return msg
+	return shortErr(msg)
+}
+
+// shortErr bounds an error that may quote the caller's value (a number
+// of a million digits would come back whole, twice).
+func shortErr(msg string) string {
+	const most = 300
+	if len(msg) <= most {
+		return msg
+	}
+	return strings.ToValidUTF8(msg[:most], "") + fmt.Sprintf("... (%d more bytes)", len(msg)-most)
 }
 
 // inflight is a governed call while its handler runs. A profile's tool

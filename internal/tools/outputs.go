@@ -1,6 +1,7 @@
 package tools
 
 import (
+	"errors"
 	"context"
 	"fmt"
 	"strings"
@@ -30,10 +31,18 @@ const (
 // Stored outputs and displays: a run keeps at most two outputs and 32
 // displays (4 MiB, the worker's bounds), so an owner's share holds a few
 // runs' worth.
+//
+// A display can hold several kinds of data (HTML, SVG, Markdown, JSON,
+// LaTeX, ...), each an item: one run's 32 displays of up to 7 kinds must
+// all fit an owner's share, or its own links would be broken at once.
 var (
 	outputLimits  = storeLimits{items: 128, bytes: 128 << 20, ownerItems: 16, ownerBytes: 32 << 20}
-	displayLimits = storeLimits{items: 512, bytes: 64 << 20, ownerItems: 128, ownerBytes: 16 << 20}
+	displayLimits = storeLimits{items: 1024, bytes: 64 << 20, ownerItems: 256, ownerBytes: 16 << 20}
 )
+
+// keptRuns is how many of a session's last runs keep their whole output
+// in its workspace.
+const keptRuns = 8
 
 // storedRef is the part of a stored output's or display's name that names
 // the replica holding it, for routing: the name is 32 hex digits, the
@@ -98,7 +107,17 @@ func textMIME(mime string) bool {
 func (s *server) keepOutput(data, stream, sessionID string, run int, owner string) (uri, why string) {
 	if sessionID != "" {
 		p := fmt.Sprintf("%s/run-%d-%s.txt", OutputDir, run, stream)
-		err := s.sessions.Workspace(sessionID, func(d *workspace.Dir) error { return d.Write(p, []byte(data), int64(len(data))+1) })
+		err := s.sessions.Workspace(sessionID, func(d *workspace.Dir) error {
+			// Only the last keptRuns runs' output stays: older files
+			// would fill the workspace, unseen (list_files hides it).
+			if run > keptRuns {
+				d.Remove(fmt.Sprintf("%s/run-%d-%s.txt", OutputDir, run-keptRuns, stream))
+			}
+			return d.Write(p, []byte(data), int64(len(data))+1)
+		})
+		if errors.Is(err, workspace.ErrFull) {
+			return "", "the session's workspace is full (delete files in /work, or use a new session)"
+		}
 		if err != nil {
 			return "", err.Error()
 		}

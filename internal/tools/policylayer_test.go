@@ -9,6 +9,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/policy"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -248,5 +249,40 @@ func TestArgumentOutOfRange(t *testing.T) {
 	_, ref := decodeInput[in]("t", json.RawMessage(`{"n": 1e400}`), sc)
 	if ref == nil || !strings.Contains(ref.Message, "64-bit float") {
 		t.Errorf("%+v", ref)
+	}
+}
+
+// TestReplyBoundsHold: an error whose text the run inflated (escaped on
+// the wire, or past the worker's bounds, which code in the run can
+// change) is cut to the reply budget; an argument refusal does not echo
+// a huge value; and what a caller reads is marked private to it.
+func TestReplyBoundsHold(t *testing.T) {
+	cs := connect(t, nil)
+	res, _ := call(t, cs, "run_python", map[string]any{"code": "raise ValueError('\\x01' * 40000)"})
+	raw, _ := json.Marshal(res)
+	if len(raw) > 150<<10 {
+		t.Errorf("an error of escaped characters made a reply of %d bytes", len(raw))
+	}
+	res, _ = call(t, cs, "run_python", map[string]any{"code": "x", "timeout_seconds": json.Number("1" + strings.Repeat("0", 400) + "e-390")})
+	if raw, _ := json.Marshal(res); len(raw) > 8<<10 {
+		t.Errorf("a refusal of %d bytes", len(raw))
+	}
+}
+
+// TestSessionOutputRotates: a session keeps the whole output of its last
+// keptRuns runs only, so chatty runs cannot fill its workspace unseen.
+func TestSessionOutputRotates(t *testing.T) {
+	cs := connect(t, nil)
+	_, out := call(t, cs, "create_session", nil)
+	id, _ := out["session_id"].(string)
+	for i := range keptRuns + 3 {
+		if _, o := call(t, cs, "run_python", map[string]any{"session_id": id, "code": "print('x' * 60000, " + strconv.Itoa(i) + ")"}); o["stdout_uri"] == nil {
+			t.Fatalf("run %d kept no output: %v", i, o["message"])
+		}
+	}
+	_, out = call(t, cs, "run_python", map[string]any{"session_id": id, "code": "import os\nsorted(os.listdir('/work/.pysandbox/output'))"})
+	files, _ := out["return_value"].([]any)
+	if len(files) != keptRuns {
+		t.Errorf("kept %d files: %v", len(files), files)
 	}
 }

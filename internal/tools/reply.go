@@ -235,6 +235,20 @@ func shrinkLargest(res *RunPythonOutput) bool {
 		s    *string
 		flag *bool
 	}{{&res.Stdout, &res.StdoutTruncated}, {&res.Stderr, &res.StderrTruncated}, {&res.ReturnText, nil}, {&rv, &res.ReturnTruncated}}
+	if res.Error != nil {
+		// The worker bounds an error's text in characters, and code in
+		// the run can change its bounds: escaped on the wire, it can be
+		// far larger than the budget, so it is cut like the rest.
+		e := *res.Error
+		res.Error = &e
+		fields = append(fields, struct {
+			s    *string
+			flag *bool
+		}{&res.Error.Message, nil}, struct {
+			s    *string
+			flag *bool
+		}{&res.Error.Traceback, nil})
+	}
 	best := -1
 	for i, f := range fields {
 		if len(*f.s) > 256 && (best < 0 || len(*f.s) > len(*fields[best].s)) {

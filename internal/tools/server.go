@@ -204,7 +204,12 @@ func NewServers(opts Options) (*mcp.Server, *mcp.Server) {
 	if sdkLog == nil {
 		sdkLog = log
 	}
-	srv := mcp.NewServer(impl, &mcp.ServerOptions{GetSessionID: getSessionID, Instructions: instructions, Logger: sdkLog})
+	srv := mcp.NewServer(impl, &mcp.ServerOptions{GetSessionID: getSessionID, Instructions: instructions, Logger: sdkLog,
+		// What a caller reads (its outputs, displays, figures, session
+		// files) and lists (its tools, under a policy that may depend on
+		// it) is its own: no intermediary may cache it for another
+		// (the SDK's default scope is "public").
+		SetCacheable: func(_ context.Context, _ mcp.Request, c *mcp.Cacheable) { c.CacheScope = "private" }})
 	s.sessions.SetDetached(connEnded(srv.Sessions))
 	s.gov = govern.New(opts.Governance, govern.Sandbox{Limits: s.limitsText, Facts: s.codeFacts, FromRun: runFacts}, log)
 	s.governed = map[string]bool{}
