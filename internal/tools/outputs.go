@@ -1,8 +1,8 @@
 package tools
 
 import (
-	"errors"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
