@@ -144,8 +144,13 @@ func baseImage(t *testing.T, podman string) string {
 		}
 		podmanOK(t, podman, "load", "-q", "-i", archive)
 		if exec.Command(podman, "image", "exists", ref).Run() != nil {
-			podmanOK(t, podman, "tag", strings.TrimSpace(lastLoaded(t, podman, archive)), ref)
+			loaded := strings.TrimSpace(lastLoaded(t, podman, archive))
+			podmanOK(t, podman, "tag", loaded, ref)
+			podmanOK(t, podman, "untag", ref, loaded) // only ref names it now
 		}
+	}
+	if err := exec.Command(podman, "image", "exists", ref).Run(); err != nil {
+		t.Fatalf("the image %s is not in podman's store after loading it", ref)
 	}
 	// Can podman run a container here at all? With the same limits as
 	// the launcher's, which it sets when the host's are low.
