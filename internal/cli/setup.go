@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pysandbox/pysandbox/internal/httpserver"
 	"github.com/pysandbox/pysandbox/internal/policy"
@@ -261,6 +262,13 @@ var serveFileFlags = map[string]bool{
 // every file flag absolute, whether the file exists yet or not (an audit
 // log is created by serve). Everything else is kept as written.
 func absServeArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	for _, a := range args {
+		// JSON config files hold text: an invalid byte would be written
+		// as U+FFFD, and the client would start serve with another path.
+		if !utf8.ValidString(a) {
+			return nil, fmt.Errorf("setup: %q is not valid UTF-8, which a client's config file cannot hold; rename the file", a)
+		}
+	}
 	out := slices.Clone(args)
 	for i := 0; i < len(out); i++ {
 		a := out[i]

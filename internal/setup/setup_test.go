@@ -158,8 +158,13 @@ func TestWriteHostileSurroundings(t *testing.T) {
 	if data, _ := os.ReadFile(elsewhere); string(data) != "untouched" {
 		t.Error("the backup was written through a link")
 	}
-	if st, _ := os.Stat(real + ".bak"); st.Mode().Perm() != 0o600 {
-		t.Errorf("the backup's mode is %v", st.Mode().Perm())
+	// The name FILE.bak was taken (by a link): the backup is FILE.bak.1,
+	// and what held the name is left as it was.
+	if fi, _ := os.Lstat(real + ".bak"); fi == nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Error("the existing FILE.bak was replaced")
+	}
+	if st, _ := os.Stat(real + ".bak.1"); st == nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("the backup: %v", st)
 	}
 
 	codex := Clients["codex"]

@@ -79,7 +79,19 @@ func (c Client) Write(path string, e Entry) (Result, error) {
 	if bytes.Equal(old, merged) {
 		return r, nil
 	}
+	// A backup never replaces another file: FILE.bak, else FILE.bak.1,
+	// FILE.bak.2, ... (the first keeps the file as it was before setup
+	// ever touched it; an earlier backup may be someone's own).
 	r.Backup = r.Path + ".bak"
+	for i := 1; ; i++ {
+		if _, err := os.Lstat(r.Backup); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if i > 100 {
+			return refuse(ErrUnsafe, "there are already 100 backups of it ("+r.Path+".bak.N); remove old ones")
+		}
+		r.Backup = fmt.Sprintf("%s.bak.%d", r.Path, i)
+	}
 	if err := writeNew(filepath.Dir(r.Path), r.Backup, old, st); err != nil {
 		return r, fmt.Errorf("setup: backup: %w", err)
 	}
