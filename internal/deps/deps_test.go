@@ -1008,11 +1008,23 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 	assertNoBuilds(t, c)
 }
 
-// diskUsed is the space used on the filesystem holding dir.
+// diskUsed is the space the tree at dir takes (its files' blocks): what
+// an install could make grow. The whole filesystem's use would also count
+// every other test writing beside it, as the suite runs in parallel.
 func diskUsed(t *testing.T, dir string) int64 {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(dir, &st); err != nil {
+	var total int64
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil // a file removed meanwhile
+		}
+		var st syscall.Stat_t
+		if syscall.Lstat(p, &st) == nil {
+			total += st.Blocks * 512
+		}
+		return nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
-	return int64(st.Blocks-st.Bfree) * st.Bsize
+	return total
 }
