@@ -31,3 +31,34 @@ func TestReplyTypeScriptClient(t *testing.T) {
 		t.Errorf("the whole output: %d bytes, %.60q", len(whole), whole)
 	}
 }
+
+// TestReplyCasesTypeScriptClient: through the TypeScript SDK client, a
+// 200 000-line print stays within the budget and its whole output reads
+// back; IPython.display works; text shows <, > and & as they are.
+func TestReplyCasesTypeScriptClient(t *testing.T) {
+	addr := freePort(t)
+	url := "http://" + addr
+	startServe(t, addr, url, nil, "--pool-size", "0", "--max-output", "4MiB")
+	ts := tsClient(t, url, "",
+		tool("run_python", map[string]any{"code": "for i in range(200_000):\n    print(i)"}),
+		map[string]any{"readField": []any{0, "stdout_uri"}},
+		tool("run_python", map[string]any{"code": "from IPython.display import display, HTML, Markdown\ndisplay(HTML('<b>bold</b>'), Markdown('*it*'))\n'a<b>&c'"}))
+	lines, read, disp := ts[0], ts[1], ts[2]
+	t.Logf("200 000-line print: a reply of %d bytes; IPython display and a<b>&c: %d bytes", lines.Size, disp.Size)
+	if lines.Size > 100_000 || lines.IsError {
+		t.Errorf("200 000 lines: a reply of %d bytes (error %v)", lines.Size, lines.IsError)
+	}
+	if len(read.Contents) != 1 {
+		t.Fatalf("reading %v: %s", lines.Structured["stdout_uri"], read.Error)
+	}
+	c, _ := read.Contents[0].(map[string]any)
+	if whole, _ := c["text"].(string); strings.Count(whole, "\n") != 200_000 || !strings.HasSuffix(whole, "199999\n") {
+		t.Errorf("the whole output: %d lines, ending %q", strings.Count(whole, "\n"), whole[max(0, len(whole)-20):])
+	}
+	if disp.IsError || !strings.Contains(disp.Text, "a<b>&c") || strings.Contains(disp.Text, `\u003c`) {
+		t.Errorf("IPython display and text: %v %.600s", disp.IsError, disp.Text)
+	}
+	if ds, _ := disp.Structured["displays"].([]any); len(ds) != 2 {
+		t.Errorf("displays: %v", disp.Structured["displays"])
+	}
+}
