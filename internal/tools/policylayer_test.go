@@ -286,3 +286,24 @@ func TestSessionOutputRotates(t *testing.T) {
 		t.Errorf("kept %d files: %v", len(files), files)
 	}
 }
+
+// TestReplyBudgetIsWhatTheModelReads: the budget counts what a client
+// decodes, so output of '<' and '&' under --max-reply-output is shown
+// whole; a display's Markdown is in the structured result too, for the
+// clients that give the model only that.
+func TestReplyBudgetIsWhatTheModelReads(t *testing.T) {
+	cs := connect(t, nil)
+	_, out := call(t, cs, "run_python", map[string]any{"code": "print('<tr><td>1</td><td>a &amp; b</td></tr>\\n' * 500, end='')"})
+	if s, _ := out["stdout"].(string); len(s) != 19000 || out["stdout_truncated"] == true {
+		t.Errorf("19 000 bytes of HTML: %d shown (truncated %v, %v)", len(s), out["stdout_truncated"], out["message"])
+	}
+	_, out = call(t, cs, "run_python", map[string]any{"code": "from IPython.display import display, Markdown\ndisplay(Markdown('# Title\\n* a < b'))"})
+	ds, _ := out["displays"].([]any)
+	if len(ds) != 1 {
+		t.Fatalf("displays: %v", out["displays"])
+	}
+	d, _ := ds[0].(map[string]any)
+	if d["source"] != "# Title\n* a < b" || d["source_type"] != "text/markdown" {
+		t.Errorf("the display in the structured result: %v", d)
+	}
+}

@@ -73,13 +73,16 @@ func (s *server) textBudget() int64 {
 func (s *server) boundReply(res *RunPythonOutput, sessionID, owner string) []mcp.Content {
 	run := s.runNumber(sessionID)
 	ret := returnDisplay(res)
+	origOut, origErr := res.Stdout, res.Stderr
 	s.cutStreams(res, sessionID, run, owner)
 	budget := s.textBudget()
 	target := budget
 	if len(res.Displays) > 0 {
 		target = budget / 2 // the rest for the displays' text
 	}
-	size := func() int64 { return encodedLen(res) + encodedLen(replyText(res)) }
+	// The budget is what the client decodes (what a model reads): '<' is
+	// one byte of it, though the SDK's encoder sends six.
+	size := func() int64 { return plainLen(res) + plainLen(replyText(res)) }
 	cut := false
 	for n := 0; size() > target && n < 40; n++ {
 		if !shrinkLargest(res) {
@@ -88,10 +91,24 @@ func (s *server) boundReply(res *RunPythonOutput, sessionID, owner string) []mcp
 		cut = true
 	}
 	if cut {
+		// A stream this cut, shorter than --max-reply-output, still has
+		// its whole kept, as any cut stream has.
+		for _, f := range []struct {
+			name, orig string
+			text, uri  *string
+		}{{"stdout", origOut, &res.Stdout, &res.StdoutURI}, {"stderr", origErr, &res.Stderr, &res.StderrURI}} {
+			if *f.uri == "" && *f.text != f.orig {
+				if uri, _ := s.keepOutput(f.orig, f.name, sessionID, run, owner); uri != "" {
+					*f.uri = uri
+					res.Message = joinMessage(res.Message, fmt.Sprintf("%s: all %d bytes: %s", f.name, len(f.orig), uri))
+				}
+			}
+		}
 		res.Message = joinMessage(res.Message, fmt.Sprintf("the reply was cut further to fit its %d-byte text budget (5 x --max-reply-output, within --max-reply): output was shortened, its head and tail kept", budget))
 	}
 	textRoom := budget - size()
-	imageRoom := s.maxReply - replyOverhead - budget
+	// Images get what the text leaves of --max-reply on the wire.
+	imageRoom := s.maxReply - replyOverhead - max(budget, encodedLen(res)+encodedLen(replyText(res)))
 	figs := s.figureContent(res, sessionID, run, owner, imageRoom)
 	for _, f := range figs {
 		imageRoom -= encodedLen(f)
@@ -119,7 +136,11 @@ func (s *server) cutStreams(res *RunPythonOutput, sessionID string, run int, own
 		whole, captureCut := *f.text, *f.flag
 		uri, why := s.keepOutput(whole, f.name, sessionID, run, owner)
 		*f.uri, *f.flag = uri, true
-		*f.text = keepEndsNoting(whole, n, uri)
+		where := uri
+		if captureCut && uri != "" {
+			where = uri + " (as captured: see the message)"
+		}
+		*f.text = keepEndsNoting(whole, n, where)
 		note := fmt.Sprintf("%s: this reply shows the first and last %d of its %d bytes (--max-reply-output)", f.name, n/2, len(whole))
 		if captureCut {
 			note += "; the server captured only the head and tail of what the run printed (--max-output): the middle is gone"
@@ -167,7 +188,7 @@ func keepEndsNoting(s string, n int, uri string) string {
 	head, tail := engine.Ends(s, n)
 	where := ""
 	if uri != "" {
-		where = "; the whole is at " + uri
+		where = "; the rest is at " + uri
 	}
 	return head + fmt.Sprintf("\n[... %d bytes not shown%s ...]\n", len(s)-len(head)-len(tail), where) + tail
 }
@@ -281,4 +302,14 @@ func joinMessage(a, b string) string {
 		return b
 	}
 	return a + "; " + b
+}
+
+// plainLen is v's size as JSON once decoded by a client: without the
+// HTML escapes the SDK's encoder adds (<, > and & as six bytes each).
+func plainLen(v any) int64 {
+	b, err := govern.PlainJSON(v, "")
+	if err != nil {
+		return encodedLen(v)
+	}
+	return int64(len(b))
 }

@@ -80,7 +80,18 @@ type Display struct {
 	// Data maps each MIME type but text/plain to its data (base64 for
 	// images, text otherwise).
 	Data map[string]string `json:"-"`
+	// Source is the display's Markdown, HTML, JSON, LaTeX or SVG source
+	// (the first of them it has), its head when long: clients that give
+	// the model only the structured result show it this, not a repr.
+	Source     string `json:"source,omitempty" jsonschema:"the display's Markdown, HTML, JSON, LaTeX or SVG source (its head when long; the whole is at uris)"`
+	SourceType string `json:"source_type,omitempty" jsonschema:"the MIME type of source"`
 }
+
+// sourceTypes are the display forms a model can read as text, best first.
+var sourceTypes = []string{"text/markdown", "text/html", "application/json", "text/latex", "image/svg+xml"}
+
+// maxSource bounds a display's source in the structured result.
+const maxSource = 4000
 
 // maxPreview bounds a display's text in the structured result.
 const maxPreview = 256
@@ -137,6 +148,15 @@ func runPythonOutput(r *engine.Result, use runUsage) *RunPythonOutput {
 	}
 	for _, d := range r.Displays {
 		x := Display{Text: d.Text, Preview: d.Text, MIMETypes: d.MIMETypes, Data: d.Data}
+		for _, t := range sourceTypes {
+			if src, ok := d.Data[t]; ok {
+				x.Source, x.SourceType = src, t
+				if len(src) > maxSource {
+					x.Source = engine.Head(src, maxSource) + "…"
+				}
+				break
+			}
+		}
 		if len(x.Preview) > maxPreview {
 			x.Preview = engine.Head(x.Preview, maxPreview) + "…"
 		}
