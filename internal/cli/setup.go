@@ -61,10 +61,22 @@ func setupCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if client == "" && fs.NArg() > 0 {
+		// Flags before the client, and maybe after it too: Go's flag
+		// package stops at the first non-flag, which would leave
+		// `--write cursor --file F` writing the client's own file.
 		client = fs.Arg(0)
+		if err := parseFlags(fs, fs.Args()[1:]); err != nil {
+			return err
+		}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("setup: unexpected argument %q; serve flags go after --", fs.Arg(0))}
 	}
 	c, ok := setup.Clients[client]
 	if !ok {
+		if client != "" {
+			return usageError{fmt.Errorf("setup: unknown client %q; the clients are %s", client, strings.Join(setup.IDs(), ", "))}
+		}
 		return usageError{fmt.Errorf("setup: name a client: %s", strings.Join(setup.IDs(), ", "))}
 	}
 	e := setup.Entry{Name: *name}
@@ -340,6 +352,10 @@ func checkURL(raw string) (string, string, error) {
 	}
 	if u.Fragment != "" {
 		return "", "", fmt.Errorf("setup: --url %q: no #fragment", raw)
+	}
+	if u.Path == "" || u.Path == "/" {
+		// The client would POST to / and get 404 from pysandbox.
+		return "", "", fmt.Errorf("setup: --url %q names no endpoint; pysandbox serve --http serves MCP at /mcp: use %s", raw, strings.TrimSuffix(u.String(), "/")+"/mcp")
 	}
 	warning := ""
 	if u.Scheme == "http" && !isLoopback(u.Hostname()) {
