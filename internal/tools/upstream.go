@@ -375,7 +375,7 @@ func (r *toolRun) approve(ctx context.Context, name string, args json.RawMessage
 // result.
 func (r *toolRun) callFailure(ctx context.Context, name string, err error) worker.ToolReply {
 	switch {
-	case ctx.Err() != nil && errors.Is(context.Cause(ctx), context.DeadlineExceeded):
+	case ctx.Err() != nil && (errors.Is(context.Cause(ctx), context.DeadlineExceeded) || deadlinePassed(ctx)):
 		return failure(worker.ToolFailTimeout, fmt.Sprintf("%s: the run's time ran out during the call, which was cancelled", name))
 	case ctx.Err() != nil:
 		return failure(worker.ToolFailCancelled, fmt.Sprintf("%s: the run was cancelled or ended during the call, which was cancelled", name))
@@ -386,11 +386,19 @@ func (r *toolRun) callFailure(ctx context.Context, name string, err error) worke
 	}
 }
 
+// deadlinePassed reports whether ctx's deadline (the run's) has passed:
+// a call ended by the run's end just as its time ran out was ended by
+// the time, whichever cancellation reached it first.
+func deadlinePassed(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
+}
+
 // waitEnded explains a call whose run ended while it waited for its
 // server to connect: nothing was sent.
 func (r *toolRun) waitEnded(ctx context.Context, name string) worker.ToolReply {
 	server, _, _ := strings.Cut(name, ".")
-	if errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+	if errors.Is(context.Cause(ctx), context.DeadlineExceeded) || deadlinePassed(ctx) {
 		return failure(worker.ToolFailTimeout, fmt.Sprintf("%s: the run's time ran out while the call waited for the upstream server %q to connect", name, server))
 	}
 	return failure(worker.ToolFailCancelled, fmt.Sprintf("%s: the run was cancelled or ended while the call waited for the upstream server %q to connect", name, server))
