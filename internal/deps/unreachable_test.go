@@ -2,8 +2,9 @@ package deps
 
 import (
 	"errors"
-	"net"
+	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -12,13 +13,22 @@ import (
 func TestUnreachableIndex(t *testing.T) {
 	t.Parallel()
 	py := systemPython(t)
-	// A port that was free a moment ago: nothing listens on it.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	// A port bound by this test and never listened on: connections are
+	// refused, and no other test's server can take it meanwhile (one
+	// closed at once was taken by another test's index in a parallel run).
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	url := "http://" + l.Addr().String() + "/simple/"
-	l.Close()
+	defer syscall.Close(fd)
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := fmt.Sprintf("http://127.0.0.1:%d/simple/", sa.(*syscall.SockaddrInet4).Port)
 	c := newCache(t, IndexConfig{IndexURL: url})
 	_, _, err = ensure(t, c, py, []string{"pysbx-beta"}, nil)
 	var ie *InstallError
