@@ -10,7 +10,8 @@
 #
 # The node's address is 10.254.254.1 on lo, so nothing depends on the
 # machine's network; pods get
-# 10.88.0.0/16 on a bridge, services 10.96.0.0/16. No registry is
+# 10.244.0.0/16 on a bridge (not 10.88.0.0/16, podman's own bridge, which
+# the podman launcher test installs), services 10.96.0.0/16. No registry is
 # reachable, so images are imported (and the pods' pause image is built
 # from scripts/k8s/pause).
 #
@@ -23,7 +24,7 @@ cd "$(dirname "$0")/../.."
 
 STATE=${PYSANDBOX_K8S_STATE:-/var/lib/pysandbox-k8s-test}
 NODE_IP=10.254.254.1
-POD_CIDR=10.88.0.0/16
+POD_CIDR=10.244.0.0/16
 SERVICE_CIDR=10.96.0.0/16
 NODE_NAME=pysandbox-node
 
