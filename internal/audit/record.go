@@ -69,6 +69,12 @@ const (
 	// MCP server's tool (Tool is SERVER.TOOL), allowed or not; CallID
 	// names the run_python call it was made in.
 	EventUpstream = "upstream_call"
+	// EventPython records the install or removal of a managed
+	// interpreter (Detail: action, version, url, sha256, bytes); Decision
+	// is its outcome: installed, failed, refused (the archive or its
+	// digest), removed. Its connections have "connect" records of their
+	// own, with Tool "python-download".
+	EventPython = "python"
 )
 
 // UpstreamCall is what an "upstream_call" record says about the call.

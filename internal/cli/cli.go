@@ -21,6 +21,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/policy"
 	"github.com/pysandbox/pysandbox/internal/pool"
+	"github.com/pysandbox/pysandbox/internal/pydist"
 	"github.com/pysandbox/pysandbox/internal/sandbox"
 	"github.com/pysandbox/pysandbox/internal/sandbox/cgroup"
 )
@@ -36,7 +37,8 @@ Usage:
   pysandbox run [flags] FILE|-            run a script in the sandbox, streaming its output
   pysandbox check [flags]                 print the sandbox posture; exit 1 if the backend cannot work here
   pysandbox bench [flags]                 measure latency against spawning python3 directly
-  pysandbox cache ls|prune [flags]        list or prune the cached dependency environments
+  pysandbox cache ls|prune [flags]        list or prune the cached dependency environments and Pythons
+  pysandbox python list|install|remove    the Python versions runs can use; download one (as uv does) or delete it
   pysandbox audit verify [--from-seq N] [--head HASH] [--store URL --replica-token-file F] FILE...
                                           check an audit log's hash chain, whole from seq 1; exit 1 naming the first bad line
   pysandbox audit tail [-n N] [-f] FILE   pretty-print the last records of an audit log
@@ -76,6 +78,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = benchCmd(rest, stdout, stderr)
 	case "cache":
 		err = cacheCmd(rest, stdout, stderr)
+	case "python":
+		err = pythonCmd(rest, stdout, stderr)
 	case "audit":
 		err = auditCmd(rest, stdout, stderr)
 	case "setup":
@@ -174,6 +178,9 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 type options struct {
 	// checkPackage is the package policy (serve --policy); nil allows all.
 	checkPackage  func(name string, requested bool) error
+	// checkPython is the Python version policy (serve --policy); nil
+	// allows all.
+	checkPython func(version string) error
 	sandbox       string
 	python        string
 	timeout       duration
@@ -204,6 +211,12 @@ type options struct {
 	noIndex        bool
 	allowSdist     bool
 	installTimeout duration
+
+	// Managed interpreters (internal/pydist), in uv's terms; their
+	// defaults are uv's environment variables.
+	pyDownloads, pyMetadata, pyMirror string
+	// onPython receives every install and removal (serve: the audit log).
+	onPython func(pydist.Event)
 
 	// allowNet are --allow-net's hosts; netRules, when set (serve with a
 	// policy that has a network section), replaces them. proxy is built
@@ -283,6 +296,9 @@ func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *option
 	fs.BoolVar(&o.noIndex, "no-index", false, "dependencies: use only --find-links (offline)")
 	fs.BoolVar(&o.allowSdist, "allow-sdist", false, "dependencies: allow building source distributions, which runs their build code (in the installer's sandbox)")
 	fs.Var(&o.installTimeout, "install-timeout", "dependencies: time limit of one install")
+	fs.StringVar(&o.pyDownloads, "python-downloads", envOr("UV_PYTHON_DOWNLOADS", "automatic"), "Python versions the host lacks: automatic (download one when a run asks for it), manual (only 'pysandbox python install') or never; as uv's python-downloads (default: $UV_PYTHON_DOWNLOADS, else automatic)")
+	fs.StringVar(&o.pyMetadata, "python-downloads-json-url", os.Getenv("UV_PYTHON_DOWNLOADS_JSON_URL"), "Python downloads: uv's download metadata (a file or an http(s) URL) naming each archive and its SHA-256 (default: $UV_PYTHON_DOWNLOADS_JSON_URL, else the metadata pysandbox ships)")
+	fs.StringVar(&o.pyMirror, "python-install-mirror", os.Getenv("UV_PYTHON_INSTALL_MIRROR"), "Python downloads: a mirror that replaces "+pydist.DefaultPrefix+" in archive URLs, as uv's UV_PYTHON_INSTALL_MIRROR (default: $UV_PYTHON_INSTALL_MIRROR)")
 	fs.Var(&o.allowNet, "allow-net", "network: let runs reach this host through the server's proxy, e.g. api.github.com, '*.githubusercontent.com:443', or NAME[:PORT]=ADDRESS to pin a name to an address (repeatable). Without it (or a policy file's network section) runs have no network at all")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: pysandbox %s\n\nFlags:\n", synopsis)
@@ -323,6 +339,9 @@ func (o *options) validate() error {
 	if err := o.checkIndex(); err != nil {
 		return err
 	}
+	if err := o.checkPythonDownloads(); err != nil {
+		return err
+	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", o.logLevel)}
@@ -354,8 +373,15 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 	if err != nil {
 		return nil, noop, err
 	}
+	// The managed interpreters the engine ran on stay in use (never
+	// evicted) until it is done with them.
+	closePythons := noop
+	if cfg.Pythons != nil {
+		closePythons = cfg.Pythons.Close
+	}
 	cold, err := engine.New(cfg)
 	if err != nil {
+		closePythons()
 		return nil, noop, err
 	}
 	native, ok := backend.(*sandbox.Native)
@@ -363,9 +389,14 @@ func (o *options) engine(ctx context.Context, log *slog.Logger) (*engine.Engine,
 		if preload, _ := parsePreload(o.preload); o.poolSize > 0 && len(preload) > 0 {
 			log.Warn("--preload needs the warm pool, which only the native backend has; ignoring it", "sandbox", o.sandbox)
 		}
-		return cold, noop, nil
+		return cold, closePythons, nil
 	}
-	return o.pooledEngine(ctx, cfg, cold, native, log)
+	eng, release, err := o.pooledEngine(ctx, cfg, cold, native, log)
+	if err != nil {
+		closePythons()
+		return nil, noop, err
+	}
+	return eng, func() { release(); closePythons() }, nil
 }
 
 // newBackend is the sandbox backend of kind.
@@ -412,12 +443,21 @@ func (o *options) engineConfig(ctx context.Context, kind sandbox.Kind, backend s
 		log.Warn("dependencies disabled", "err", err)
 		cache = nil
 	}
+	var pythons *pydist.Manager
+	if cache != nil {
+		// Managed interpreters live in the same cache, under its cap.
+		if pythons, err = o.pythons(cache, backend, log); err != nil {
+			return engine.Config{}, err
+		}
+	}
 	return engine.Config{
 		Backend:        backend,
 		Python:         py,
 		Discover:       interp.Discover,
 		Deps:           cache,
 		NoDepsReason:   noDeps,
+		Pythons:        pythons,
+		CheckPython:    o.checkPython,
 		CheckPackage:   o.checkPackage,
 		Limits:         o.limits(),
 		DefaultTimeout: time.Duration(o.timeout),

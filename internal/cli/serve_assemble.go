@@ -27,6 +27,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/metrics"
 	"github.com/pysandbox/pysandbox/internal/policy"
 	"github.com/pysandbox/pysandbox/internal/profiles"
+	"github.com/pysandbox/pysandbox/internal/pydist"
 	"github.com/pysandbox/pysandbox/internal/quota"
 	"github.com/pysandbox/pysandbox/internal/tools"
 	"github.com/pysandbox/pysandbox/internal/tracing"
@@ -77,6 +78,9 @@ type server struct {
 	console  http.Handler
 	// srv serves the callers; internal, the other replicas.
 	srv, internal *mcp.Server
+	// pyAudit records the installs of managed interpreters once the
+	// audit log is open (the engine that makes them starts before it).
+	pyAudit atomic.Pointer[audit.Writer]
 }
 
 // assemble builds the server cfg (validated) describes, part by part. On
@@ -97,6 +101,7 @@ func assemble(cfg *ServeConfig, stderr io.Writer) (*server, error) {
 		s.loadUpstreams,
 		s.loadPolicy,
 		s.watchSignals,
+		s.routePythonEvents,
 		s.startEngine,
 		s.openStore,
 		s.joinCluster,
@@ -229,6 +234,9 @@ func (s *server) loadPolicy() error {
 			}
 			return rules.CheckInstalled(name)
 		}
+		s.o.checkPython = func(version string) error {
+			return s.current.Load().Python.Check(version)
+		}
 	}
 	s.current.Store(s.pol)
 	return nil
@@ -238,6 +246,19 @@ func (s *server) watchSignals() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	s.ctx = ctx
 	s.closers.add(stop)
+	return nil
+}
+
+// routePythonEvents sends the installs and removals of managed
+// interpreters to the audit log, once it is open, and to the log.
+func (s *server) routePythonEvents() error {
+	s.o.onPython = func(e pydist.Event) {
+		if w := s.pyAudit.Load(); w != nil {
+			if err := w.Append(pythonRecord(e)); err != nil {
+				s.log.Error("audit log: python record", "err", err)
+			}
+		}
+	}
 	return nil
 }
 
@@ -353,6 +374,7 @@ func (s *server) openAudit() error {
 		s.closers.add(anchorAudit(s.sh.store, s.rep.cl.Self().Name, w, s.log))
 	}
 	s.gov.Audit = w
+	s.pyAudit.Store(w)
 	return nil
 }
 

@@ -144,10 +144,17 @@ func (ix IndexConfig) Targets() []string {
 // Env is a finished environment. Site is the host directory to put on
 // sys.path (mounted read-only into sandboxes by the caller).
 type Env struct {
-	Key          string   `json:"key"`
+	Key string `json:"key"`
+	// Kind is "" for installed packages, KindPython for a managed
+	// interpreter (artifact.go), whose tree Site then is.
+	Kind         string   `json:"kind,omitempty"`
 	Site         string   `json:"site"`         // host path of the installed packages (a --target directory)
 	Requirements []string `json:"requirements"` // canonical, sorted
 	Python       string   `json:"python"`       // version, e.g. "3.11.2"
+	// Source and SHA256 say where an artifact came from and what it was
+	// verified against.
+	Source string `json:"source,omitempty"`
+	SHA256 string `json:"sha256,omitempty"`
 	// SizeBytes is what the env takes on disk, as the cache charges it:
 	// InodeCost per inode plus its allocated blocks (see diskuse.go).
 	SizeBytes int64 `json:"size_bytes"`
@@ -432,7 +439,7 @@ func (c *Cache) readMeta(key string) (*Env, error) {
 	}
 	// The path is where the env is now, whatever it was when written.
 	env.Key = key
-	env.Site = filepath.Join(c.envDir(key), "site")
+	env.Site = filepath.Join(c.envDir(key), contentDir(env.Kind))
 	env.LastUsed = fi.ModTime()
 	return &env, nil
 }
@@ -474,7 +481,7 @@ func (c *Cache) Ensure(ctx context.Context, py *interp.Interpreter, reqs []strin
 		if attempt == 3 {
 			return nil, nil, fmt.Errorf("deps: environment %s disappeared as soon as it was built (evicted by a concurrent prune?)", key)
 		}
-		err = c.waitBuild(ctx, key, py, canon, progress)
+		err = c.waitBuild(ctx, key, func(st *buildState) error { return c.build(st, key, py, canon) }, progress)
 		if errors.Is(err, errAbandoned) && ctx.Err() == nil {
 			// We joined a build that its own callers had given up on and
 			// that was being killed; start a fresh one.
@@ -615,7 +622,7 @@ func (b *buildState) emit(line string) {
 }
 
 // waitBuild joins (or starts) the build of key and waits for it or for ctx.
-func (c *Cache) waitBuild(ctx context.Context, key string, py *interp.Interpreter, canon []string, progress func(string)) error {
+func (c *Cache) waitBuild(ctx context.Context, key string, build func(*buildState) error, progress func(string)) error {
 	c.mu.Lock()
 	st := c.builds[key]
 	if st == nil {
@@ -653,7 +660,7 @@ func (c *Cache) waitBuild(ctx context.Context, key string, py *interp.Interprete
 			// Whoever started this flight has already left.
 			return nil, errAbandoned
 		}
-		return nil, c.build(cur, key, py, canon)
+		return nil, build(cur)
 	})
 	select {
 	case r := <-ch:

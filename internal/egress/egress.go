@@ -464,3 +464,22 @@ func (p *Proxy) Installer(l net.Listener, trusted []string) (stop func()) {
 	g.Serve(l)
 	return g.Close
 }
+
+// downloadLimits bound one download of the server's own (a managed
+// interpreter, its metadata): archives are some tens of MB.
+var downloadLimits = policy.NetLimits{BytesIn: 2 << 30, BytesOut: 16 << 20, Connections: 64, ConnTime: 30 * time.Minute}
+
+// Download serves the listener of a download the server makes itself
+// (internal/pydist): it may reach the trusted targets (the download host
+// or mirror) and nothing else, not even what the rules allow for runs,
+// unless a deny rule names the target, which still holds. Its connections
+// are recorded for info, like a run's.
+func (p *Proxy) Download(l net.Listener, trusted []string, info Info) (stop func()) {
+	rules := &policy.NetworkRules{Limits: downloadLimits}
+	if r := p.cfg.Rules(); r != nil {
+		rules.Deny = r.Deny
+	}
+	g := p.NewGrant(GrantConfig{Info: info, Rules: rules, Trusted: trusted})
+	g.Serve(l)
+	return g.Close
+}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/pysandbox/pysandbox/internal/deps"
 	"github.com/pysandbox/pysandbox/internal/interp"
+	"github.com/pysandbox/pysandbox/internal/pydist"
 	"github.com/pysandbox/pysandbox/internal/sandbox"
 	"github.com/pysandbox/pysandbox/internal/tracing"
 	"github.com/pysandbox/pysandbox/internal/worker"
@@ -72,6 +73,12 @@ type Config struct {
 	Deps *deps.Cache
 	// NoDepsReason says why Deps is nil, for the agent.
 	NoDepsReason string
+	// Pythons provides the Python versions the host lacks (managed
+	// interpreters, downloaded on demand); nil: only the host's.
+	Pythons *pydist.Manager
+	// CheckPython, when set, is the server's Python policy: asked about
+	// the version of every run's interpreter, and before a download.
+	CheckPython func(version string) error
 	// CheckPackage, when set, is the server's package policy. It is asked
 	// about every requested package (requested true) before anything is
 	// installed, and about every distribution in an environment (requested
@@ -303,7 +310,7 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 	// not the run's.
 	rs := e.newRun(req)
 	ictx, ispan := tracing.Tracer().Start(ctx, "install", trace.WithAttributes(attribute.Int("pysandbox.dependencies", len(req.Dependencies))))
-	renv, err := e.resolve(ictx, req.Code, req.PythonVersion, req.Dependencies, req.Progress)
+	renv, err := e.resolve(ictx, req.Code, req.PythonVersion, req.Caller, req.Dependencies, req.Progress)
 	ispan.End()
 	if err != nil {
 		if r, ok := e.installResult(err); ok {

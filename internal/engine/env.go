@@ -10,6 +10,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/deps"
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/pep"
+	"github.com/pysandbox/pysandbox/internal/pydist"
 	"github.com/pysandbox/pysandbox/internal/sandbox"
 	"github.com/pysandbox/pysandbox/internal/worker"
 )
@@ -46,7 +47,7 @@ func (r *runEnv) close() {
 // resolve picks the interpreter (python_version, else requires-python,
 // else the default) and builds or finds the dependency environment (the
 // dependencies parameter merged with the code's PEP 723 block).
-func (e *Engine) resolve(ctx context.Context, code, version string, extra []string, progress func(string)) (*runEnv, error) {
+func (e *Engine) resolve(ctx context.Context, code, version, caller string, extra []string, progress func(string)) (*runEnv, error) {
 	meta, err := pep.ParseScriptMetadata(code)
 	if err != nil {
 		return nil, &RequestError{Msg: "the inline script metadata (# /// script) is invalid: " + err.Error()}
@@ -56,7 +57,7 @@ func (e *Engine) resolve(ctx context.Context, code, version string, extra []stri
 	if meta != nil {
 		blockDeps, requiresPython = meta.Dependencies, meta.RequiresPython
 	}
-	py, err := e.interpreter(version, requiresPython)
+	py, err := e.interpreter(ctx, version, requiresPython, caller, progress)
 	if err != nil {
 		return nil, err
 	}
@@ -94,8 +95,11 @@ func (e *Engine) resolve(ctx context.Context, code, version string, extra []stri
 	return r, nil
 }
 
-// interpreter picks the Python for a run.
-func (e *Engine) interpreter(version, requiresPython string) (*interp.Interpreter, error) {
+// interpreter picks the Python for a run: the host's (the default, then
+// the others found), then the managed ones (e.cfg.Pythons), which may
+// download it. The server's Python policy is asked about the one picked,
+// and about a download before it starts.
+func (e *Engine) interpreter(ctx context.Context, version, requiresPython, caller string, progress func(string)) (*interp.Interpreter, error) {
 	var set *pep.SpecifierSet
 	if requiresPython != "" {
 		s, err := pep.ParseSpecifierSet(requiresPython)
@@ -104,6 +108,55 @@ func (e *Engine) interpreter(version, requiresPython string) (*interp.Interprete
 		}
 		set = &s
 	}
+	it, err := e.hostInterpreter(version, set, requiresPython)
+	if err != nil {
+		var nf *notFound
+		if !errors.As(err, &nf) || e.cfg.Pythons == nil {
+			return nil, err
+		}
+		it, err = e.cfg.Pythons.Find(ctx, pydist.Request{Version: version, Spec: set, Check: e.checkPython, Who: pydist.Who{Identity: caller, Tool: "run"}, Progress: progress})
+		if err != nil {
+			return nil, e.pythonError(err)
+		}
+		return it, nil
+	}
+	if err := e.checkPython(it.Version); err != nil {
+		return nil, err
+	}
+	return it, nil
+}
+
+// checkPython asks the server's Python policy about a version.
+func (e *Engine) checkPython(version string) error {
+	if e.cfg.CheckPython == nil {
+		return nil
+	}
+	if err := e.cfg.CheckPython(version); err != nil {
+		return &RequestError{Msg: err.Error()}
+	}
+	return nil
+}
+
+// notFound is a request no host interpreter meets; its message lists what
+// the host has.
+type notFound struct{ msg string }
+
+func (e *notFound) Error() string { return e.msg }
+
+// pythonError explains a managed interpreter that could not be had: a
+// version nobody provides is the request's to change; an install that
+// failed is reported as a result of its own (installResult).
+func (e *Engine) pythonError(err error) error {
+	var na *pydist.NotAvailableError
+	if errors.As(err, &na) {
+		return &RequestError{Msg: na.Msg + "; on the host: " + available(e.interpreters())}
+	}
+	return err
+}
+
+// hostInterpreter picks among the host's interpreters; a *notFound when
+// none meets the request.
+func (e *Engine) hostInterpreter(version string, set *pep.SpecifierSet, requiresPython string) (*interp.Interpreter, error) {
 	if version == "" && (set == nil || set.Contains(e.cfg.Python.Version)) {
 		return e.cfg.Python, nil // the common case: no need to look further
 	}
@@ -117,7 +170,7 @@ func (e *Engine) interpreter(version, requiresPython string) (*interp.Interprete
 				return it, nil
 			}
 		}
-		return nil, &RequestError{Msg: fmt.Sprintf("Python %s is not available on this server; available: %s", version, available(all))}
+		return nil, &notFound{fmt.Sprintf("Python %s is not available on this server; available: %s", version, available(all))}
 	}
 	if set == nil || set.Contains(e.cfg.Python.Version) {
 		return e.cfg.Python, nil
@@ -128,7 +181,7 @@ func (e *Engine) interpreter(version, requiresPython string) (*interp.Interprete
 			return it, nil
 		}
 	}
-	return nil, &RequestError{Msg: fmt.Sprintf("no interpreter on this server satisfies requires-python %q; available: %s", requiresPython, available(all))}
+	return nil, &notFound{fmt.Sprintf("no interpreter on this server satisfies requires-python %q; available: %s", requiresPython, available(all))}
 }
 
 func (e *Engine) interpreters() []*interp.Interpreter {
@@ -182,6 +235,15 @@ func (e *Engine) specFor(r *runEnv, oneshot bool, stdout, stderr io.Writer) *san
 // installResult reports a failed install as a result of its own status:
 // the agent sees which requirement failed and why, never a crash.
 func (e *Engine) installResult(err error) (*Result, bool) {
+	var pe *pydist.InstallError
+	if errors.As(err, &pe) {
+		return &Result{
+			Status:   StatusInstallError,
+			ExitCode: -1,
+			Message:  pe.Error() + "; retry later, or tell the server's operator (pysandbox python install, --python-install-mirror)",
+			Sandbox:  string(e.cfg.Backend.Kind()),
+		}, true
+	}
 	var ie *deps.InstallError
 	if !errors.As(err, &ie) {
 		return nil, false

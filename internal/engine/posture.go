@@ -87,6 +87,8 @@ type Posture struct {
 	Limits       Limits                `json:"limits"`
 	Python       *interp.Interpreter   `json:"python"`
 	Interpreters []*interp.Interpreter `json:"interpreters"`
+	// ManagedPythons are the versions the server downloads on demand.
+	ManagedPythons *ManagedPythons `json:"managed_pythons,omitempty"`
 	// Pool describes the warm pool, when runs come from one.
 	Pool *sandbox.PoolInfo `json:"pool,omitempty"`
 	// Problems lists every layer that is missing and why, with advice.

@@ -27,6 +27,9 @@ type RunRequest struct {
 	PythonVersion string
 	// Progress, when set, receives installer progress lines.
 	Progress func(string)
+	// Caller names whom the run is for (an identity): the records of what
+	// the server downloads for it (an interpreter) carry it.
+	Caller string
 	// Network serves the run's proxy listener; nil: the run has no
 	// network. A session's is given when it is created.
 	Network NetAttach

@@ -315,7 +315,7 @@ func (s *Sessions) Create(ctx context.Context, ttl time.Duration, opts ...Create
 	if int64(n+1)*s.e.cfg.Limits.MemoryBytes > s.cfg.MemoryBudget {
 		return nil, fmt.Errorf("%w: the sessions' memory budget (%d MiB) is used by %d sessions; close one with close_session", ErrTooManySessions, s.cfg.MemoryBudget>>20, n)
 	}
-	renv, err := s.e.resolve(ctx, "", o.PythonVersion, o.Dependencies, o.Progress)
+	renv, err := s.e.resolve(ctx, "", o.PythonVersion, o.Owner, o.Dependencies, o.Progress)
 	if err != nil {
 		return nil, err
 	}

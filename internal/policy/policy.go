@@ -104,6 +104,8 @@ type Policy struct {
 	// gateway's all_tools.limits), besides its tool's own.
 	AllTools []Limit      `json:"all_tools,omitempty"`
 	Packages PackageRules `json:"packages"`
+	// Python restricts the Python versions runs may use; nil: any.
+	Python *PythonRules `json:"python,omitempty"`
 	// Quotas bound what one identity may hold at once (runs in flight,
 	// queue places, sessions); nil when the file has no quotas section.
 	Quotas *Quotas `json:"quotas,omitempty"`
@@ -310,7 +312,7 @@ func (v *validator) str(field string, x any) (string, bool) {
 }
 
 func (v *validator) policy(doc any, p *Policy) {
-	m := v.object("", doc, "version", "default", "hide", "all_tools", "tools", "packages", "quotas", "network", "upstream")
+	m := v.object("", doc, "version", "default", "hide", "all_tools", "tools", "packages", "python", "quotas", "network", "upstream")
 	if m == nil {
 		return
 	}
@@ -354,6 +356,9 @@ func (v *validator) policy(doc any, p *Policy) {
 	}
 	if a, ok := m["all_tools"]; ok {
 		p.AllTools = v.allTools("all_tools", a)
+	}
+	if py, ok := m["python"]; ok {
+		p.Python = v.python("python", py)
 	}
 	if pk, ok := m["packages"]; ok {
 		p.Packages = v.packages("packages", pk)

@@ -35,6 +35,7 @@ func (s *server) checkEnvironment(ctx context.Context, req *mcp.CallToolRequest,
 	if p.Pool != nil {
 		p.Pool = s.eng.PoolInfo() // it learns modules to preload as it runs
 	}
+	p.ManagedPythons = s.eng.ManagedPythons(ctx)
 	return &mcp.CallToolResult{
 		IsError: !p.Usable(),
 		Content: []mcp.Content{&mcp.TextContent{Text: PostureText(&p) + governanceText(p.Governance)}},
@@ -132,6 +133,12 @@ func PostureText(p *engine.Posture) string {
 			fmt.Fprintf(&b, "  %s  %s%s\n", it.Version, it.Path, note)
 		}
 	}
+	if m := p.ManagedPythons; m != nil {
+		fmt.Fprintf(&b, "managed Pythons (downloads %s): installed %s; downloadable %s\n", m.Mode, listOrNone(m.Installed), listOrNone(m.Downloadable))
+		if m.Problem != "" {
+			fmt.Fprintf(&b, "  download metadata: %s\n", m.Problem)
+		}
+	}
 	if len(p.Problems) > 0 {
 		b.WriteString("problems:\n")
 		for _, pr := range p.Problems {
@@ -139,4 +146,11 @@ func PostureText(p *engine.Posture) string {
 		}
 	}
 	return b.String()
+}
+
+func listOrNone(l []string) string {
+	if len(l) == 0 {
+		return "none"
+	}
+	return strings.Join(l, ", ")
 }

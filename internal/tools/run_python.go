@@ -103,6 +103,7 @@ func (s *server) execute(ctx context.Context, req *mcp.CallToolRequest, in RunPy
 	}
 	nt := newNotifier(ctx, req)
 	run.Progress = nt.progressFunc()
+	run.Caller = identity(req)
 	// The policy's rules on the code, decided in the run's sandbox from
 	// what its parser says, before any of the code runs.
 	run.Gate = s.gateOf(req)

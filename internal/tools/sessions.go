@@ -12,6 +12,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/deps"
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/govern"
+	"github.com/pysandbox/pysandbox/internal/pydist"
 	"github.com/pysandbox/pysandbox/internal/pep"
 )
 
@@ -215,11 +216,14 @@ func sessionError(ctx context.Context, err error) *govern.Refusal {
 	var gone *engine.SessionGoneError
 	var reqErr *engine.RequestError
 	var ie *deps.InstallError
+	var pe *pydist.InstallError
 	switch {
 	case errors.As(err, &reqErr):
 		return errorResult(reqErr.Error() + ".")
 	case errors.As(err, &ie):
 		return refusal(govern.StatusInstallError, "install_error: "+ie.Error())
+	case errors.As(err, &pe):
+		return refusal(govern.StatusInstallError, "install_error: "+pe.Error()+"; retry later, or tell the server's operator")
 	case errors.As(err, &gone):
 		return errorResult(gone.Error() + ".")
 	case errors.Is(err, engine.ErrNoSession):

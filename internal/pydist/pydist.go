@@ -1,0 +1,632 @@
+// Package pydist provides Python versions the host does not have: it
+// downloads python-build-standalone's relocatable install_only builds, the
+// ones uv installs, verifies each archive against the SHA-256 its download
+// metadata names before unpacking a byte of it, unpacks it into the
+// dependency cache (internal/deps) as a read-only tree, checks inside a
+// sandbox that it runs and is the version promised, and hands it to the
+// engine as one more interpreter, which the warm pool then serves with
+// zygotes of its own.
+//
+// Its settings are uv's, so a uv user's carry over: the download metadata
+// is uv's format (--python-downloads-json-url), a mirror replaces the
+// archive URL's prefix as UV_PYTHON_INSTALL_MIRROR does, and the mode is
+// uv's python-downloads: automatic, manual (only `pysandbox python
+// install`) or never.
+package pydist
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/singleflight"
+
+	"github.com/pysandbox/pysandbox/internal/deps"
+	"github.com/pysandbox/pysandbox/internal/interp"
+	"github.com/pysandbox/pysandbox/internal/pep"
+	"github.com/pysandbox/pysandbox/internal/sandbox"
+)
+
+// Mode says when interpreters are downloaded (uv's python-downloads).
+type Mode string
+
+const (
+	Automatic Mode = "automatic" // when a run asks for a version the host lacks
+	Manual    Mode = "manual"    // only by `pysandbox python install`
+	Never     Mode = "never"     // not at all; installed ones are still used
+)
+
+// ParseMode reads a mode.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(strings.ToLower(strings.TrimSpace(s))); m {
+	case Automatic, Manual, Never:
+		return m, nil
+	}
+	return "", fmt.Errorf("python downloads %q: want automatic, manual or never", s)
+}
+
+// SourceManaged is the interp.Interpreter.Source of a managed interpreter.
+const SourceManaged = "managed"
+
+// Defaults.
+const (
+	DefaultMaxArchiveBytes = 512 << 20
+	DefaultMaxTreeBytes    = 2 << 30
+	DefaultTimeout         = 10 * time.Minute
+)
+
+// Config configures a Manager.
+type Config struct {
+	// Cache stores the unpacked interpreters, under its cap.
+	Cache *deps.Cache
+	// Metadata is uv's download metadata: "" for the shipped file, else a
+	// file path or an http(s) URL (fetched through Network on first need).
+	Metadata string
+	// Mirror replaces DefaultPrefix in archive URLs.
+	Mirror string
+	Mode   Mode
+	// Backend runs the check of an unpacked interpreter (a sandbox of the
+	// same kind as runs'); Limits are its limits.
+	Backend sandbox.Backend
+	Limits  sandbox.Limits
+	// Network serves the downloads' proxy listener (egress).
+	Network         Network
+	MaxArchiveBytes int64         // 0: DefaultMaxArchiveBytes
+	MaxTreeBytes    int64         // 0: DefaultMaxTreeBytes
+	Timeout         time.Duration // one install, download included (0: DefaultTimeout)
+	ProgressEvery   time.Duration // between download progress lines (0: 2 s)
+	// OnEvent receives every install, refusal and removal (the audit log).
+	OnEvent func(Event)
+	Logger  *slog.Logger
+}
+
+// Event is an install, a refusal or a removal, for the audit log.
+type Event struct {
+	Action   string // "install", "remove"
+	Outcome  string // "installed", "failed", "refused" (digest or archive), "removed"
+	Version  string
+	URL      string
+	SHA256   string // what the metadata names
+	Bytes    int64  // downloaded
+	Duration time.Duration
+	Error    string
+	Who      Who
+}
+
+// Manager finds, installs and removes managed interpreters.
+type Manager struct {
+	cfg    Config
+	log    *slog.Logger
+	flight singleflight.Group
+
+	mu      sync.Mutex
+	catalog *Catalog
+	held    map[string]func() // cache key -> release, for the server's life
+}
+
+// New checks cfg; metadata given as a file is read now, so a bad one
+// fails at start.
+func New(cfg Config) (*Manager, error) {
+	if cfg.Cache == nil {
+		return nil, errors.New("pydist: no cache")
+	}
+	if cfg.Mode == "" {
+		cfg.Mode = Automatic
+	}
+	if _, err := ParseMode(string(cfg.Mode)); err != nil {
+		return nil, err
+	}
+	if cfg.MaxArchiveBytes <= 0 {
+		cfg.MaxArchiveBytes = DefaultMaxArchiveBytes
+	}
+	if cfg.MaxTreeBytes <= 0 {
+		cfg.MaxTreeBytes = DefaultMaxTreeBytes
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.ProgressEvery <= 0 {
+		cfg.ProgressEvery = 2 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Mirror != "" && !isHTTP(cfg.Mirror) {
+		return nil, fmt.Errorf("pydist: the mirror %q is not an http(s) URL", cfg.Mirror)
+	}
+	m := &Manager{cfg: cfg, log: cfg.Logger, held: map[string]func(){}}
+	switch {
+	case cfg.Metadata == "":
+		m.catalog = Shipped()
+	case isHTTP(cfg.Metadata):
+		// Fetched on first need, through the proxy.
+	default:
+		data, err := readFile(cfg.Metadata)
+		if err != nil {
+			return nil, err
+		}
+		c, err := ParseCatalog(data, cfg.Metadata)
+		if err != nil {
+			return nil, err
+		}
+		m.catalog = c
+	}
+	return m, nil
+}
+
+func isHTTP(s string) bool {
+	return strings.HasPrefix(s, "https://") || strings.HasPrefix(s, "http://")
+}
+
+func readFile(p string) ([]byte, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, fmt.Errorf("pydist: download metadata: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxMetadataBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("pydist: download metadata: %w", err)
+	}
+	return data, nil
+}
+
+// URL is where d is downloaded from: its URL, through the mirror.
+func (m *Manager) URL(d *Download) string { return Mirrored(d.URL, m.cfg.Mirror) }
+
+// Mode is the download mode.
+func (m *Manager) Mode() Mode { return m.cfg.Mode }
+
+// Catalog returns the download metadata, fetching it on first need when
+// it is a URL.
+func (m *Manager) Catalog(ctx context.Context, who Who) (*Catalog, error) {
+	m.mu.Lock()
+	c := m.catalog
+	m.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	v, err, _ := m.flight.Do("metadata", func() (any, error) {
+		var b strings.Builder
+		lw := &limitWriter{w: &b, n: MaxMetadataBytes}
+		if _, _, err := m.fetch(ctx, m.cfg.Metadata, who, lw, func(int64) error { return nil }, nil); err != nil {
+			return nil, err
+		}
+		c, err := ParseCatalog([]byte(b.String()), m.cfg.Metadata)
+		if err != nil {
+			return nil, err
+		}
+		m.mu.Lock()
+		m.catalog = c
+		m.mu.Unlock()
+		return c, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("the download metadata could not be read: %w", err)
+	}
+	return v.(*Catalog), nil
+}
+
+type limitWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (l *limitWriter) Write(p []byte) (int, error) {
+	if int64(len(p)) > l.n {
+		return 0, fmt.Errorf("pydist: the download metadata is over %d MiB", MaxMetadataBytes>>20)
+	}
+	l.n -= int64(len(p))
+	return l.w.Write(p)
+}
+
+// Installed lists the managed interpreters in the cache, newest first.
+func (m *Manager) Installed() []Installed {
+	envs, err := m.cfg.Cache.List()
+	if err != nil {
+		m.log.Warn("pydist: list the cache", "err", err)
+		return nil
+	}
+	var out []Installed
+	for _, e := range envs {
+		if e.Kind != deps.KindPython {
+			continue
+		}
+		it, ok := interpreterOf(&e)
+		if !ok {
+			continue
+		}
+		out = append(out, Installed{Interpreter: it, Key: e.Key, SizeBytes: e.SizeBytes, Source: e.Source, SHA256: e.SHA256, LastUsed: e.LastUsed})
+	}
+	sortInstalled(out)
+	return out
+}
+
+// Installed is a managed interpreter in the cache.
+type Installed struct {
+	*interp.Interpreter
+	Key       string
+	SizeBytes int64
+	Source    string // the URL it came from
+	SHA256    string
+	LastUsed  time.Time
+}
+
+func sortInstalled(l []Installed) {
+	for i := 1; i < len(l); i++ {
+		for j := i; j > 0 && versionLess(l[j-1].Version, l[j].Version); j-- {
+			l[j-1], l[j] = l[j], l[j-1]
+		}
+	}
+}
+
+func versionLess(a, b string) bool {
+	pa, pb := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < len(pa) && i < len(pb); i++ {
+		x, _ := strconv.Atoi(strings.TrimRightFunc(pa[i], notDigit))
+		y, _ := strconv.Atoi(strings.TrimRightFunc(pb[i], notDigit))
+		if x != y {
+			return x < y
+		}
+	}
+	return len(pa) < len(pb)
+}
+
+func notDigit(r rune) bool { return r < '0' || r > '9' }
+
+// interpreterOf is the interpreter of a cache entry.
+func interpreterOf(e *deps.Env) (*interp.Interpreter, bool) {
+	var major, minor, patch int
+	if n, _ := fmt.Sscanf(e.Python, "%d.%d.%d", &major, &minor, &patch); n != 3 {
+		return nil, false
+	}
+	bin := filepath.Join(e.Site, "bin", fmt.Sprintf("python%d.%d", major, minor))
+	if fi, err := os.Lstat(bin); err != nil || !fi.Mode().IsRegular() {
+		// Unpack checked it was a file or a link inside the tree.
+		real, err := filepath.EvalSymlinks(bin)
+		if err != nil || !strings.HasPrefix(real, e.Site+"/") {
+			return nil, false
+		}
+		bin = real
+	}
+	return &interp.Interpreter{
+		Path: bin, Version: e.Python, Major: major, Minor: minor, Prefix: e.Site,
+		Supported: major == interp.MinVersion[0] && minor >= interp.MinVersion[1], Source: SourceManaged,
+	}, true
+}
+
+// Request is what a run asks for.
+type Request struct {
+	Version string             // "3.13", "3.13.1", or ""
+	Spec    *pep.SpecifierSet  // requires-python, or nil
+	Check   func(string) error // the server's Python policy, asked before any download
+	Who     Who
+	// Progress gets the install's lines while this call waits for it.
+	Progress func(string)
+}
+
+// NotAvailableError is a version this server cannot provide: not in the
+// metadata, or not installed while downloads are off. Its message says
+// what is possible instead.
+type NotAvailableError struct{ Msg string }
+
+func (e *NotAvailableError) Error() string { return e.Msg }
+
+// InstallError is a download or unpack that failed: the host, the
+// archive, the disk. The run did not happen.
+type InstallError struct {
+	Version string
+	Err     error
+}
+
+func (e *InstallError) Error() string {
+	return fmt.Sprintf("Python %s could not be installed: %s", e.Version, strings.TrimPrefix(e.Err.Error(), "pydist: "))
+}
+func (e *InstallError) Unwrap() error { return e.Err }
+
+// Find returns a managed interpreter for req: one installed already, or,
+// in automatic mode, one it downloads. The interpreter stays in use (the
+// cache never evicts it) until Close.
+func (m *Manager) Find(ctx context.Context, req Request) (*interp.Interpreter, error) {
+	for _, in := range m.Installed() {
+		if matches(in.Interpreter, req) {
+			if req.Check != nil {
+				if err := req.Check(in.Version); err != nil {
+					return nil, err
+				}
+			}
+			if it, ok := m.hold(in.Key); ok {
+				return it, nil
+			}
+		}
+	}
+	what := req.Version
+	if what == "" && req.Spec != nil {
+		what = "for requires-python " + req.Spec.String()
+	}
+	if m.cfg.Mode != Automatic {
+		how := "the operator can install it with `pysandbox python install " + req.Version + "`"
+		if m.cfg.Mode == Never {
+			how = "this server never downloads interpreters (--python-downloads never)"
+		}
+		return nil, &NotAvailableError{Msg: fmt.Sprintf("Python %s is not installed on this server; %s", what, how)}
+	}
+	d, err := m.pick(ctx, req.Version, req.Spec, req.Who)
+	if err != nil {
+		return nil, err
+	}
+	if req.Check != nil {
+		if err := req.Check(d.Version()); err != nil {
+			return nil, err
+		}
+	}
+	key, err := m.install(ctx, d, req.Who, req.Progress)
+	if err != nil {
+		return nil, err
+	}
+	it, ok := m.hold(key)
+	if !ok {
+		return nil, &InstallError{Version: d.Version(), Err: errors.New("it was removed from the cache as soon as it was installed; try again")}
+	}
+	return it, nil
+}
+
+func matches(it *interp.Interpreter, req Request) bool {
+	if !it.Supported {
+		return false
+	}
+	if req.Version != "" && it.MajorMinor() != req.Version && it.Version != req.Version {
+		return false
+	}
+	return req.Spec == nil || req.Spec.Contains(it.Version)
+}
+
+// pick finds the download for a request in the metadata.
+func (m *Manager) pick(ctx context.Context, version string, spec *pep.SpecifierSet, who Who) (*Download, error) {
+	c, err := m.Catalog(ctx, who)
+	if err != nil {
+		return nil, &InstallError{Version: version, Err: err}
+	}
+	d, err := c.Find(version, spec)
+	if err != nil {
+		var vs []string
+		for _, d := range c.Minors() {
+			vs = append(vs, d.Version())
+		}
+		what := "Python " + version
+		if version == "" && spec != nil {
+			what = "a Python for requires-python " + spec.String()
+		}
+		list := "none for this machine"
+		if len(vs) > 0 {
+			list = strings.Join(vs, ", ")
+		}
+		return nil, &NotAvailableError{Msg: fmt.Sprintf("%s is neither on this server nor in its download metadata; downloadable: %s", what, list)}
+	}
+	return d, nil
+}
+
+// hold marks an installed interpreter in use for the server's life.
+func (m *Manager) hold(key string) (*interp.Interpreter, bool) {
+	env, release, err := m.cfg.Cache.Acquire(key)
+	if err != nil || env == nil {
+		return nil, false
+	}
+	it, ok := interpreterOf(env)
+	if !ok {
+		release()
+		return nil, false
+	}
+	m.mu.Lock()
+	if _, dup := m.held[key]; dup {
+		m.mu.Unlock()
+		release()
+	} else {
+		m.held[key] = release
+		m.mu.Unlock()
+	}
+	return it, true
+}
+
+// Close lets go of the interpreters in use: the cache may evict them.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	held := m.held
+	m.held = map[string]func(){}
+	m.mu.Unlock()
+	for _, release := range held {
+		release()
+	}
+}
+
+// Install installs a version (any mode but never), returning it and
+// whether it was downloaded now.
+func (m *Manager) Install(ctx context.Context, version string, who Who, check func(string) error, progress func(string)) (*Installed, bool, error) {
+	if m.cfg.Mode == Never {
+		return nil, false, &NotAvailableError{Msg: "python downloads are off (--python-downloads never)"}
+	}
+	d, err := m.pick(ctx, version, nil, who)
+	if err != nil {
+		return nil, false, err
+	}
+	if check != nil {
+		if err := check(d.Version()); err != nil {
+			return nil, false, err
+		}
+	}
+	had := false
+	for _, in := range m.Installed() {
+		if in.Key == artifactKey(d) {
+			had = true
+		}
+	}
+	key, err := m.install(ctx, d, who, progress)
+	if err != nil {
+		return nil, false, err
+	}
+	for _, in := range m.Installed() {
+		if in.Key == key {
+			return &in, !had, nil
+		}
+	}
+	return nil, false, &InstallError{Version: d.Version(), Err: errors.New("it was removed from the cache as soon as it was installed")}
+}
+
+// Remove deletes the installed interpreters of a version ("3.13" or
+// "3.13.1") and returns what it removed.
+func (m *Manager) Remove(version string, who Who) ([]Installed, error) {
+	var removed []Installed
+	found := false
+	for _, in := range m.Installed() {
+		if in.MajorMinor() != version && in.Version != version {
+			continue
+		}
+		found = true
+		if err := m.cfg.Cache.Remove(in.Key); err != nil {
+			if errors.Is(err, deps.ErrInUse) {
+				return removed, fmt.Errorf("Python %s is in use (%s); stop the server that runs on it first", in.Version, strings.TrimPrefix(err.Error(), "deps: in use "))
+			}
+			return removed, err
+		}
+		removed = append(removed, in)
+		m.event(Event{Action: "remove", Outcome: "removed", Version: in.Version, URL: in.Source, SHA256: in.SHA256, Who: who})
+	}
+	if !found {
+		return nil, &NotAvailableError{Msg: fmt.Sprintf("no managed Python %s is installed", version)}
+	}
+	return removed, nil
+}
+
+func (m *Manager) event(e Event) {
+	if m.cfg.OnEvent != nil {
+		m.cfg.OnEvent(e)
+	}
+}
+
+// artifactKey is a download's name in the cache: its metadata key and
+// the start of its digest, so a rebuilt archive of the same version is
+// another entry.
+func artifactKey(d *Download) string {
+	return strings.ToLower(d.Key) + "-" + d.SHA256[:16]
+}
+
+// install makes sure the cache holds d, downloading, verifying, unpacking
+// and checking it when it does not; concurrent calls share one install.
+func (m *Manager) install(ctx context.Context, d *Download, who Who, progress func(string)) (string, error) {
+	key := artifactKey(d)
+	u := Mirrored(d.URL, m.cfg.Mirror)
+	_, release, err := m.cfg.Cache.EnsureArtifact(ctx, key, deps.Artifact{
+		Kind: deps.KindPython, Python: fmt.Sprintf("%d.%d.%d", d.Major, d.Minor, d.Patch), Source: u, SHA256: d.SHA256, Timeout: m.cfg.Timeout,
+		Fill: func(ctx context.Context, dir string, charge func(int64) error, progress func(string)) error {
+			return m.fill(ctx, d, u, who, dir, charge, progress)
+		},
+	}, progress)
+	if err != nil {
+		var ie *InstallError
+		var ae *ArchiveError
+		var de *DownloadError
+		var dep *deps.InstallError
+		switch {
+		case errors.As(err, &ie):
+			return "", ie
+		case errors.As(err, &ae), errors.As(err, &de):
+			return "", &InstallError{Version: d.Version(), Err: err}
+		case errors.As(err, &dep):
+			return "", &InstallError{Version: d.Version(), Err: errors.New(strings.Join(dep.Lines, "; "))}
+		case ctx.Err() != nil:
+			return "", ctx.Err()
+		}
+		return "", &InstallError{Version: d.Version(), Err: err}
+	}
+	release()
+	return key, nil
+}
+
+// fill downloads d into the build directory next to dir, checks its
+// digest, unpacks it into dir and checks the result runs.
+func (m *Manager) fill(ctx context.Context, d *Download, u string, who Who, dir string, charge func(int64) error, progress func(string)) (err error) {
+	note := func(s string) {
+		if progress != nil {
+			progress("Python " + d.Version() + ": " + s)
+		}
+	}
+	start := time.Now()
+	ev := Event{Action: "install", Version: d.Version(), URL: u, SHA256: d.SHA256, Who: who}
+	defer func() {
+		ev.Duration = time.Since(start)
+		switch {
+		case err == nil:
+			ev.Outcome = "installed"
+		case errors.As(err, new(*ArchiveError)), errors.As(err, new(*checksumError)):
+			ev.Outcome, ev.Error = "refused", err.Error()
+		default:
+			ev.Outcome, ev.Error = "failed", err.Error()
+		}
+		m.event(ev)
+		if err != nil {
+			m.log.Warn("pydist: install failed", "version", d.Version(), "url", u, "err", err)
+		} else {
+			m.log.Info("pydist: installed", "version", d.Version(), "url", u, "bytes", ev.Bytes, "took", ev.Duration.Round(time.Millisecond))
+		}
+	}()
+	archive := filepath.Join(filepath.Dir(dir), "archive.tar.gz")
+	f, err := os.OpenFile(archive, os.O_RDWR|os.O_CREATE|os.O_EXCL|os.O_TRUNC|noFollow, 0o600)
+	if err != nil {
+		return diskError("save the download", err)
+	}
+	defer func() {
+		f.Close()
+		os.Remove(archive)
+	}()
+	if err := charge(deps.EntryCharge(0)); err != nil {
+		return err
+	}
+	note("downloading " + u)
+	n, sum, err := m.fetch(ctx, u, who, f, charge, note)
+	ev.Bytes = n
+	if err != nil {
+		return err
+	}
+	if sum != d.SHA256 {
+		// Refused and deleted (by the deferred remove) before anything of
+		// it is read.
+		return &checksumError{url: u, want: d.SHA256, got: sum}
+	}
+	note(fmt.Sprintf("downloaded %.1f MiB, SHA-256 verified; unpacking", float64(n)/(1<<20)))
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("pydist: %w", err)
+	}
+	if err := unpack(bufio.NewReaderSize(f, 256<<10), dir, m.cfg.MaxTreeBytes, charge); err != nil {
+		return err
+	}
+	f.Close()
+	os.Remove(archive)
+	// The archive's room, given back now that it is gone.
+	if err := charge(-deps.EntryCharge(n)); err != nil {
+		return err
+	}
+	if err := finish(dir); err != nil {
+		return err
+	}
+	note("checking that it runs")
+	if err := m.probe(ctx, dir, d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// checksumError is an archive whose digest is not the metadata's.
+type checksumError struct{ url, want, got string }
+
+func (e *checksumError) Error() string {
+	return fmt.Sprintf("the archive from %s has SHA-256 %s, not the %s its download metadata names; it was deleted unread", e.url, e.got, e.want)
+}

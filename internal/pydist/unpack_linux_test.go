@@ -1,0 +1,196 @@
+package pydist
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// ent is one entry of a crafted archive.
+type ent struct {
+	name, link string
+	typ        byte
+	body       string
+	mode       int64
+	size       int64 // when set, the header's size (a lie, for truncation)
+}
+
+func tarGz(t *testing.T, ents ...ent) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	for _, e := range ents {
+		mode := e.mode
+		if mode == 0 {
+			mode = 0o644
+		}
+		h := &tar.Header{Name: e.name, Linkname: e.link, Typeflag: e.typ, Mode: mode, Size: int64(len(e.body))}
+		if e.typ != tar.TypeReg {
+			h.Size = 0
+		}
+		if e.typ == tar.TypeChar || e.typ == tar.TypeBlock {
+			h.Devmajor, h.Devminor = 1, 3
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if e.typ == tar.TypeReg {
+			tw.Write([]byte(e.body))
+		}
+	}
+	tw.Close()
+	zw.Close()
+	return buf.Bytes()
+}
+
+var (
+	top    = ent{name: "python/", typ: tar.TypeDir, mode: 0o755}
+	binDir = ent{name: "python/bin/", typ: tar.TypeDir, mode: 0o755}
+	exe    = ent{name: "python/bin/python3.11", typ: tar.TypeReg, body: "#!", mode: 0o4755}
+)
+
+// unpackInto unpacks data into a fresh python/ under a directory that
+// also holds a sentinel outside the tree, and returns the error and the
+// tree's path.
+func unpackInto(t *testing.T, data []byte, maxBytes int64, charge func(int64) error) (string, error) {
+	t.Helper()
+	base := t.TempDir()
+	if err := os.WriteFile(filepath.Join(base, "outside"), []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(base, "python")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if charge == nil {
+		charge = func(int64) error { return nil }
+	}
+	err := unpack(bytes.NewReader(data), dir, maxBytes, charge)
+	// Whatever the archive did, nothing outside the tree changed.
+	ents, _ := os.ReadDir(base)
+	if len(ents) != 2 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("the unpack touched the directory around the tree: %v", names)
+	}
+	if b, _ := os.ReadFile(filepath.Join(base, "outside")); string(b) != "keep" {
+		t.Errorf("the file outside the tree changed: %q", b)
+	}
+	return dir, err
+}
+
+func TestUnpackGood(t *testing.T) {
+	data := tarGz(t, top, binDir, exe,
+		ent{name: "python/bin/python3", typ: tar.TypeSymlink, link: "python3.11"},
+		ent{name: "python/lib/python3.11/os.py", typ: tar.TypeReg, body: "x = 1\n"},
+		ent{name: "python/lib/python3.11/same.py", typ: tar.TypeLink, link: "python/lib/python3.11/os.py"},
+		ent{name: "python/lib/libfoo.so", typ: tar.TypeSymlink, link: "../bin/python3"},
+		ent{name: "python/share/dangling", typ: tar.TypeSymlink, link: "nothing/here"},
+	)
+	dir, err := unpackInto(t, data, 1<<30, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(filepath.Join(dir, "bin/python3.11"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Set-id bits are gone; the execute bits stay.
+	if fi.Mode()&(os.ModeSetuid|os.ModeSetgid) != 0 || fi.Mode().Perm() != 0o755 {
+		t.Errorf("mode = %v", fi.Mode())
+	}
+	lib, err := os.Stat(filepath.Join(dir, "lib/python3.11"))
+	if err != nil || lib.Mode().Perm() != 0o755 {
+		t.Errorf("directory mode = %v %v", lib, err)
+	}
+	a, _ := os.Stat(filepath.Join(dir, "lib/python3.11/os.py"))
+	b, _ := os.Stat(filepath.Join(dir, "lib/python3.11/same.py"))
+	if !os.SameFile(a, b) {
+		t.Error("the hard link is not one file")
+	}
+}
+
+func TestUnpackHostile(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ents []ent
+		want string
+	}{
+		{"dotdot", []ent{top, binDir, {name: "python/../escape", typ: tar.TypeReg, body: "x"}}, "leaves its directory"},
+		{"dotdot deep", []ent{top, binDir, {name: "python/bin/../../escape", typ: tar.TypeReg, body: "x"}}, "leaves its directory"},
+		{"absolute", []ent{top, binDir, {name: "/etc/evil", typ: tar.TypeReg, body: "x"}}, "absolute path"},
+		{"outside python", []ent{top, binDir, {name: "other/file", typ: tar.TypeReg, body: "x"}}, "outside python/"},
+		{"absolute symlink", []ent{top, binDir, {name: "python/lib", typ: tar.TypeSymlink, link: "/etc"}}, "symlink out of the tree"},
+		{"relative symlink out", []ent{top, binDir, {name: "python/bin/up", typ: tar.TypeSymlink, link: "../../.."}}, "symlink out of the tree"},
+		// Each link stays inside on paper; followed, the second leaves.
+		{"symlink chain", []ent{top, binDir,
+			{name: "python/a/b/c/", typ: tar.TypeDir},
+			{name: "python/s", typ: tar.TypeSymlink, link: "."},
+			{name: "python/a/b/t", typ: tar.TypeSymlink, link: "../../s/.."},
+		}, "leads out of the tree"},
+		{"write through symlink", []ent{top, binDir,
+			{name: "python/lib", typ: tar.TypeSymlink, link: "bin"},
+			{name: "python/lib/x.py", typ: tar.TypeReg, body: "x"},
+		}, "through a symlink"},
+		{"char device", []ent{top, binDir, {name: "python/dev/mem", typ: tar.TypeChar}}, "device file"},
+		{"block device", []ent{top, binDir, {name: "python/sda", typ: tar.TypeBlock}}, "device file"},
+		{"fifo", []ent{top, binDir, {name: "python/fifo", typ: tar.TypeFifo}}, "named pipe"},
+		{"hard link out", []ent{top, binDir, {name: "python/passwd", typ: tar.TypeLink, link: "/etc/passwd"}}, "hard link to something outside"},
+		{"hard link up", []ent{top, binDir, {name: "python/passwd", typ: tar.TypeLink, link: "python/../../outside"}}, "hard link to something outside"},
+		{"hard link to a dir", []ent{top, binDir, {name: "python/l", typ: tar.TypeLink, link: "python/bin"}}, "not a file unpacked before it"},
+		{"twice", []ent{top, binDir, exe, exe}, "twice"},
+		{"no bin", []ent{top, {name: "python/lib/os.py", typ: tar.TypeReg, body: "x"}}, "no python/bin"},
+		{"empty", nil, "is empty"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := unpackInto(t, tarGz(t, tc.ents...), 1<<30, nil)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want %q", err, tc.want)
+			}
+			if _, ok := err.(*ArchiveError); !ok {
+				t.Errorf("err is a %T, not an *ArchiveError", err)
+			}
+		})
+	}
+}
+
+func TestUnpackTruncated(t *testing.T) {
+	data := tarGz(t, top, binDir, exe, ent{name: "python/lib/big.py", typ: tar.TypeReg, body: strings.Repeat("x = 1\n", 50_000)})
+	for _, cut := range []int{len(data) / 2, len(data) - 4, 30} {
+		_, err := unpackInto(t, data[:cut], 1<<30, nil)
+		if err == nil || !strings.Contains(err.Error(), "truncated") {
+			t.Errorf("cut at %d of %d: err = %v", cut, len(data), err)
+		}
+	}
+	if _, err := unpackInto(t, []byte("not gzip at all"), 1<<30, nil); err == nil || !strings.Contains(err.Error(), "not gzip") {
+		t.Errorf("not gzip: %v", err)
+	}
+}
+
+func TestUnpackBounds(t *testing.T) {
+	data := tarGz(t, top, binDir, exe, ent{name: "python/lib/big.bin", typ: tar.TypeReg, body: strings.Repeat("\x00", 1<<20)})
+	// The tree's own cap.
+	if _, err := unpackInto(t, data, 512<<10, nil); err == nil || !strings.Contains(err.Error(), "unpacks to more than") {
+		t.Errorf("tree cap: %v", err)
+	}
+	// The cache's cap, through charge: the unpack stops at the refusal.
+	var charged int64
+	full := &ArchiveError{Msg: "(cache full)"}
+	_, err := unpackInto(t, data, 1<<30, func(n int64) error {
+		if charged+n > 256<<10 {
+			return full
+		}
+		charged += n
+		return nil
+	})
+	if err != full {
+		t.Errorf("cache cap: %v", err)
+	}
+}
