@@ -8,10 +8,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pysandbox/pysandbox/internal/deps"
 	"github.com/pysandbox/pysandbox/internal/sandbox"
 )
 
-const cacheUsage = `Usage: pysandbox cache ls [flags]          list the cached dependency environments
+const cacheUsage = `Usage: pysandbox cache ls [flags]          list the cached dependency environments and managed Pythons
        pysandbox cache prune [flags]       remove the least recently used ones (--all: every one not in use)
 
 Run 'pysandbox cache ls -h' or 'pysandbox cache prune -h' for the flags.
@@ -70,7 +71,11 @@ func cacheCmd(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "%-32s %-8s %9s  %-20s %s\n", "KEY", "PYTHON", "DISK", "LAST USED", "REQUIREMENTS")
 	for _, e := range envs {
 		total += e.SizeBytes
-		fmt.Fprintf(stdout, "%-32s %-8s %8.1fM  %-20s %s\n", e.Key, e.Python, float64(e.SizeBytes)/(1<<20), e.LastUsed.Local().Format(time.DateTime), strings.Join(e.Requirements, " "))
+		what := strings.Join(e.Requirements, " ")
+		if e.Kind == deps.KindPython {
+			what = "Python " + e.Python + " (managed interpreter)"
+		}
+		fmt.Fprintf(stdout, "%-32s %-8s %8.1fM  %-20s %s\n", e.Key, e.Python, float64(e.SizeBytes)/(1<<20), e.LastUsed.Local().Format(time.DateTime), what)
 	}
 	fmt.Fprintf(stdout, "%d environments, %.1f MiB on disk (cap %.1f MiB) in %s\n", len(envs), float64(total)/(1<<20), float64(o.cacheSize)/(1<<20), o.cacheDir)
 	return nil

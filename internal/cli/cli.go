@@ -177,10 +177,10 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 // options are the flags every command shares.
 type options struct {
 	// checkPackage is the package policy (serve --policy); nil allows all.
-	checkPackage  func(name string, requested bool) error
+	checkPackage func(name string, requested bool) error
 	// checkPython is the Python version policy (serve --policy); nil
 	// allows all.
-	checkPython func(version string) error
+	checkPython   func(version string) error
 	sandbox       string
 	python        string
 	timeout       duration
@@ -214,7 +214,7 @@ type options struct {
 
 	// Managed interpreters (internal/pydist), in uv's terms; their
 	// defaults are uv's environment variables.
-	pyDownloads, pyMetadata, pyMirror string
+	pyDownloads, pyMetadata, pyMirror, pyPreference string
 	// onPython receives every install and removal (serve: the audit log).
 	onPython func(pydist.Event)
 
@@ -297,6 +297,7 @@ func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *option
 	fs.BoolVar(&o.allowSdist, "allow-sdist", false, "dependencies: allow building source distributions, which runs their build code (in the installer's sandbox)")
 	fs.Var(&o.installTimeout, "install-timeout", "dependencies: time limit of one install")
 	fs.StringVar(&o.pyDownloads, "python-downloads", envOr("UV_PYTHON_DOWNLOADS", "automatic"), "Python versions the host lacks: automatic (download one when a run asks for it), manual (only 'pysandbox python install') or never; as uv's python-downloads (default: $UV_PYTHON_DOWNLOADS, else automatic)")
+	fs.StringVar(&o.pyPreference, "python-preference", envOr("UV_PYTHON_PREFERENCE", "system"), "which Python serves a run that names a version: system (the host's, else a managed one), managed (an installed managed one first), only-managed (always a managed one) or only-system (never a managed one); as uv's python-preference (default: $UV_PYTHON_PREFERENCE, else system)")
 	fs.StringVar(&o.pyMetadata, "python-downloads-json-url", os.Getenv("UV_PYTHON_DOWNLOADS_JSON_URL"), "Python downloads: uv's download metadata (a file or an http(s) URL) naming each archive and its SHA-256 (default: $UV_PYTHON_DOWNLOADS_JSON_URL, else the metadata pysandbox ships)")
 	fs.StringVar(&o.pyMirror, "python-install-mirror", os.Getenv("UV_PYTHON_INSTALL_MIRROR"), "Python downloads: a mirror that replaces "+pydist.DefaultPrefix+" in archive URLs, as uv's UV_PYTHON_INSTALL_MIRROR (default: $UV_PYTHON_INSTALL_MIRROR)")
 	fs.Var(&o.allowNet, "allow-net", "network: let runs reach this host through the server's proxy, e.g. api.github.com, '*.githubusercontent.com:443', or NAME[:PORT]=ADDRESS to pin a name to an address (repeatable). Without it (or a policy file's network section) runs have no network at all")
@@ -444,29 +445,31 @@ func (o *options) engineConfig(ctx context.Context, kind sandbox.Kind, backend s
 		cache = nil
 	}
 	var pythons *pydist.Manager
-	if cache != nil {
+	pref, _ := pydist.ParsePreference(o.pyPreference)
+	if cache != nil && pref != pydist.OnlySystem {
 		// Managed interpreters live in the same cache, under its cap.
 		if pythons, err = o.pythons(cache, backend, log); err != nil {
 			return engine.Config{}, err
 		}
 	}
 	return engine.Config{
-		Backend:        backend,
-		Python:         py,
-		Discover:       interp.Discover,
-		Deps:           cache,
-		NoDepsReason:   noDeps,
-		Pythons:        pythons,
-		CheckPython:    o.checkPython,
-		CheckPackage:   o.checkPackage,
-		Limits:         o.limits(),
-		DefaultTimeout: time.Duration(o.timeout),
-		MaxTimeout:     time.Duration(o.maxTimeout),
-		MaxOutput:      int(o.maxOutput),
-		MaxConcurrent:  o.maxConcurrent,
-		MaxQueue:       o.maxQueue,
-		Network:        netOn,
-		Logger:         log,
+		Backend:          backend,
+		Python:           py,
+		Discover:         interp.Discover,
+		Deps:             cache,
+		NoDepsReason:     noDeps,
+		Pythons:          pythons,
+		PythonPreference: pref,
+		CheckPython:      o.checkPython,
+		CheckPackage:     o.checkPackage,
+		Limits:           o.limits(),
+		DefaultTimeout:   time.Duration(o.timeout),
+		MaxTimeout:       time.Duration(o.maxTimeout),
+		MaxOutput:        int(o.maxOutput),
+		MaxConcurrent:    o.maxConcurrent,
+		MaxQueue:         o.maxQueue,
+		Network:          netOn,
+		Logger:           log,
 	}, nil
 }
 

@@ -39,6 +39,9 @@ func (o *options) checkPythonDownloads() error {
 	if _, err := pydist.ParseMode(o.pyDownloads); err != nil {
 		return usageError{fmt.Errorf("--python-downloads (or $UV_PYTHON_DOWNLOADS): %w", err)}
 	}
+	if _, err := pydist.ParsePreference(o.pyPreference); err != nil {
+		return usageError{fmt.Errorf("--python-preference (or $UV_PYTHON_PREFERENCE): %w", err)}
+	}
 	if o.pyMirror != "" && !isHTTPURL(o.pyMirror) {
 		return usageError{fmt.Errorf("--python-install-mirror (or $UV_PYTHON_INSTALL_MIRROR) %q: want an http(s) URL", o.pyMirror)}
 	}

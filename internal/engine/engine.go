@@ -76,6 +76,9 @@ type Config struct {
 	// Pythons provides the Python versions the host lacks (managed
 	// interpreters, downloaded on demand); nil: only the host's.
 	Pythons *pydist.Manager
+	// PythonPreference orders the host's interpreters and the managed
+	// ones, as uv's python-preference does ("" is pydist.PreferSystem).
+	PythonPreference pydist.Preference
 	// CheckPython, when set, is the server's Python policy: asked about
 	// the version of every run's interpreter, and before a download.
 	CheckPython func(version string) error

@@ -108,13 +108,39 @@ func (e *Engine) interpreter(ctx context.Context, version, requiresPython, calle
 		}
 		set = &s
 	}
+	pref := e.cfg.PythonPreference
+	if e.cfg.Pythons == nil {
+		pref = pydist.OnlySystem
+	}
+	managed := func(download bool) (*interp.Interpreter, error) {
+		return e.cfg.Pythons.Find(ctx, pydist.Request{Version: version, Spec: set, Check: e.checkPython, NoDownload: !download,
+			Who: pydist.Who{Identity: caller, Tool: "run"}, Progress: progress})
+	}
+	asked := version != "" || (set != nil && !set.Contains(e.cfg.Python.Version))
+	switch {
+	case pref == pydist.OnlyManaged && asked:
+		// A run that names a version gets a managed build of it, never
+		// the host's; one that names none, the default.
+		it, err := managed(true)
+		var na *pydist.NotAvailableError
+		if errors.As(err, &na) {
+			return nil, &RequestError{Msg: na.Msg}
+		}
+		return it, err
+	case pref == pydist.PreferManaged && asked:
+		if it, err := managed(false); err == nil {
+			return it, nil
+		} else if !isNotAvailable(err) {
+			return nil, e.pythonError(err)
+		}
+	}
 	it, err := e.hostInterpreter(version, set, requiresPython)
 	if err != nil {
 		var nf *notFound
-		if !errors.As(err, &nf) || e.cfg.Pythons == nil {
+		if !errors.As(err, &nf) || pref == pydist.OnlySystem {
 			return nil, err
 		}
-		it, err = e.cfg.Pythons.Find(ctx, pydist.Request{Version: version, Spec: set, Check: e.checkPython, Who: pydist.Who{Identity: caller, Tool: "run"}, Progress: progress})
+		it, err = managed(true)
 		if err != nil {
 			return nil, e.pythonError(err)
 		}
@@ -124,6 +150,11 @@ func (e *Engine) interpreter(ctx context.Context, version, requiresPython, calle
 		return nil, err
 	}
 	return it, nil
+}
+
+func isNotAvailable(err error) bool {
+	var na *pydist.NotAvailableError
+	return errors.As(err, &na)
 }
 
 // checkPython asks the server's Python policy about a version.
@@ -147,6 +178,9 @@ func (e *notFound) Error() string { return e.msg }
 // version nobody provides is the request's to change; an install that
 // failed is reported as a result of its own (installResult).
 func (e *Engine) pythonError(err error) error {
+	if err == nil {
+		return nil
+	}
 	var na *pydist.NotAvailableError
 	if errors.As(err, &na) {
 		return &RequestError{Msg: na.Msg + "; on the host: " + available(e.interpreters())}

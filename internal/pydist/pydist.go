@@ -54,6 +54,34 @@ func ParseMode(s string) (Mode, error) {
 	return "", fmt.Errorf("python downloads %q: want automatic, manual or never", s)
 }
 
+// Preference orders the host's interpreters and the managed ones (uv's
+// python-preference).
+type Preference string
+
+const (
+	// PreferSystem uses the host's interpreter when one meets the
+	// request, and a managed one (installed, or downloaded) otherwise.
+	PreferSystem Preference = "system"
+	// PreferManaged uses an installed managed interpreter when one meets
+	// the request, then the host's, then a download.
+	PreferManaged Preference = "managed"
+	// OnlyManaged gives a run that names a version (python_version,
+	// requires-python) a managed build, never the host's; a run that
+	// names none gets the server's default interpreter.
+	OnlyManaged Preference = "only-managed"
+	// OnlySystem never uses a managed interpreter.
+	OnlySystem Preference = "only-system"
+)
+
+// ParsePreference reads a preference.
+func ParsePreference(s string) (Preference, error) {
+	switch p := Preference(strings.ToLower(strings.TrimSpace(s))); p {
+	case PreferSystem, PreferManaged, OnlyManaged, OnlySystem:
+		return p, nil
+	}
+	return "", fmt.Errorf("python preference %q: want system, managed, only-managed or only-system", s)
+}
+
 // SourceManaged is the interp.Interpreter.Source of a managed interpreter.
 const SourceManaged = "managed"
 
@@ -309,6 +337,8 @@ type Request struct {
 	Version string             // "3.13", "3.13.1", or ""
 	Spec    *pep.SpecifierSet  // requires-python, or nil
 	Check   func(string) error // the server's Python policy, asked before any download
+	// NoDownload finds only installed interpreters, whatever the mode.
+	NoDownload bool
 	Who     Who
 	// Progress gets the install's lines while this call waits for it.
 	Progress func(string)
@@ -353,6 +383,9 @@ func (m *Manager) Find(ctx context.Context, req Request) (*interp.Interpreter, e
 	if what == "" && req.Spec != nil {
 		what = "for requires-python " + req.Spec.String()
 	}
+	if req.NoDownload {
+		return nil, &NotAvailableError{Msg: fmt.Sprintf("no managed Python %s is installed", what)}
+	}
 	if m.cfg.Mode != Automatic {
 		how := "the operator can install it with `pysandbox python install " + req.Version + "`"
 		if m.cfg.Mode == Never {
@@ -360,7 +393,7 @@ func (m *Manager) Find(ctx context.Context, req Request) (*interp.Interpreter, e
 		}
 		return nil, &NotAvailableError{Msg: fmt.Sprintf("Python %s is not installed on this server; %s", what, how)}
 	}
-	d, err := m.pick(ctx, req.Version, req.Spec, req.Who)
+	d, err := m.pick(ctx, req.Version, req.Spec, req.Who, req.Check)
 	if err != nil {
 		return nil, err
 	}
@@ -391,7 +424,7 @@ func matches(it *interp.Interpreter, req Request) bool {
 }
 
 // pick finds the download for a request in the metadata.
-func (m *Manager) pick(ctx context.Context, version string, spec *pep.SpecifierSet, who Who) (*Download, error) {
+func (m *Manager) pick(ctx context.Context, version string, spec *pep.SpecifierSet, who Who, check func(string) error) (*Download, error) {
 	c, err := m.Catalog(ctx, who)
 	if err != nil {
 		return nil, &InstallError{Version: version, Err: err}
@@ -400,7 +433,9 @@ func (m *Manager) pick(ctx context.Context, version string, spec *pep.SpecifierS
 	if err != nil {
 		var vs []string
 		for _, d := range c.Minors() {
-			vs = append(vs, d.Version())
+			if check == nil || check(d.Version()) == nil {
+				vs = append(vs, d.Version())
+			}
 		}
 		what := "Python " + version
 		if version == "" && spec != nil {
@@ -454,7 +489,7 @@ func (m *Manager) Install(ctx context.Context, version string, who Who, check fu
 	if m.cfg.Mode == Never {
 		return nil, false, &NotAvailableError{Msg: "python downloads are off (--python-downloads never)"}
 	}
-	d, err := m.pick(ctx, version, nil, who)
+	d, err := m.pick(ctx, version, nil, who, check)
 	if err != nil {
 		return nil, false, err
 	}
