@@ -30,6 +30,8 @@ type Config struct {
 	// Phases, Network, Tools and Cache each ask for that measurement
 	// only (the first set, in that order); none asks for everything.
 	Phases, Network, Tools, Cache bool
+	// Python asks for the managed interpreter measurement only.
+	Python bool
 	// Sandbox is the --sandbox backend, for the report.
 	Sandbox string
 	// Defaults are the command line's warm pool.
@@ -62,6 +64,9 @@ type Variant struct {
 	AllowNet []string
 	// Trace, when set, gets the trace of every pooled child.
 	Trace func(*pool.Trace)
+	// Python, when set, is where managed interpreters come from; runs
+	// that name a version get one (only-managed).
+	Python *PythonSource
 }
 
 // Engine is an engine built for a measurement.
@@ -100,6 +105,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return cacheCopy(cfg.CacheDir, cfg.N, cfg.Out)
 	case cfg.Tools:
 		return upstreamTools(ctx, cfg)
+	case cfg.Python:
+		return managedPython(ctx, cfg)
 	}
 	return everything(ctx, cfg, hasPandas)
 }
@@ -115,6 +122,8 @@ func sections(cfg Config) string {
 		return "--cache"
 	case cfg.Tools:
 		return "--tools"
+	case cfg.Python:
+		return "--python"
 	}
 	return "every section"
 }
@@ -138,6 +147,8 @@ func Estimate(cfg Config, hasPandas bool) time.Duration {
 		return cache
 	case cfg.Tools:
 		return tools
+	case cfg.Python:
+		return time.Duration(max(cfg.N/10, 3))*8*time.Second + n*200*time.Millisecond
 	}
 	calls := max(4*cfg.N, 200)
 	d := n*50*time.Millisecond + // python3 -c pass

@@ -9,11 +9,12 @@ import (
 
 	"github.com/pysandbox/pysandbox/internal/bench"
 	"github.com/pysandbox/pysandbox/internal/pool"
+	"github.com/pysandbox/pysandbox/internal/pydist"
 )
 
 // benchCmd is `pysandbox bench`: its flags, then internal/bench measures.
 func benchCmd(args []string, stdout, stderr io.Writer) error {
-	fs, o := newFlagSet("bench", "bench [-n N] [--concurrency C] [--phases] [--network] [--tools] [--cache] [flags]", stderr)
+	fs, o := newFlagSet("bench", "bench [-n N] [--concurrency C] [--phases] [--network] [--tools] [--cache] [--python] [flags]", stderr)
 	cfg := bench.Config{Out: stdout, Log: stderr, Version: version}
 	fs.IntVar(&cfg.N, "n", 50, "iterations per measurement")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 16, "calls in flight for the throughput measurement")
@@ -22,8 +23,17 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&cfg.Network, "network", false, "print only the network proxy's throughput and added latency against a direct download")
 	fs.BoolVar(&cfg.Tools, "tools", false, "print only the round trip of an upstream MCP tool call made from Python, next to the same call made directly by a Go MCP client")
 	fs.BoolVar(&cfg.Cache, "cache", false, "print only the time to copy a 200 MB environment into the cache (--cache-dir), next to cp -a of the same tree")
+	// --python alone asks for the managed Python measurement; with a
+	// value (--python=3.12) it is the interpreter, as everywhere else.
+	pf := fs.Lookup("python")
+	pf.Value = &benchPython{interp: &o.python, section: &cfg.Python}
+	pf.Usage = "alone: print only a managed Python's first run (downloaded from a mirror on loopback: an archive built from this machine's python3), next to curl | tar of the same archive, and its warm runs next to the system Python's; --python=PATH|VERSION: the interpreter, as for serve"
+	pf.DefValue = ""
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("bench takes no arguments (got %q); to pick the interpreter write --python=%s", fs.Arg(0), fs.Arg(0))}
 	}
 	if cfg.N < 1 || cfg.Concurrency < 1 {
 		return usageError{fmt.Errorf("-n and --concurrency must be at least 1")}
@@ -48,6 +58,10 @@ func (o *options) benchEngine(log *slog.Logger) bench.EngineFunc {
 		if v.AllowNet != nil {
 			lo.allowNet, lo.netRules = v.AllowNet, nil
 		}
+		if v.Python != nil {
+			lo.pyMetadata, lo.pyMirror, lo.cacheDir = v.Python.Metadata, v.Python.Mirror, v.Python.CacheDir
+			lo.pyDownloads, lo.pyPreference = string(pydist.Automatic), string(pydist.OnlyManaged)
+		}
 		var p *pool.Pool
 		lo.onPool = func(pp *pool.Pool) { p = pp }
 		eng, release, err := lo.engine(ctx, log)
@@ -68,7 +82,7 @@ func filterBenchFlags(args []string) []string {
 		case "-n", "--n", "-concurrency", "--concurrency", "-baseline", "--baseline":
 			i++
 			continue
-		case "-phases", "--phases", "-network", "--network", "-tools", "--tools", "-cache", "--cache":
+		case "-phases", "--phases", "-network", "--network", "-tools", "--tools", "-cache", "--cache", "-python", "--python":
 			continue
 		}
 		if hasPrefixAny(a, "-n=", "--n=", "-concurrency=", "--concurrency=", "-baseline=", "--baseline=") {
@@ -86,4 +100,27 @@ func hasPrefixAny(s string, ps ...string) bool {
 		}
 	}
 	return false
+}
+
+// benchPython is bench's --python: a section when given alone, the
+// interpreter when given a value.
+type benchPython struct {
+	interp  *string
+	section *bool
+}
+
+func (b *benchPython) IsBoolFlag() bool { return true }
+func (b *benchPython) String() string {
+	if b == nil || b.interp == nil {
+		return ""
+	}
+	return *b.interp
+}
+func (b *benchPython) Set(v string) error {
+	if v == "true" {
+		*b.section = true
+		return nil
+	}
+	*b.interp = v
+	return nil
 }

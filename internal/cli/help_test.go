@@ -17,7 +17,7 @@ func TestCommandsTableIsComplete(t *testing.T) {
 	for _, c := range commands {
 		known[c.name] = true
 	}
-	re := regexp.MustCompile(`(?m)^  pysandbox ([a-z]+)(?: (ls|prune|verify|tail)\b)?`)
+	re := regexp.MustCompile(`(?m)^  pysandbox ([a-z]+)(?: (ls|prune|verify|tail|list|install|remove)\b)?`)
 	for _, m := range re.FindAllStringSubmatch(usage, -1) {
 		name := m[1]
 		if m[2] != "" {
@@ -27,7 +27,7 @@ func TestCommandsTableIsComplete(t *testing.T) {
 			t.Errorf("the usage shows %q, which is not in commands", name)
 		}
 	}
-	for _, sub := range []string{"cache ls", "cache prune", "audit verify", "audit tail"} {
+	for _, sub := range []string{"cache ls", "cache prune", "audit verify", "audit tail", "python list", "python install", "python remove"} {
 		if !known[sub] {
 			t.Errorf("%q is not in commands", sub)
 		}
@@ -62,7 +62,7 @@ func TestHelp(t *testing.T) {
 // usage line saying how to list the flags, not every flag.
 func TestBadFlag(t *testing.T) {
 	for _, c := range commands {
-		if c.name == "cache" || c.name == "audit" || c.name == "version" {
+		if c.name == "cache" || c.name == "audit" || c.name == "python" || c.name == "version" {
 			continue // no flags of their own: a subcommand comes first
 		}
 		t.Run(c.name, func(t *testing.T) {

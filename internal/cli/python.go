@@ -117,7 +117,7 @@ func pythonCmd(args []string, stdout, stderr io.Writer) error {
 	sub := args[0]
 	synopsis := "python " + sub + " [flags]"
 	if sub != "list" {
-		synopsis += " VERSION"
+		synopsis = "python " + sub + " [flags] VERSION"
 	}
 	fs, o := newFlagSet("python "+sub, synopsis, stderr)
 	if err := parseFlags(fs, args[1:]); err != nil {

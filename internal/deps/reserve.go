@@ -43,7 +43,12 @@ func (r *reservation) ensure(n int64) error {
 // fails when that no longer fits.
 func (r *reservation) charge(n int64) error {
 	r.used += n
-	return r.ensure(r.used)
+	if err := r.ensure(r.used); err != nil {
+		// Not spent: a caller may try again with less.
+		r.used -= n
+		return err
+	}
+	return nil
 }
 
 // settle makes the reservation exactly n, what the environment measures.

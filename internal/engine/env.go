@@ -137,8 +137,11 @@ func (e *Engine) interpreter(ctx context.Context, version, requiresPython, calle
 	it, err := e.hostInterpreter(version, set, requiresPython)
 	if err != nil {
 		var nf *notFound
-		if !errors.As(err, &nf) || pref == pydist.OnlySystem {
+		if !errors.As(err, &nf) {
 			return nil, err
+		}
+		if pref == pydist.OnlySystem {
+			return nil, &RequestError{Msg: nf.msg}
 		}
 		it, err = managed(true)
 		if err != nil {

@@ -595,6 +595,7 @@ func (m *Manager) fill(ctx context.Context, d *Download, u string, who Who, dir 
 		}
 	}
 	start := time.Now()
+	charge = (&budget{charge: charge}).take
 	ev := Event{Action: "install", Version: d.Version(), URL: u, SHA256: d.SHA256, Who: who}
 	defer func() {
 		ev.Duration = time.Since(start)
@@ -664,4 +665,37 @@ type checksumError struct{ url, want, got string }
 
 func (e *checksumError) Error() string {
 	return fmt.Sprintf("the archive from %s has SHA-256 %s, not the %s its download metadata names; it was deleted unread", e.url, e.got, e.want)
+}
+
+// budget takes room from the cache in chunks: each charge the cache
+// makes takes its lock and reads its entries, which an archive of
+// thousands of files should not pay for each file. What is taken and not
+// used is given back when the tree is measured.
+type budget struct {
+	charge  func(int64) error
+	prepaid int64
+}
+
+// chargeChunk is the least a budget takes from the cache at once.
+const chargeChunk = 4 << 20
+
+func (b *budget) take(n int64) error {
+	if n <= b.prepaid {
+		b.prepaid -= n
+		return nil
+	}
+	need := n - b.prepaid
+	chunk := max(need, chargeChunk)
+	if err := b.charge(chunk); err != nil {
+		// The cache may still hold what is needed, without the margin.
+		if chunk == need {
+			return err
+		}
+		if err := b.charge(need); err != nil {
+			return err
+		}
+		chunk = need
+	}
+	b.prepaid += chunk - n
+	return nil
 }
