@@ -77,12 +77,14 @@ func managedPython(ctx context.Context, cfg Config) error {
 		if err == nil {
 			first = append(first, d)
 			if i == rounds-1 {
-				// The last engine's warm runs: managed, then the default.
-				run := func(r engine.RunRequest) func() error { return func() error { return runOK(ctx, eng.Engine, r) } }
-				paced := func() error { waitPoolFull(eng.Pool, 10*time.Second); return nil }
-				if warmManaged, err = measureBetween(cfg.N, paced, run(req)); err == nil {
-					warmSystem, err = measureBetween(cfg.N, paced, run(engine.RunRequest{Code: "pass"}))
-				}
+				// The last engine's warm runs, managed and default in
+				// turn (so that drift in the machine's speed falls on
+				// both), each after a pause in which the pool refills, as
+				// an agent's thinking gives it.
+				warmManaged, warmSystem, err = alternate(cfg.N, func() {
+					waitPoolFull(eng.Pool, 10*time.Second)
+					time.Sleep(max(20*time.Millisecond, pct(base, 50)))
+				}, func() error { return runOK(ctx, eng.Engine, req) }, func() error { return runOK(ctx, eng.Engine, engine.RunRequest{Code: "pass"}) })
 			}
 		}
 		eng.Release()
@@ -145,4 +147,31 @@ func writeManaged(w io.Writer, a *hostbuild.Archive, base, first, curlTar, curlT
 	t.row("warm trivial run, managed Python", warmManaged, base, ofSpawn, "")
 	t.row("warm trivial run, system Python (same engine)", warmSystem, base, ofSpawn, "")
 	t.ratioRow("managed against system, warm", rm/rs, "of the system Python's ratio", "<= 1.10x")
+}
+
+// alternate times a and b n times each, in turn, after a warm-up of
+// each, with pause (untimed) before every call; both sorted.
+func alternate(n int, pause func(), a, b func() error) (da, db []time.Duration, err error) {
+	if err := a(); err != nil {
+		return nil, nil, err
+	}
+	if err := b(); err != nil {
+		return nil, nil, err
+	}
+	for range n {
+		for _, f := range []struct {
+			run func() error
+			out *[]time.Duration
+		}{{a, &da}, {b, &db}} {
+			pause()
+			t := time.Now()
+			if err := f.run(); err != nil {
+				return nil, nil, err
+			}
+			*f.out = append(*f.out, time.Since(t))
+		}
+	}
+	slices.Sort(da)
+	slices.Sort(db)
+	return da, db, nil
 }

@@ -275,7 +275,7 @@ func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *option
 		installTimeout: duration(5 * time.Minute),
 	}
 	fs.StringVar(&o.sandbox, "sandbox", "native", "sandbox backend: native, bwrap, or none (no isolation at all)")
-	fs.StringVar(&o.python, "python", "", "interpreter: a path, or a version such as 3.12 (default /usr/bin/python3)")
+	fs.StringVar(&o.python, "python", "", "interpreter: a path, or a version such as 3.12 (default /usr/bin/python3); a version the host lacks is a managed one, downloaded as --python-downloads allows")
 	fs.Var(&o.timeout, "timeout", "default wall-clock limit per run (e.g. 30s, 2m; a bare number is seconds)")
 	fs.Var(&o.maxTimeout, "max-timeout", "largest timeout a caller may ask for")
 	fs.Var(&o.memory, "memory", "memory limit per run, swap included (e.g. 512MiB, 1GiB)")
@@ -300,9 +300,9 @@ func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *option
 	fs.BoolVar(&o.noIndex, "no-index", false, "dependencies: use only --find-links (offline)")
 	fs.BoolVar(&o.allowSdist, "allow-sdist", false, "dependencies: allow building source distributions, which runs their build code (in the installer's sandbox)")
 	fs.Var(&o.installTimeout, "install-timeout", "dependencies: time limit of one install")
-	fs.StringVar(&o.pyDownloads, "python-downloads", envOr("UV_PYTHON_DOWNLOADS", "automatic"), "Python versions the host lacks: automatic (download one when a run asks for it), manual (only 'pysandbox python install') or never; as uv's python-downloads (default: $UV_PYTHON_DOWNLOADS, else automatic)")
-	fs.StringVar(&o.pyPreference, "python-preference", envOr("UV_PYTHON_PREFERENCE", "system"), "which Python serves a run that names a version: system (the host's, else a managed one), managed (an installed managed one first), only-managed (always a managed one) or only-system (never a managed one); as uv's python-preference (default: $UV_PYTHON_PREFERENCE, else system)")
-	fs.StringVar(&o.pyMetadata, "python-downloads-json-url", os.Getenv("UV_PYTHON_DOWNLOADS_JSON_URL"), "Python downloads: uv's download metadata (a file or an http(s) URL) naming each archive and its SHA-256 (default: $UV_PYTHON_DOWNLOADS_JSON_URL, else the metadata pysandbox ships)")
+	fs.StringVar(&o.pyDownloads, "python-downloads", envOr("UV_PYTHON_DOWNLOADS", "automatic"), "Python versions the host lacks: automatic (download one when a run asks for it), manual (only 'pysandbox python install') or never, as uv's python-downloads; $UV_PYTHON_DOWNLOADS sets the default")
+	fs.StringVar(&o.pyPreference, "python-preference", envOr("UV_PYTHON_PREFERENCE", "system"), "which Python serves a run that names a version: system (the host's, else a managed one), managed (an installed managed one first), only-managed (always a managed one) or only-system (never a managed one), as uv's python-preference; $UV_PYTHON_PREFERENCE sets the default")
+	fs.StringVar(&o.pyMetadata, "python-downloads-json-url", os.Getenv("UV_PYTHON_DOWNLOADS_JSON_URL"), "Python downloads: uv's download metadata (a file or an http(s) URL) naming each archive and its SHA-256 (default: $UV_PYTHON_DOWNLOADS_JSON_URL, else the metadata pysandbox ships, for CPython 3.8 to 3.15 on Linux)")
 	fs.StringVar(&o.pyMirror, "python-install-mirror", os.Getenv("UV_PYTHON_INSTALL_MIRROR"), "Python downloads: a mirror that replaces "+pydist.DefaultPrefix+" in archive URLs, as uv's UV_PYTHON_INSTALL_MIRROR (default: $UV_PYTHON_INSTALL_MIRROR)")
 	fs.Var(&o.allowNet, "allow-net", "network: let runs reach this host through the server's proxy, e.g. api.github.com, '*.githubusercontent.com:443', or NAME[:PORT]=ADDRESS to pin a name to an address (repeatable). Without it (or a policy file's network section) runs have no network at all")
 	fs.Usage = func() {
@@ -423,9 +423,9 @@ func newBackend(kind sandbox.Kind) (sandbox.Backend, error) {
 // interpreter, the network proxy and the dependency cache the flags
 // describe.
 func (o *options) engineConfig(ctx context.Context, kind sandbox.Kind, backend sandbox.Backend, log *slog.Logger) (engine.Config, error) {
-	py, err := interp.Find(ctx, o.python)
-	if err != nil {
-		return engine.Config{}, err
+	py, findErr := interp.Find(ctx, o.python)
+	if findErr != nil && !versionArgRE.MatchString(o.python) {
+		return engine.Config{}, findErr
 	}
 	if err := o.buildProxy(log); err != nil {
 		return engine.Config{}, err
@@ -452,8 +452,21 @@ func (o *options) engineConfig(ctx context.Context, kind sandbox.Kind, backend s
 	pref, _ := pydist.ParsePreference(o.pyPreference)
 	if cache != nil && pref != pydist.OnlySystem {
 		// Managed interpreters live in the same cache, under its cap.
-		if pythons, err = o.pythons(cache, backend, log); err != nil {
+		if pythons, err = o.pythons(cache, backend, log); errors.Is(err, pydist.ErrUnmountable) {
+			log.Warn("managed Pythons disabled", "err", err)
+		} else if err != nil {
 			return engine.Config{}, err
+		}
+	}
+	if findErr != nil {
+		// --python 3.X the host lacks: a managed build, as a run's
+		// python_version would get.
+		if pythons == nil {
+			return engine.Config{}, findErr
+		}
+		if py, err = pythons.Find(ctx, pydist.Request{Version: o.python, Check: o.checkPython, Who: pydist.Who{Identity: "operator", Tool: "--python"},
+			Progress: func(line string) { log.Info(line) }}); err != nil {
+			return engine.Config{}, fmt.Errorf("--python %s: %w", o.python, err)
 		}
 	}
 	return engine.Config{

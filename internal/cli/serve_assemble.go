@@ -272,6 +272,9 @@ func (s *server) startEngine() error {
 	}
 	s.eng = eng
 	s.closers.add(release)
+	if err := s.current.Load().Python.Check(eng.Config().Python.Version); err != nil {
+		s.log.Warn("the policy refuses the default interpreter: every run that names no python_version will be refused", "python", eng.Config().Python.Version, "err", err)
+	}
 	s.posture = eng.Measure(s.ctx, interp.Discover(s.ctx))
 	if !s.posture.Usable() {
 		return fmt.Errorf("the %s sandbox does not work here:\n  - %s\nrun 'pysandbox check' for the full report", s.posture.Backend, strings.Join(s.posture.Problems, "\n  - "))

@@ -53,6 +53,9 @@ type Artifact struct {
 	Timeout time.Duration
 }
 
+// Dir is the cache's directory (absolute).
+func (c *Cache) Dir() string { return c.cfg.Dir }
+
 // EntryCharge is what an entry of n data bytes is charged before it is
 // written: an inode and its data in whole blocks. What the tree finally
 // measures replaces the estimate once it is built.

@@ -41,6 +41,9 @@ func (e *Engine) ManagedPythons(ctx context.Context) *ManagedPythons {
 		return out
 	}
 	out.Metadata = c.Source
+	if m.Mode() == pydist.Never {
+		return out
+	}
 	for _, d := range c.Minors() {
 		if e.checkPython(d.Version()) == nil {
 			out.Downloadable = append(out.Downloadable, d.Version())

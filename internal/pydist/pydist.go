@@ -36,6 +36,22 @@ import (
 	"github.com/pysandbox/pysandbox/internal/sandbox"
 )
 
+// ErrUnmountable is a cache directory whose interpreters no sandbox could
+// see: a sandbox mounts an interpreter at its own path, and has its own
+// /tmp, /dev, /proc, /etc and /work.
+var ErrUnmountable = errors.New("pydist: managed Pythons cannot be kept in this cache")
+
+// hiddenBySandbox is the directory of a sandbox's own that covers dir, or
+// "".
+func hiddenBySandbox(dir string) string {
+	for _, p := range []string{"/tmp", "/dev", "/proc", "/etc", "/work", "/.pysandbox"} {
+		if dir == p || strings.HasPrefix(dir, p+"/") {
+			return p
+		}
+	}
+	return ""
+}
+
 // Mode says when interpreters are downloaded (uv's python-downloads).
 type Mode string
 
@@ -167,6 +183,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if p := hiddenBySandbox(cfg.Cache.Dir()); p != "" {
+		return nil, fmt.Errorf("%w: the cache directory %s is under %s, which every sandbox replaces with its own; use a --cache-dir elsewhere, such as /var/cache/pysandbox or ~/.cache/pysandbox", ErrUnmountable, cfg.Cache.Dir(), p)
 	}
 	if cfg.Mirror != "" && !isHTTP(cfg.Mirror) {
 		return nil, fmt.Errorf("pydist: the mirror %q is not an http(s) URL", cfg.Mirror)
@@ -339,7 +358,7 @@ type Request struct {
 	Check   func(string) error // the server's Python policy, asked before any download
 	// NoDownload finds only installed interpreters, whatever the mode.
 	NoDownload bool
-	Who     Who
+	Who        Who
 	// Progress gets the install's lines while this call waits for it.
 	Progress func(string)
 }

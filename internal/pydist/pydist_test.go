@@ -18,6 +18,7 @@ import (
 
 	"github.com/pysandbox/pysandbox/internal/deps"
 	"github.com/pysandbox/pysandbox/internal/egress"
+	"github.com/pysandbox/pysandbox/internal/policy"
 	"github.com/pysandbox/pysandbox/internal/pydist/hostbuild"
 	"github.com/pysandbox/pysandbox/internal/sandbox"
 )
@@ -415,5 +416,71 @@ func TestHostileArchives(t *testing.T) {
 				t.Errorf("build directory not cleaned: %v", builds)
 			}
 		})
+	}
+}
+
+// Metadata behind a URL is fetched through the proxy on first need.
+func TestMetadataFromURL(t *testing.T) {
+	a := systemArchive(t)
+	f := newFixture(t)
+	f.mirror.PutBytes("/meta.json", hostbuild.Metadata(hostbuild.EntryOf(a, DefaultPrefix+"/"+tag+"/"+a.Name())))
+	f.m.cfg.Metadata, f.m.catalog = f.mirror.URL+"/meta.json", nil
+	if _, err := f.m.Find(ctxFor(t), Request{Version: a.MajorMinor()}); err != nil {
+		t.Fatal(err)
+	}
+	if f.mirror.Hits("/meta.json") != 1 {
+		t.Errorf("metadata hits = %d", f.mirror.Hits("/meta.json"))
+	}
+	// A URL that does not answer: a clear error, and a retry next time.
+	f.m.cfg.Metadata, f.m.catalog = f.mirror.URL+"/missing.json", nil
+	_, err := f.m.Catalog(ctxFor(t), Who{})
+	if err == nil || !strings.Contains(err.Error(), "404") {
+		t.Fatalf("missing metadata: %v", err)
+	}
+}
+
+// The download may reach the mirror's host only: a redirect elsewhere is
+// not followed, and the policy's deny rules still hold.
+func TestDownloadStaysOnItsHost(t *testing.T) {
+	a := systemArchive(t)
+	other := hostbuild.NewMirror()
+	t.Cleanup(other.Close)
+	other.Put("/elsewhere.tar.gz", a.Path)
+	f := newFixture(t)
+	f.mirror.Redirect(f.path, other.URL+"/elsewhere.tar.gz")
+	_, err := f.m.Find(ctxFor(t), Request{Version: a.MajorMinor()})
+	if err == nil || !strings.Contains(err.Error(), "not the download host") || other.Hits("/elsewhere.tar.gz") != 0 {
+		t.Fatalf("redirect: %v (other host hits %d)", err, other.Hits("/elsewhere.tar.gz"))
+	}
+	// A deny rule on the mirror's address.
+	var deny []policy.HostRule
+	proxy := egress.New(egress.Config{Rules: func() *policy.NetworkRules { return &policy.NetworkRules{Deny: deny} }})
+	g := newFixture(t, func(c *Config) {
+		c.Network = func(l net.Listener, trusted []string, who Who) func() {
+			return proxy.Download(l, trusted, egress.Info{Tool: "python-download"})
+		}
+	})
+	rule, err := policy.ParseHostRule(strings.TrimPrefix(g.mirror.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deny = []policy.HostRule{rule}
+	_, err = g.m.Find(ctxFor(t), Request{Version: a.MajorMinor()})
+	if err == nil || !strings.Contains(err.Error(), "denies") || g.mirror.Hits(g.path) != 0 {
+		t.Fatalf("denied mirror: %v (hits %d)", err, g.mirror.Hits(g.path))
+	}
+}
+
+func TestCacheUnderTmpRefused(t *testing.T) {
+	cache, err := deps.New(deps.Config{Dir: t.TempDir(), Backend: sandbox.NewNative()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(cache.Dir(), "/tmp/") {
+		t.Skip("the test's temporary directory is not under /tmp")
+	}
+	_, err = New(Config{Cache: cache})
+	if !errors.Is(err, ErrUnmountable) || !strings.Contains(err.Error(), "--cache-dir") {
+		t.Fatalf("err = %v", err)
 	}
 }

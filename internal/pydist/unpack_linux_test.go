@@ -2,9 +2,11 @@ package pydist
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -193,4 +195,31 @@ func TestUnpackBounds(t *testing.T) {
 	if err != full {
 		t.Errorf("cache cap: %v", err)
 	}
+}
+
+// BenchmarkUnpack unpacks the system interpreter's archive, beside tar
+// -xzf of the same archive.
+func BenchmarkUnpack(b *testing.B) {
+	a := systemArchive(b)
+	b.Run("pydist", func(b *testing.B) {
+		for range b.N {
+			dir := filepath.Join(b.TempDir(), "python")
+			os.Mkdir(dir, 0o700)
+			f, err := os.Open(a.Path)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := unpack(bufio.NewReaderSize(f, 256<<10), dir, 1<<30, func(int64) error { return nil }); err != nil {
+				b.Fatal(err)
+			}
+			f.Close()
+		}
+	})
+	b.Run("tar", func(b *testing.B) {
+		for range b.N {
+			if out, err := exec.Command("tar", "-xzf", a.Path, "-C", b.TempDir()).CombinedOutput(); err != nil {
+				b.Fatalf("%v: %s", err, out)
+			}
+		}
+	})
 }

@@ -14,8 +14,8 @@ package hostbuild
 
 import (
 	"archive/tar"
-	"context"
 	"compress/gzip"
+	"context"
 	"crypto/sha256"
 	"debug/elf"
 	"encoding/hex"

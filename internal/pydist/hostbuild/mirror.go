@@ -16,6 +16,8 @@ type Mirror struct {
 	mu    sync.Mutex
 	files map[string]func() ([]byte, error)
 	hits  map[string]int
+	// redirects answer a path with a 302 to another URL.
+	redirects map[string]string
 	// Delay, when set, holds every answer that long after its header (a
 	// slow mirror, for concurrent first requests).
 	Delay time.Duration
@@ -23,7 +25,7 @@ type Mirror struct {
 
 // NewMirror starts a mirror on 127.0.0.1. Close it when done.
 func NewMirror() *Mirror {
-	m := &Mirror{files: map[string]func() ([]byte, error){}, hits: map[string]int{}}
+	m := &Mirror{files: map[string]func() ([]byte, error){}, hits: map[string]int{}, redirects: map[string]string{}}
 	m.Server = httptest.NewServer(http.HandlerFunc(m.serve))
 	return m
 }
@@ -42,6 +44,13 @@ func (m *Mirror) PutBytes(path string, data []byte) {
 	m.files[path] = func() ([]byte, error) { return data, nil }
 }
 
+// Redirect answers path with a redirect to url.
+func (m *Mirror) Redirect(path, url string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.redirects[path] = url
+}
+
 // Hits is how many requests path had.
 func (m *Mirror) Hits(path string) int {
 	m.mu.Lock()
@@ -54,7 +63,12 @@ func (m *Mirror) serve(w http.ResponseWriter, r *http.Request) {
 	m.hits[r.URL.Path]++
 	get := m.files[r.URL.Path]
 	delay := m.Delay
+	to := m.redirects[r.URL.Path]
 	m.mu.Unlock()
+	if to != "" {
+		http.Redirect(w, r, to, http.StatusFound)
+		return
+	}
 	if get == nil {
 		http.NotFound(w, r)
 		return
