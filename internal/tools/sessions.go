@@ -12,8 +12,8 @@ import (
 	"github.com/pysandbox/pysandbox/internal/deps"
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/govern"
-	"github.com/pysandbox/pysandbox/internal/pydist"
 	"github.com/pysandbox/pysandbox/internal/pep"
+	"github.com/pysandbox/pysandbox/internal/pydist"
 )
 
 // CreateSessionInput is create_session's input.
