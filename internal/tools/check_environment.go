@@ -13,7 +13,7 @@ import (
 // CheckEnvironmentInput is empty: the tool takes no arguments.
 type CheckEnvironmentInput struct{}
 
-const checkEnvironmentDescription = `Describe the sandbox that run_python uses: the backend, whether code is really sandboxed, each isolation layer (namespaces, seccomp, no_new_privs, capabilities, cgroup memory and pids limits, rlimits) and whether it is in force, the network, the effective limits (memory, processes, timeout, output size, scratch space), the Python interpreters found, and the server's policy (which tools are allowed, need the user's approval or are denied, rate limits, which packages may be installed). Every value was measured from inside a real sandbox when the server started. Call it before a heavy job to learn the limits, or when a run fails unexpectedly.`
+const checkEnvironmentDescription = `Describe the sandbox that run_python uses: the backend, whether code is really sandboxed, each isolation layer (namespaces, seccomp, no_new_privs, capabilities, cgroup memory and pids limits, rlimits) and whether it is in force, the network, the effective limits (memory, processes, timeout, output size, scratch space), the Python interpreters found and the versions the server can download, and the server's policy (which tools are allowed, need the user's approval or are denied, rate limits, which packages may be installed). Every value was measured from inside a real sandbox when the server started. Call it before a heavy job to learn the limits, or when a run fails unexpectedly.`
 
 func (s *server) addCheckEnvironment(srv *mcp.Server) {
 	addTool(s, srv, &mcp.Tool{

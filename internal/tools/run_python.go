@@ -24,7 +24,7 @@ type RunPythonInput struct {
 	Inputs         JSONInputs `json:"inputs,omitempty" jsonschema:"JSON values to pass in: each key becomes a global variable of that name before the code runs."`
 	SessionID      string     `json:"session_id,omitempty" jsonschema:"Run in this session (from create_session): its variables, imports and files persist between calls. Omit for a fresh sandbox."`
 	Dependencies   []string   `json:"dependencies,omitempty" jsonschema:"PEP 508 requirements to install first, e.g. [\"pandas>=2\", \"requests\"]; merged with an inline '# /// script' block in the code. Installed once and cached."`
-	PythonVersion  string     `json:"python_version,omitempty" jsonschema:"Python to run on, e.g. \"3.12\" (check_environment lists the interpreters). Default: the server's, or the newest that meets the script's requires-python."`
+	PythonVersion  string     `json:"python_version,omitempty" jsonschema:"Python to run on, e.g. \"3.12\": one the host has, or one the server downloads once (check_environment lists both; the first run on a download waits for it). Default: the server's, or the newest that meets the script's requires-python."`
 	// Filename names the code in tracebacks ("<code>" when empty); tool
 	// profiles set their peer's (main.py, script.py).
 	Filename string `json:"-"`

@@ -19,7 +19,7 @@ import (
 // CreateSessionInput is create_session's input.
 type CreateSessionInput struct {
 	TTLSeconds    float64  `json:"ttl_seconds,omitempty" jsonschema:"Idle time in seconds after which the session expires and is deleted (default 600; the server's maximum applies). Every call on the session resets it."`
-	PythonVersion string   `json:"python_version,omitempty" jsonschema:"Python for the session, e.g. \"3.12\" (check_environment lists them). Default: the server's."`
+	PythonVersion string   `json:"python_version,omitempty" jsonschema:"Python for the session, e.g. \"3.12\": one the host has, or one the server downloads once (check_environment lists both). Default: the server's."`
 	Dependencies  []string `json:"dependencies,omitempty" jsonschema:"PEP 508 requirements importable in every run of the session, e.g. [\"pandas>=2\"]. More can be added later with install_package."`
 }
 
