@@ -259,14 +259,14 @@ func checkServeFlags(args []string) (*ServeConfig, []string, error) {
 // serveFileFlags are serve's flags whose values are paths: setup makes
 // them absolute, since the client starts the server from a directory of
 // its own. (--python and --python-version take a path only when the
-// value has a '/'; --find-links also takes a URL.) TestServeFileFlags
+// value has a '/'; --find-links and --python-downloads-json-url also take a URL.) TestServeFileFlags
 // checks that every flag that names a file is here.
 var serveFileFlags = map[string]bool{
 	"policy": true, "audit-log": true, "upstream": true,
 	"auth-token-file": true, "operator-token-file": true, "metrics-token-file": true,
 	"tls-cert": true, "tls-key": true,
 	"approval-key-file": true, "replica-token-file": true,
-	"cache-dir": true, "find-links": true,
+	"cache-dir": true, "find-links": true, "python-downloads-json-url": true,
 	"python": true, "python-version": true,
 }
 
@@ -329,7 +329,7 @@ func isPathValue(flagName, v string) bool {
 		return false
 	case flagName == "python" || flagName == "python-version":
 		return strings.ContainsRune(v, '/')
-	case flagName == "find-links":
+	case flagName == "find-links" || flagName == "python-downloads-json-url":
 		return !strings.Contains(v, "://")
 	}
 	return true

@@ -152,7 +152,7 @@ func TestServeFileFlags(t *testing.T) {
 	fs.VisitAll(func(f *flag.Flag) {
 		u := strings.ToLower(f.Usage)
 		looksLikePath := strings.HasSuffix(f.Name, "-file") || strings.HasSuffix(f.Name, "-dir") || strings.HasSuffix(f.Name, "-log") ||
-			strings.HasSuffix(f.Name, "-cert") || strings.HasSuffix(f.Name, "-key") || strings.Contains(u, "directory") || strings.Contains(u, "a path")
+			strings.HasSuffix(f.Name, "-cert") || strings.HasSuffix(f.Name, "-key") || strings.Contains(u, "directory") || strings.Contains(u, "a path") || strings.Contains(u, "(a file")
 		if looksLikePath && !serveFileFlags[f.Name] {
 			t.Errorf("--%s may name a file (%q): add it to serveFileFlags, or tell this test why not", f.Name, f.Usage)
 		}

@@ -65,6 +65,13 @@ func TestTranslate(t *testing.T) {
 	if err != nil || len(mounts) != 0 || out[1] != "3.11" {
 		t.Fatalf("%q %+v %v", out, mounts, err)
 	}
+	// Download metadata: a URL passes, a file is mounted read-only.
+	meta := filepath.Join(dir, "download-metadata.json")
+	os.WriteFile(meta, []byte("{}"), 0o644)
+	out, mounts, _, err = Translate([]string{"--python-downloads-json-url", "https://example.com/m.json", "--python-downloads-json-url", meta}, "linux")
+	if err != nil || len(mounts) != 1 || !mounts[0].ReadOnly || mounts[0].Source != meta || out[1] != "https://example.com/m.json" || out[3] != meta {
+		t.Fatalf("metadata: %q %+v %v", out, mounts, err)
+	}
 }
 
 func TestContainerPath(t *testing.T) {

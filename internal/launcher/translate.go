@@ -15,6 +15,7 @@ const (
 	fileDirRW            // the file's directory, read-write (the file may not exist yet; rotation writes beside it)
 	dirRW                // the directory, read-write
 	dirOrURL             // a directory, read-only, unless the value is a URL
+	fileOrURL            // a file, read-only, unless the value is a URL
 	hostPy               // an interpreter: a version passes, a host path is refused
 )
 
@@ -28,8 +29,8 @@ var FileFlags = map[string]int{
 	"approval-key-file": fileRO, "replica-token-file": fileRO,
 	"audit-log":  fileDirRW,
 	"cache-dir":  dirRW,
-	"find-links": dirOrURL,
-	"python":     hostPy, "python-version": hostPy,
+	"find-links": dirOrURL, "python-downloads-json-url": fileOrURL,
+	"python": hostPy, "python-version": hostPy,
 }
 
 // BoolFlags are serve's boolean flags (they take no separate value).
@@ -129,7 +130,7 @@ func mountValue(flag string, kind int, value, goos string, add func(Mount)) (str
 			return "", fmt.Errorf("%s %s: the server runs in the container, with the image's Python; a host interpreter cannot be used there (give a version, such as 3.11, or leave it out)", flag, value)
 		}
 		return value, nil
-	case dirOrURL:
+	case dirOrURL, fileOrURL:
 		if strings.Contains(value, "://") {
 			return value, nil
 		}
@@ -143,7 +144,7 @@ func mountValue(flag string, kind int, value, goos string, add func(Mount)) (str
 	}
 	st, statErr := os.Stat(abs)
 	switch kind {
-	case fileRO:
+	case fileRO, fileOrURL:
 		if statErr != nil {
 			return "", fmt.Errorf("%s: %w", flag, statErr)
 		}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/pydist"
+	"github.com/pysandbox/pysandbox/internal/pydist/hostbuild"
+)
+
+// ATTACK: credentials the operator put in --python-downloads-json-url and
+// --python-install-mirror (user:token@host, as for an Artifactory mirror)
+// reach the agent: check_environment's managed_pythons.metadata, the
+// progress notifications of a run that downloads, and the message of a
+// run whose archive fails its digest; and the audit log and meta.json.
+func TestAttackMirrorCredentialsLeak(t *testing.T) {
+	s := newManagedSetup(t)
+	ver := s.archive.MajorMinor()
+	url := pydist.DefaultPrefix + "/20990101/" + s.archive.Name()
+	bad := hostbuild.EntryOf(s.archive, url)
+	bad.Minor, bad.Patch = s.archive.Minor+1, 0
+	bad.SHA256 = strings.Repeat("ab", 32) // the mirror serves other bytes
+	s.mirror.PutBytes("/meta.json", hostbuild.Metadata(hostbuild.EntryOf(s.archive, url), bad))
+	host := strings.TrimPrefix(s.mirror.URL, "http://")
+	metaURL := "http://alice:METATOKEN-123@" + host + "/meta.json"
+	mirror := "http://bob:MIRRORTOKEN-456@" + host + "/pbs"
+	auditLog := filepath.Join(t.TempDir(), "audit.log")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	var progress []string
+	client := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
+			mu.Lock()
+			progress = append(progress, r.Params.Message)
+			mu.Unlock()
+		}})
+	cmd := exec.Command(binary(t), "serve", "--log-level", "error", "--cache-dir", s.cacheDir,
+		"--python-downloads-json-url", metaURL, "--python-install-mirror", mirror,
+		"--python-preference", "only-managed", "--audit-log", auditLog)
+	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+
+	// 1. A run that downloads: its progress names the mirror, token included.
+	params := &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "1", "python_version": ver}}
+	params.SetProgressToken("p1")
+	text, _ := runOut(t)(cs.CallTool(ctx, params))
+	mu.Lock()
+	got := strings.Join(progress, "\n")
+	mu.Unlock()
+	if strings.Contains(got, "MIRRORTOKEN") {
+		t.Errorf("LEAK: progress notifications to the agent carry the mirror's credentials:\n%s", got)
+	}
+	// 2. check_environment names the metadata URL as given.
+	text, _ = runOut(t)(cs.CallTool(ctx, &mcp.CallToolParams{Name: "check_environment", Arguments: map[string]any{}}))
+	if strings.Contains(text, "METATOKEN") {
+		i := strings.Index(text, "METATOKEN")
+		t.Errorf("LEAK: check_environment shows the metadata URL's credentials: …%s…", text[max(0, i-40):min(len(text), i+40)])
+	}
+	// 3. An archive that fails its digest: the message to the agent.
+	text, _ = runOut(t)(cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "1", "python_version": "3." + itoa(bad.Minor)}}))
+	if strings.Contains(text, "MIRRORTOKEN") {
+		i := strings.Index(text, "MIRRORTOKEN")
+		t.Errorf("LEAK: the checksum refusal shown to the agent carries the mirror's credentials: …%s…", text[max(0, i-60):min(len(text), i+40)])
+	}
+	cs.Close()
+	if b, _ := os.ReadFile(auditLog); strings.Contains(string(b), "MIRRORTOKEN") {
+		t.Errorf("LEAK: the audit log records the mirror's credentials")
+	}
+	metas, _ := filepath.Glob(filepath.Join(s.cacheDir, "envs", "*", "meta.json"))
+	for _, m := range metas {
+		if b, _ := os.ReadFile(m); strings.Contains(string(b), "MIRRORTOKEN") {
+			t.Errorf("LEAK: %s (world-readable cache) records the mirror's credentials", m)
+		}
+	}
+}
+
+func itoa(n int) string {
+	if n < 10 {
+		return string(rune('0' + n))
+	}
+	return itoa(n/10) + string(rune('0'+n%10))
+}
