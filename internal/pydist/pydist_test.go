@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/pysandbox/pysandbox/internal/deps"
 	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/policy"
@@ -482,5 +484,35 @@ func TestCacheUnderTmpRefused(t *testing.T) {
 	_, err = New(Config{Cache: cache})
 	if !errors.Is(err, ErrUnmountable) || !strings.Contains(err.Error(), "--cache-dir") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// A disk that fills while the archive is saved or unpacked: a plain
+// answer, and nothing left behind.
+func TestDiskFull(t *testing.T) {
+	a := systemArchive(t)
+	for _, size := range []string{"8m", "24m"} { // the download fills it; the unpack does
+		t.Run(size, func(t *testing.T) {
+			dir := cacheDir(t)
+			if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
+				t.Skipf("cannot mount a small tmpfs here (%v): needs root", err)
+			}
+			t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+			f := newFixture(t)
+			cache, err := deps.New(deps.Config{Dir: dir, Backend: sandbox.NewNative()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.dir, f.cache, f.m.cfg.Cache = dir, cache, cache
+			_, err = f.m.Find(ctxFor(t), Request{Version: a.MajorMinor()})
+			if err == nil || !strings.Contains(err.Error(), "the disk holding the cache is full") {
+				t.Fatalf("err = %v", err)
+			}
+			assertNothingLeft(t, f)
+			builds, _ := os.ReadDir(filepath.Join(dir, "build"))
+			if len(builds) != 0 {
+				t.Errorf("build directory not cleaned: %v", builds)
+			}
+		})
 	}
 }
