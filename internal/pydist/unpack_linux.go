@@ -167,7 +167,7 @@ func (u *unpacker) entry(h *tar.Header, r io.Reader) error {
 	switch h.Typeflag {
 	case tar.TypeDir:
 		return u.mkdirAll(name)
-	case tar.TypeReg, tar.TypeRegA:
+	case tar.TypeReg: // archive/tar reads the old TypeRegA as this
 		return u.file(name, h, r)
 	case tar.TypeSymlink:
 		return u.symlink(name, h.Linkname)

@@ -18,7 +18,6 @@ type ent struct {
 	typ        byte
 	body       string
 	mode       int64
-	size       int64 // when set, the header's size (a lie, for truncation)
 }
 
 func tarGz(t *testing.T, ents ...ent) []byte {
