@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -64,8 +65,9 @@ func TestAttackMirrorCredentialsLeak(t *testing.T) {
 		t.Errorf("LEAK: progress notifications to the agent carry the mirror's credentials:\n%s", got)
 	}
 	// 2. check_environment names the metadata URL as given.
-	text, _ = runOut(t)(cs.CallTool(ctx, &mcp.CallToolParams{Name: "check_environment", Arguments: map[string]any{}}))
-	if strings.Contains(text, "METATOKEN") {
+	_, env := runOut(t)(cs.CallTool(ctx, &mcp.CallToolParams{Name: "check_environment", Arguments: map[string]any{}}))
+	envJSON, _ := json.Marshal(env)
+	if text = string(envJSON); strings.Contains(text, "METATOKEN") {
 		i := strings.Index(text, "METATOKEN")
 		t.Errorf("LEAK: check_environment shows the metadata URL's credentials: …%s…", text[max(0, i-40):min(len(text), i+40)])
 	}

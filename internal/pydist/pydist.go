@@ -547,7 +547,7 @@ func (m *Manager) Remove(version string, who Who) ([]Installed, error) {
 		found = true
 		if err := m.cfg.Cache.Remove(in.Key); err != nil {
 			if errors.Is(err, deps.ErrInUse) {
-				return removed, fmt.Errorf("managed Python %s is in use (%s); stop the server that runs on it first", in.Version, strings.TrimPrefix(err.Error(), "deps: in use "))
+				return removed, fmt.Errorf("managed Python %s is %s; stop the server that runs on it first", in.Version, strings.TrimPrefix(err.Error(), "deps: "))
 			}
 			return removed, err
 		}
