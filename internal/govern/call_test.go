@@ -197,3 +197,73 @@ func TestRefusedByTheToolCounts(t *testing.T) {
 	}
 	tk.End(Outcome{Refused: &Refusal{}})
 }
+
+// With a rule on the code, a run's rules are decided in its own sandbox
+// (the gate); what its arguments alone decide is decided before, since
+// the engine installs what the run needs (packages, a Python) before its
+// sandbox starts. A refused call never counts against the limits.
+func TestArgumentRulesBeforeTheGate(t *testing.T) {
+	doc := `{"version": "1", "default": "allow", "tools": {"run_python": {
+	  "limits": [{"counter": "runs", "window": "hour", "max": 2}],
+	  "deny_if": [
+	    {"conditions": [{"path": "args.python_version", "op": "eq", "value": "3.13"}], "on_deny": "no 3.13 here"},
+	    {"conditions": [{"path": "code.imports", "op": "contains", "value": "socket"}]}],
+	  "approve_if": [{"conditions": [{"path": "args.python_version", "op": "eq", "value": "3.12"}], "reason": "3.12 needs a look"}]}}}`
+	derived := 0
+	pol, err := policy.Parse([]byte(doc), "p.json", testTools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := New(Config{Policy: pol}, Sandbox{
+		Facts: func(ctx context.Context, code, python string) (map[string]any, string, error) {
+			derived++
+			return map[string]any{"imports": []any{}}, "", nil
+		},
+		FromRun: func(raw json.RawMessage, code string) (map[string]any, string, error) {
+			return map[string]any{"imports": []any{"socket"}}, "", nil
+		},
+	}, nil)
+	check := func(args string) Verdict {
+		ctx, tk, ref := g.Admit(context.Background(), Call{Tool: "run_python", Identity: "alice", Args: json.RawMessage(args)})
+		if ref != nil {
+			t.Fatalf("admit: %v", ref)
+		}
+		var a map[string]any
+		json.Unmarshal([]byte(args), &a)
+		v, _ := a["python_version"].(string)
+		verdict := tk.Check(ctx, Subject{Kind: KindRun, Code: "import socket", PythonVersion: v}, Approver{})
+		refused := verdict.Refusal
+		if verdict.Gate != nil {
+			// The run's worker reports its facts: socket, refused.
+			msg := verdict.Gate(ctx, json.RawMessage(`{}`))
+			if msg == "" {
+				t.Fatalf("%s: the gate let the run through", args)
+			}
+			refused = &Refusal{Status: StatusDenied, Message: msg}
+		}
+		if refused == nil && verdict.Ask != nil {
+			refused = &Refusal{Status: StatusDenied, Message: "declined"}
+		}
+		tk.End(Outcome{Refused: refused})
+		return verdict
+	}
+	// Refused on its arguments before any sandbox: no gate.
+	v := check(`{"code": "import socket", "python_version": "3.13"}`)
+	if v.Gate != nil || v.Refusal == nil || !strings.Contains(v.Refusal.Message, "no 3.13 here") {
+		t.Fatalf("3.13: %+v", v)
+	}
+	// An approval on the arguments alone is asked before anything: the
+	// facts come from a sandbox of their own, not the gate.
+	v = check(`{"code": "import socket", "python_version": "3.12"}`)
+	if v.Gate != nil || derived != 1 {
+		t.Fatalf("3.12: gate %v, facts derived %d times", v.Gate != nil, derived)
+	}
+	// Otherwise the gate decides; refused there, the call gives its
+	// place in the limits back: two more calls still fit in the hour.
+	for i := range 3 {
+		v = check(`{"code": "import socket", "python_version": "3.11"}`)
+		if v.Gate == nil {
+			t.Fatalf("call %d: %+v, want a gate", i, v)
+		}
+	}
+}

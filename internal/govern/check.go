@@ -128,8 +128,32 @@ func (t *Ticket) Check(ctx context.Context, s Subject, ap Approver) Verdict {
 		// a session's worker has run the caller's code before, which can
 		// have changed what it sends, so a session's run has its facts
 		// derived in a sandbox of their own.
-		t.gate = &gate{subject: s, pkgs: pkgs, ap: ap}
-		return Verdict{Gate: t.runGate}
+		//
+		// What the arguments alone decide is decided now, though: before
+		// the run's sandbox starts, the engine installs what it needs (its
+		// packages, a Python downloaded for it), which a call the policy
+		// refuses must not get. A rule that asks a human on the arguments
+		// alone is asked before anything too: the facts are then derived
+		// in a sandbox of their own, as for a session.
+		var f policy.Facts
+		dec := json.NewDecoder(bytes.NewReader(t.call.Args))
+		dec.UseNumber()
+		if dec.Decode(&f.Args) == nil {
+			j := pol.JudgeArgs(t.call.Tool, f)
+			if j.Deny {
+				t.note("rule", j.Rule.Field())
+				return Verdict{Refusal: t.deny(j.Reason, "rule", fmt.Sprintf("The server's policy does not allow this %s call: %s. Nothing was run. Do not retry the same call; change it to meet the policy, or ask the user.", t.call.Tool, strings.TrimRight(j.Reason, ". ")))}
+			}
+			if !j.Approve {
+				// The rate limits too, before anything is installed; given
+				// back if the code's rules refuse the call.
+				if ref := t.reserve(ctx, pol.Decide(t.call.Tool)); ref != nil {
+					return Verdict{Refusal: ref}
+				}
+				t.gate = &gate{subject: s, pkgs: pkgs, ap: ap}
+				return Verdict{Gate: t.runGate}
+			}
+		}
 	}
 	var f policy.Facts
 	summary := ""
@@ -142,11 +166,35 @@ func (t *Ticket) Check(ctx context.Context, s Subject, ap Approver) Verdict {
 	return t.decide(ctx, pol, s, pkgs, ap, f, summary, false)
 }
 
+// reserve takes the call's place in the policy's rate limits (a shared
+// store's round trip, with --store), once, even when the call is run again
+// after an operator approved it.
+func (t *Ticket) reserve(ctx context.Context, d policy.Decision) *Refusal {
+	if t.reservation != nil {
+		return nil
+	}
+	g := t.g
+	pctx, pspan := tracing.Tracer().Start(ctx, "policy.rate_limits", trace.WithAttributes(attribute.Int("pysandbox.limits", len(d.Limits))))
+	res, exceeded, err := g.limiter.Reserve(pctx, d.Limits, t.call.Identity)
+	pspan.End()
+	switch {
+	case err != nil:
+		t.decision, t.reason = "error", err.Error()
+		return &Refusal{Status: StatusBusy, Message: fmt.Sprintf("Refused: %v. Nothing was run; retry in a moment, and tell the server's operator if it persists.", err)}
+	case exceeded != nil:
+		t.decision, t.reason = "rate_limited", exceeded.Error()
+		t.rec.LimitsHit = []string{RateHit(exceeded)}
+		g.metrics.RateLimited(t.call.Tool, exceeded.Limit.Counter)
+		return &Refusal{Status: StatusDenied, Message: fmt.Sprintf("Refused: the server's %s. Nothing was run; wait until then before calling %s again.", exceeded.Error(), t.call.Tool)}
+	}
+	t.reservation = res
+	return nil
+}
+
 // decide is the rest of Check, once the facts are known: the rules, the
 // limits, a human's approval. inRun says the run's sandbox waits: an
 // operator's approval is then awaited after it (see AfterRun).
 func (t *Ticket) decide(ctx context.Context, pol *policy.Policy, s Subject, pkgs []requested, ap Approver, f policy.Facts, codeSummary string, inRun bool) Verdict {
-	g := t.g
 	d := pol.Decide(t.call.Tool)
 	var j policy.Judgement
 	if pol.HasRules(t.call.Tool) {
@@ -159,26 +207,12 @@ func (t *Ticket) decide(ctx context.Context, pol *policy.Policy, s Subject, pkgs
 		}
 	}
 	if j.Deny {
+		// Reserved ahead of a gate: a call the rules refuse never counts.
+		t.cancel()
 		return Verdict{Refusal: t.deny(j.Reason, "rule", fmt.Sprintf("The server's policy does not allow this %s call: %s. Nothing was run. Do not retry the same call; change it to meet the policy, or ask the user.", t.call.Tool, strings.TrimRight(j.Reason, ". ")))}
 	}
-	if t.reservation == nil {
-		// The policy's rate limits (a shared store's round trip, with
-		// --store); taken once, even when the call is run again after an
-		// operator approved it.
-		pctx, pspan := tracing.Tracer().Start(ctx, "policy.rate_limits", trace.WithAttributes(attribute.Int("pysandbox.limits", len(d.Limits))))
-		res, exceeded, err := g.limiter.Reserve(pctx, d.Limits, t.call.Identity)
-		pspan.End()
-		switch {
-		case err != nil:
-			t.decision, t.reason = "error", err.Error()
-			return Verdict{Refusal: &Refusal{Status: StatusBusy, Message: fmt.Sprintf("Refused: %v. Nothing was run; retry in a moment, and tell the server's operator if it persists.", err)}}
-		case exceeded != nil:
-			t.decision, t.reason = "rate_limited", exceeded.Error()
-			t.rec.LimitsHit = []string{RateHit(exceeded)}
-			g.metrics.RateLimited(t.call.Tool, exceeded.Limit.Counter)
-			return Verdict{Refusal: &Refusal{Status: StatusDenied, Message: fmt.Sprintf("Refused: the server's %s. Nothing was run; wait until then before calling %s again.", exceeded.Error(), t.call.Tool)}}
-		}
-		t.reservation = res
+	if ref := t.reserve(ctx, d); ref != nil {
+		return Verdict{Refusal: ref}
 	}
 	why := ""
 	by := d.By

@@ -314,12 +314,38 @@ type Judgement struct {
 
 // Judge applies the argument rules of tool to a call.
 func (p *Policy) Judge(tool string, f Facts) Judgement {
+	return p.judge(tool, f, false)
+}
+
+// JudgeArgs judges only the rules with no condition on the code, from
+// the arguments alone: what can be decided before the code's facts are
+// derived (in the run's sandbox), and so before anything the run needs
+// is installed. A rule with a condition on the code is left for Judge.
+func (p *Policy) JudgeArgs(tool string, f Facts) Judgement {
+	return p.judge(tool, f, true)
+}
+
+// onCode reports whether a rule has a condition on the code's facts.
+func (r *Rule) onCode() bool {
+	for i := range r.Conditions {
+		if r.Conditions[i].root == RootCode {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *Policy) judge(tool string, f Facts, argsOnly bool) Judgement {
 	r := p.rule(tool)
 	if r == nil {
 		return Judgement{}
 	}
+	skip := func(rule *Rule) bool { return argsOnly && rule.onCode() }
 	for i := range r.Require {
 		rule := &r.Require[i]
+		if skip(rule) {
+			continue
+		}
 		if m, sure := rule.matches(f); !sure {
 			return Judgement{Deny: true, Reason: unsure(rule), Rule: rule}
 		} else if !m {
@@ -332,6 +358,9 @@ func (p *Policy) Judge(tool string, f Facts) Judgement {
 	}
 	for i := range r.DenyIf {
 		rule := &r.DenyIf[i]
+		if skip(rule) {
+			continue
+		}
 		if m, sure := rule.matches(f); !sure {
 			return Judgement{Deny: true, Reason: unsure(rule), Rule: rule}
 		} else if m {
@@ -344,6 +373,9 @@ func (p *Policy) Judge(tool string, f Facts) Judgement {
 	}
 	for i := range r.ApproveIf {
 		rule := &r.ApproveIf[i]
+		if skip(rule) {
+			continue
+		}
 		if m, sure := rule.matches(f); m || !sure {
 			by := rule.By
 			if by == "" {
