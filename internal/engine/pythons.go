@@ -1,8 +1,6 @@
 package engine
 
 import (
-	"context"
-
 	"github.com/pysandbox/pysandbox/internal/pydist"
 )
 
@@ -26,7 +24,7 @@ type ManagedPythons struct {
 // ManagedPythons describes the managed interpreters now; nil when the
 // server provides none. Metadata behind a URL that has not been fetched
 // yet is not fetched for this.
-func (e *Engine) ManagedPythons(ctx context.Context) *ManagedPythons {
+func (e *Engine) ManagedPythons() *ManagedPythons {
 	m := e.cfg.Pythons
 	if m == nil {
 		return nil
@@ -35,9 +33,9 @@ func (e *Engine) ManagedPythons(ctx context.Context) *ManagedPythons {
 	for _, in := range m.Installed() {
 		out.Installed = append(out.Installed, in.Version)
 	}
-	c, err := m.Catalog(ctx, pydist.Who{Tool: "check_environment"})
-	if err != nil {
-		out.Problem = err.Error()
+	c := m.LoadedCatalog()
+	if c == nil {
+		out.Problem = "the download metadata is read from its URL when a run first needs it"
 		return out
 	}
 	out.Metadata = c.Source

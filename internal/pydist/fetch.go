@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -130,11 +129,9 @@ func (m *Manager) fetch(ctx context.Context, u string, who Who, dst io.Writer, c
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		// The proxy's refusals say why in their reason phrase.
-		if why, ok := strings.CutPrefix(strings.TrimPrefix(resp.Status, strconv.Itoa(resp.StatusCode)+" "), "pysandbox network proxy: "); ok {
-			return 0, "", &DownloadError{URL: u, Msg: fmt.Sprintf("could not download %s: %s", pu.Redacted(), why)}
-		}
-		return 0, "", &DownloadError{URL: u, Msg: fmt.Sprintf("could not download %s: the server answered %s", pu.Redacted(), resp.Status)}
+		// The status line is the host's, or the proxy's refusal (whose
+		// reason phrase says why): printable text only, and not much.
+		return 0, "", &DownloadError{URL: u, Msg: fmt.Sprintf("could not download %s: the answer was %s", pu.Redacted(), printable(resp.Status, 300))}
 	}
 	if resp.ContentLength > m.cfg.MaxArchiveBytes {
 		return 0, "", &DownloadError{URL: u, Msg: fmt.Sprintf("%s is %d MiB, over the %d MiB an archive may be", pu.Redacted(), resp.ContentLength>>20, m.cfg.MaxArchiveBytes>>20)}
@@ -183,17 +180,28 @@ func (m *Manager) fetch(ctx context.Context, u string, who Who, dst io.Writer, c
 	return n, hex.EncodeToString(h.Sum(nil)), nil
 }
 
+// printable is s with control characters and other non-ASCII as '?',
+// cut at max bytes: a host's text goes into messages and logs.
+func printable(s string, max int) string {
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 || r > 0x7e {
+			return '?'
+		}
+		return r
+	}, s)
+	if len(s) > max {
+		s = s[:max] + "..."
+	}
+	return s
+}
+
 // reason is the useful end of a network error.
 func reason(err error) string {
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		err = ue.Err
 	}
-	s := err.Error()
-	if len(s) > 300 {
-		s = s[:300] + "…"
-	}
-	return s
+	return printable(err.Error(), 300)
 }
 
 // diskError names a full disk plainly.

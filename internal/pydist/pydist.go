@@ -21,8 +21,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -106,6 +108,11 @@ const (
 	DefaultMaxArchiveBytes = 512 << 20
 	DefaultMaxTreeBytes    = 2 << 30
 	DefaultTimeout         = 10 * time.Minute
+	DefaultMaxHeld         = 4
+	// failTTL is how long a failed install is remembered: a request for
+	// the same archive within it gets the same answer at once, rather
+	// than another download.
+	failTTL = time.Minute
 )
 
 // Config configures a Manager.
@@ -128,6 +135,11 @@ type Config struct {
 	MaxTreeBytes    int64         // 0: DefaultMaxTreeBytes
 	Timeout         time.Duration // one install, download included (0: DefaultTimeout)
 	ProgressEvery   time.Duration // between download progress lines (0: 2 s)
+	// MaxHeld bounds the managed interpreters one server runs on at
+	// once (0: DefaultMaxHeld). Each it has used stays in use, never
+	// evicted, until it stops: without a bound, callers naming version
+	// after version could pin the whole cache.
+	MaxHeld int
 	// OnEvent receives every install, refusal and removal (the audit log).
 	OnEvent func(Event)
 	Logger  *slog.Logger
@@ -154,7 +166,18 @@ type Manager struct {
 
 	mu      sync.Mutex
 	catalog *Catalog
-	held    map[string]func() // cache key -> release, for the server's life
+	held    map[string]held // cache key -> the interpreter, in use for the server's life
+	failed  map[string]failure
+}
+
+type held struct {
+	version string
+	release func()
+}
+
+type failure struct {
+	err error
+	at  time.Time
 }
 
 // New checks cfg; metadata given as a file is read now, so a bad one
@@ -178,6 +201,9 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
+	if cfg.MaxHeld <= 0 {
+		cfg.MaxHeld = DefaultMaxHeld
+	}
 	if cfg.ProgressEvery <= 0 {
 		cfg.ProgressEvery = 2 * time.Second
 	}
@@ -190,7 +216,7 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Mirror != "" && !isHTTP(cfg.Mirror) {
 		return nil, fmt.Errorf("pydist: the mirror %q is not an http(s) URL", cfg.Mirror)
 	}
-	m := &Manager{cfg: cfg, log: cfg.Logger, held: map[string]func(){}}
+	m := &Manager{cfg: cfg, log: cfg.Logger, held: map[string]held{}, failed: map[string]failure{}}
 	switch {
 	case cfg.Metadata == "":
 		m.catalog = Shipped()
@@ -227,8 +253,9 @@ func readFile(p string) ([]byte, error) {
 	return data, nil
 }
 
-// URL is where d is downloaded from: its URL, through the mirror.
-func (m *Manager) URL(d *Download) string { return Mirrored(d.URL, m.cfg.Mirror) }
+// URL is where d is downloaded from: its URL, through the mirror
+// (credentials left out).
+func (m *Manager) URL(d *Download) string { return redact(Mirrored(d.URL, m.cfg.Mirror)) }
 
 // Mode is the download mode.
 func (m *Manager) Mode() Mode { return m.cfg.Mode }
@@ -242,13 +269,20 @@ func (m *Manager) Catalog(ctx context.Context, who Who) (*Catalog, error) {
 	if c != nil {
 		return c, nil
 	}
-	v, err, _ := m.flight.Do("metadata", func() (any, error) {
+	// One fetch for every caller, bounded in time whoever started it;
+	// each caller waits only as long as its own context allows.
+	ch := m.flight.DoChan("metadata", func() (any, error) {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), metadataTimeout)
+		defer cancel()
 		var b strings.Builder
 		lw := &limitWriter{w: &b, n: MaxMetadataBytes}
-		if _, _, err := m.fetch(ctx, m.cfg.Metadata, who, lw, func(int64) error { return nil }, nil); err != nil {
+		if _, _, err := m.fetch(fctx, m.cfg.Metadata, who, lw, func(int64) error { return nil }, nil); err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				err = fmt.Errorf("%s did not send it within %s", redact(m.cfg.Metadata), metadataTimeout)
+			}
 			return nil, err
 		}
-		c, err := ParseCatalog([]byte(b.String()), m.cfg.Metadata)
+		c, err := ParseCatalog([]byte(b.String()), redact(m.cfg.Metadata))
 		if err != nil {
 			return nil, err
 		}
@@ -257,10 +291,37 @@ func (m *Manager) Catalog(ctx context.Context, who Who) (*Catalog, error) {
 		m.mu.Unlock()
 		return c, nil
 	})
-	if err != nil {
-		return nil, fmt.Errorf("the download metadata could not be read: %w", err)
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, fmt.Errorf("the download metadata could not be read: %w", r.Err)
+		}
+		return r.Val.(*Catalog), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
-	return v.(*Catalog), nil
+}
+
+// metadataTimeout bounds the fetch of metadata given as a URL.
+const metadataTimeout = 60 * time.Second
+
+// LoadedCatalog is the metadata if it has been read, without fetching it.
+func (m *Manager) LoadedCatalog() *Catalog {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.catalog
+}
+
+// redact is u with any password replaced, for every message, record and
+// file: credentials in a mirror's or the metadata's URL reach the host
+// they are for, and nothing else.
+func redact(u string) string {
+	pu, err := url.Parse(u)
+	if err != nil || pu.User == nil {
+		return u
+	}
+	pu.User = url.User("xxxxx")
+	return pu.String()
 }
 
 type limitWriter struct {
@@ -333,6 +394,8 @@ func notDigit(r rune) bool { return r < '0' || r > '9' }
 // interpreterOf is the interpreter of a cache entry.
 func interpreterOf(e *deps.Env) (*interp.Interpreter, bool) {
 	var major, minor, patch int
+	// "3.13.1", or "3.15.0rc1" for a prerelease (its version as the
+	// metadata named it, which the policy is asked about).
 	if n, _ := fmt.Sscanf(e.Python, "%d.%d.%d", &major, &minor, &patch); n != 3 {
 		return nil, false
 	}
@@ -393,6 +456,9 @@ func (m *Manager) Find(ctx context.Context, req Request) (*interp.Interpreter, e
 					return nil, err
 				}
 			}
+			if err := m.canHold(in.Key); err != nil {
+				return nil, err
+			}
 			if it, ok := m.hold(in.Key); ok {
 				return it, nil
 			}
@@ -420,6 +486,9 @@ func (m *Manager) Find(ctx context.Context, req Request) (*interp.Interpreter, e
 		if err := req.Check(d.Version()); err != nil {
 			return nil, err
 		}
+	}
+	if err := m.canHold(artifactKey(d)); err != nil {
+		return nil, err
 	}
 	key, err := m.install(ctx, d, req.Who, req.Progress)
 	if err != nil {
@@ -469,6 +538,22 @@ func (m *Manager) pick(ctx context.Context, version string, spec *pep.SpecifierS
 	return d, nil
 }
 
+// canHold refuses a new interpreter when the server runs on MaxHeld
+// already.
+func (m *Manager) canHold(key string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.held[key]; ok || len(m.held) < m.cfg.MaxHeld {
+		return nil
+	}
+	var vs []string
+	for _, h := range m.held {
+		vs = append(vs, h.version)
+	}
+	sort.Strings(vs)
+	return &NotAvailableError{Msg: fmt.Sprintf("this server already runs on %d managed Pythons (%s), as many as it keeps at once; use one of them, or ask the operator (a restart frees them)", len(vs), strings.Join(vs, ", "))}
+}
+
 // hold marks an installed interpreter in use for the server's life.
 func (m *Manager) hold(key string) (*interp.Interpreter, bool) {
 	env, release, err := m.cfg.Cache.Acquire(key)
@@ -485,7 +570,7 @@ func (m *Manager) hold(key string) (*interp.Interpreter, bool) {
 		m.mu.Unlock()
 		release()
 	} else {
-		m.held[key] = release
+		m.held[key] = held{version: it.Version, release: release}
 		m.mu.Unlock()
 	}
 	return it, true
@@ -494,11 +579,11 @@ func (m *Manager) hold(key string) (*interp.Interpreter, bool) {
 // Close lets go of the interpreters in use: the cache may evict them.
 func (m *Manager) Close() {
 	m.mu.Lock()
-	held := m.held
-	m.held = map[string]func(){}
+	all := m.held
+	m.held = map[string]held{}
 	m.mu.Unlock()
-	for _, release := range held {
-		release()
+	for _, h := range all {
+		h.release()
 	}
 }
 
@@ -578,8 +663,14 @@ func artifactKey(d *Download) string {
 func (m *Manager) install(ctx context.Context, d *Download, who Who, progress func(string)) (string, error) {
 	key := artifactKey(d)
 	u := Mirrored(d.URL, m.cfg.Mirror)
+	m.mu.Lock()
+	f, ok := m.failed[key]
+	m.mu.Unlock()
+	if ok && time.Since(f.at) < failTTL {
+		return "", &InstallError{Version: d.Version(), Err: fmt.Errorf("%w (%s ago; it is tried again %s after)", f.err, time.Since(f.at).Round(time.Second), failTTL)}
+	}
 	_, release, err := m.cfg.Cache.EnsureArtifact(ctx, key, deps.Artifact{
-		Kind: deps.KindPython, Python: fmt.Sprintf("%d.%d.%d", d.Major, d.Minor, d.Patch), Source: u, SHA256: d.SHA256, Timeout: m.cfg.Timeout,
+		Kind: deps.KindPython, Python: d.Version(), Source: redact(u), SHA256: d.SHA256, Timeout: m.cfg.Timeout,
 		Fill: func(ctx context.Context, dir string, charge func(int64) error, progress func(string)) error {
 			return m.fill(ctx, d, u, who, dir, charge, progress)
 		},
@@ -588,7 +679,13 @@ func (m *Manager) install(ctx context.Context, d *Download, who Who, progress fu
 		var ie *InstallError
 		var ae *ArchiveError
 		var de *DownloadError
+		var ce *checksumError
 		var dep *deps.InstallError
+		if (errors.As(err, &ae) || errors.As(err, &de) || errors.As(err, &ce)) && ctx.Err() == nil {
+			m.mu.Lock()
+			m.failed[key] = failure{err: err, at: time.Now()}
+			m.mu.Unlock()
+		}
 		switch {
 		case errors.As(err, &ie):
 			return "", ie
@@ -615,7 +712,7 @@ func (m *Manager) fill(ctx context.Context, d *Download, u string, who Who, dir 
 	}
 	start := time.Now()
 	charge = (&budget{charge: charge}).take
-	ev := Event{Action: "install", Version: d.Version(), URL: u, SHA256: d.SHA256, Who: who}
+	ev := Event{Action: "install", Version: d.Version(), URL: redact(u), SHA256: d.SHA256, Who: who}
 	defer func() {
 		ev.Duration = time.Since(start)
 		switch {
@@ -628,9 +725,9 @@ func (m *Manager) fill(ctx context.Context, d *Download, u string, who Who, dir 
 		}
 		m.event(ev)
 		if err != nil {
-			m.log.Warn("pydist: install failed", "version", d.Version(), "url", u, "err", err)
+			m.log.Warn("pydist: install failed", "version", d.Version(), "url", ev.URL, "err", err)
 		} else {
-			m.log.Info("pydist: installed", "version", d.Version(), "url", u, "bytes", ev.Bytes, "took", ev.Duration.Round(time.Millisecond))
+			m.log.Info("pydist: installed", "version", d.Version(), "url", ev.URL, "bytes", ev.Bytes, "took", ev.Duration.Round(time.Millisecond))
 		}
 	}()
 	archive := filepath.Join(filepath.Dir(dir), "archive.tar.gz")
@@ -645,7 +742,7 @@ func (m *Manager) fill(ctx context.Context, d *Download, u string, who Who, dir 
 	if err := charge(deps.EntryCharge(0)); err != nil {
 		return err
 	}
-	note("downloading " + u)
+	note("downloading " + redact(u))
 	n, sum, err := m.fetch(ctx, u, who, f, charge, note)
 	ev.Bytes = n
 	if err != nil {
@@ -654,13 +751,13 @@ func (m *Manager) fill(ctx context.Context, d *Download, u string, who Who, dir 
 	if sum != d.SHA256 {
 		// Refused and deleted (by the deferred remove) before anything of
 		// it is read.
-		return &checksumError{url: u, want: d.SHA256, got: sum}
+		return &checksumError{url: redact(u), want: d.SHA256, got: sum}
 	}
 	note(fmt.Sprintf("downloaded %.1f MiB, SHA-256 verified; unpacking", float64(n)/(1<<20)))
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return fmt.Errorf("pydist: %w", err)
 	}
-	if err := unpack(bufio.NewReaderSize(f, 256<<10), dir, m.cfg.MaxTreeBytes, charge); err != nil {
+	if err := unpack(ctx, bufio.NewReaderSize(f, 256<<10), dir, m.cfg.MaxTreeBytes, charge); err != nil {
 		return err
 	}
 	f.Close()

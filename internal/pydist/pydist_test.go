@@ -516,3 +516,105 @@ func TestDiskFull(t *testing.T) {
 		})
 	}
 }
+
+// A server runs on at most MaxHeld managed Pythons: each it used stays
+// in use (never evicted) until it stops, so callers naming version after
+// version could otherwise pin the whole cache. The next one is refused
+// before anything is downloaded.
+func TestHeldInterpretersBounded(t *testing.T) {
+	a := systemArchive(t)
+	f := newFixture(t, func(c *Config) { c.MaxHeld = 1 })
+	other := hostbuild.EntryOf(a, DefaultPrefix+"/"+tag+"/other-install_only.tar.gz")
+	other.Minor++
+	c, err := ParseCatalog(hostbuild.Metadata(hostbuild.EntryOf(a, DefaultPrefix+"/"+tag+"/"+a.Name()), other), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.m.catalog = c
+	if _, err := f.m.Find(ctxFor(t), Request{Version: a.MajorMinor()}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.m.Find(ctxFor(t), Request{Version: fmt.Sprintf("3.%d", other.Minor)})
+	var na *NotAvailableError
+	if !errors.As(err, &na) || !strings.Contains(err.Error(), "already runs on 1 managed Pythons ("+a.Version()+")") {
+		t.Fatalf("err = %v", err)
+	}
+	if f.mirror.Hits("/pbs/"+tag+"/other-install_only.tar.gz") != 0 {
+		t.Error("the refused version was downloaded")
+	}
+	// The one it holds is still served.
+	if _, err := f.m.Find(ctxFor(t), Request{Version: a.MajorMinor()}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A failed install is remembered for a while: the same request gets the
+// same answer at once, without another download.
+func TestFailureRemembered(t *testing.T) {
+	a := systemArchive(t)
+	f, ver := hostileFixture(t, mustRead(t, a.Path), strings.Repeat("ab", 32), 3, a.Minor, a.Patch)
+	for i := range 2 {
+		_, err := f.m.Find(ctxFor(t), Request{Version: ver})
+		if err == nil || !strings.Contains(err.Error(), "deleted unread") {
+			t.Fatalf("try %d: %v", i, err)
+		}
+	}
+	if n := f.mirror.Hits(f.path); n != 1 {
+		t.Errorf("mirror hits = %d, want 1", n)
+	}
+}
+
+// Metadata from a host that sends a byte now and then: a caller waits
+// only as long as its own context allows, and check_environment's
+// summary never starts the fetch.
+func TestSlowMetadataHost(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.Read(make([]byte, 4096))
+				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{"))
+				for {
+					time.Sleep(100 * time.Millisecond)
+					if _, err := c.Write([]byte(" ")); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	f := newFixture(t)
+	f.m.cfg.Metadata, f.m.catalog = "http://"+l.Addr().String()+"/meta.json", nil
+	if f.m.LoadedCatalog() != nil {
+		t.Fatal("a catalog before any fetch")
+	}
+	for range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		_, err := f.m.Find(ctx, Request{Version: "3.13"})
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("err = %v, want the caller's deadline", err)
+		}
+	}
+}
+
+// A prerelease keeps its name once installed: the policy is asked about
+// "3.15.0rc1", not a "3.15.0" it is not.
+func TestPrereleaseKeepsItsName(t *testing.T) {
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "bin"), 0o755)
+	os.WriteFile(filepath.Join(dir, "bin", "python3.15"), []byte("x"), 0o755)
+	it, ok := interpreterOf(&deps.Env{Kind: deps.KindPython, Python: "3.15.0rc1", Site: dir})
+	if !ok || it.Version != "3.15.0rc1" || it.MajorMinor() != "3.15" || !matches(it, Request{Version: "3.15"}) {
+		t.Fatalf("%+v %v", it, ok)
+	}
+}

@@ -3,6 +3,7 @@ package pydist
 import (
 	"archive/tar"
 	"compress/gzip"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -31,6 +32,8 @@ const (
 	maxDepth    = 64
 	maxNameLen  = 4096
 	maxFileSize = 2 << 30
+	maxElement  = 255 // bytes in one path element, as Linux file systems allow
+	maxTrailer  = 1 << 20
 )
 
 // ArchiveError is an archive that cannot be unpacked as an interpreter:
@@ -52,13 +55,18 @@ type unpacker struct {
 	maxBytes int64
 	written  int64
 	links    []string // symlinks created, checked once everything is in
-	files    map[string]bool
 	entries  int
+	// hasBin: the tree has a python/bin directory. Names are not kept:
+	// a name given twice is caught by O_EXCL, or is a directory again,
+	// which is harmless, and an archive of long names must not cost
+	// the server memory.
+	hasBin bool
+	ctx    context.Context
 }
 
 // unpack reads a gzip-compressed tar from r and unpacks its python/
 // directory into dir (which exists and is empty).
-func unpack(r io.Reader, dir string, maxBytes int64, charge func(int64) error) error {
+func unpack(ctx context.Context, r io.Reader, dir string, maxBytes int64, charge func(int64) error) error {
 	zr, err := gzip.NewReader(r)
 	if err != nil {
 		return badArchive("is not gzip-compressed (%s)", err)
@@ -69,7 +77,7 @@ func unpack(r io.Reader, dir string, maxBytes int64, charge func(int64) error) e
 		return os.NewSyscallError("open", err)
 	}
 	defer unix.Close(fd)
-	u := &unpacker{root: fd, charge: charge, maxBytes: maxBytes, files: map[string]bool{}}
+	u := &unpacker{root: fd, charge: charge, maxBytes: maxBytes, ctx: ctx}
 	tr := tar.NewReader(zr)
 	for {
 		h, err := tr.Next()
@@ -79,18 +87,26 @@ func unpack(r io.Reader, dir string, maxBytes int64, charge func(int64) error) e
 		if err != nil {
 			return truncated(err)
 		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		if err := u.entry(h, tr); err != nil {
 			return err
 		}
 	}
-	// The rest of the gzip stream: its checksum is only checked at its end.
-	if _, err := io.Copy(io.Discard, zr); err != nil {
+	// The rest of the gzip stream, whose checksum is only checked at its
+	// end: the tar's padding, a few KiB. Anything longer is not a tar's.
+	n, err := io.Copy(io.Discard, io.LimitReader(zr, maxTrailer+1))
+	if err != nil {
 		return truncated(err)
+	}
+	if n > maxTrailer {
+		return badArchive("has more than %d KiB of data after its end", maxTrailer>>10)
 	}
 	if u.entries == 0 {
 		return badArchive("is empty")
 	}
-	if !u.files["bin"] {
+	if !u.hasBin {
 		return badArchive("has no python/bin directory: it is not an install_only build")
 	}
 	for _, l := range u.links {
@@ -125,6 +141,9 @@ func rel(name string) (string, error) {
 		if el == ".." {
 			return "", badArchive("has an entry whose path leaves its directory (%.200q)", name)
 		}
+		if len(el) > maxElement {
+			return "", badArchive("has a name longer than %d bytes (%.80q...)", maxElement, el)
+		}
 	}
 	clean := path.Clean(strings.TrimPrefix(name, "./"))
 	if clean == "python" {
@@ -157,12 +176,8 @@ func (u *unpacker) entry(h *tar.Header, r io.Reader) error {
 		}
 		return nil
 	}
-	if u.files[name] {
-		return badArchive("has %q twice", "python/"+name)
-	}
-	u.files[name] = true
 	if top, _, _ := strings.Cut(name, "/"); top == "bin" {
-		u.files["bin"] = true
+		u.hasBin = true
 	}
 	switch h.Typeflag {
 	case tar.TypeDir:

@@ -5,6 +5,7 @@ import (
 	"bufio"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -71,7 +72,7 @@ func unpackInto(t *testing.T, data []byte, maxBytes int64, charge func(int64) er
 	if charge == nil {
 		charge = func(int64) error { return nil }
 	}
-	err := unpack(bytes.NewReader(data), dir, maxBytes, charge)
+	err := unpack(context.Background(), bytes.NewReader(data), dir, maxBytes, charge)
 	// Whatever the archive did, nothing outside the tree changed.
 	ents, _ := os.ReadDir(base)
 	if len(ents) != 2 {
@@ -147,6 +148,16 @@ func TestUnpackHostile(t *testing.T) {
 		{"hard link up", []ent{top, binDir, {name: "python/passwd", typ: tar.TypeLink, link: "python/../../outside"}}, "hard link to something outside"},
 		{"hard link to a dir", []ent{top, binDir, {name: "python/l", typ: tar.TypeLink, link: "python/bin"}}, "not a file unpacked before it"},
 		{"twice", []ent{top, binDir, exe, exe}, "twice"},
+		{"twice, spelled otherwise", []ent{top, binDir, exe, {name: "./python/./bin//python3.11", typ: tar.TypeReg, body: "y"}}, "twice"},
+		{"symlink loop", []ent{top, binDir, {name: "python/a", typ: tar.TypeSymlink, link: "b"}, {name: "python/b", typ: tar.TypeSymlink, link: "a"}}, "loop"},
+		{"hard link through a symlink", []ent{top, binDir, exe, {name: "python/s", typ: tar.TypeSymlink, link: "bin"}, {name: "python/h", typ: tar.TypeLink, link: "python/s/python3.11"}}, "through a symlink"},
+		{"hard link to a symlink", []ent{top, binDir, {name: "python/s", typ: tar.TypeSymlink, link: "bin"}, {name: "python/h", typ: tar.TypeLink, link: "python/s"}}, "not a file unpacked before it"},
+		{"hard link to itself", []ent{top, binDir, {name: "python/h", typ: tar.TypeLink, link: "python/h"}}, "not a file unpacked before it"},
+		{"directory over a symlink", []ent{top, binDir, {name: "python/lib", typ: tar.TypeSymlink, link: "bin"}, {name: "python/lib/", typ: tar.TypeDir}}, "through a symlink"},
+		{"file under a file", []ent{top, binDir, {name: "python/f", typ: tar.TypeReg, body: "x"}, {name: "python/f/g", typ: tar.TypeReg, body: "x"}}, "through a symlink or a file"},
+		{"symlink up through a link", []ent{top, binDir, {name: "python/a/b/", typ: tar.TypeDir}, {name: "python/a/b/s", typ: tar.TypeSymlink, link: ".."}, {name: "python/a/b/L", typ: tar.TypeSymlink, link: "s/../../../x"}}, "leads out of the tree"},
+		{"symlink past a missing name", []ent{top, binDir, {name: "python/L", typ: tar.TypeSymlink, link: "missing/../../x"}}, "symlink out of the tree"},
+		{"name longer than a file system takes", []ent{top, binDir, exe, {name: "python/lib/" + strings.Repeat("x", 300), typ: tar.TypeReg, body: "x"}}, "longer than 255 bytes"},
 		{"no bin", []ent{top, {name: "python/lib/os.py", typ: tar.TypeReg, body: "x"}}, "no python/bin"},
 		{"empty", nil, "is empty"},
 	} {
@@ -159,6 +170,44 @@ func TestUnpackHostile(t *testing.T) {
 				t.Errorf("err is a %T, not an *ArchiveError", err)
 			}
 		})
+	}
+}
+
+// A directory's entry may come after what it holds (tar does not order
+// them).
+func TestUnpackDirectoryAfterItsContents(t *testing.T) {
+	if _, err := unpackInto(t, tarGz(t, top, exe, binDir), 1<<30, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The gzip stream after the tar's end is read only as far as a tar's
+// padding goes: a trailer of zeros (a 1000:1 bomb) is refused, not
+// decompressed.
+func TestUnpackTrailerBomb(t *testing.T) {
+	var buf bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed)
+	tw := tar.NewWriter(zw)
+	for _, e := range []ent{top, binDir, exe} {
+		tw.WriteHeader(&tar.Header{Name: e.name, Typeflag: e.typ, Mode: 0o755, Size: int64(len(e.body))})
+		tw.Write([]byte(e.body))
+	}
+	tw.Close()
+	zw.Write(make([]byte, 8<<20))
+	zw.Close()
+	_, err := unpackInto(t, buf.Bytes(), 1<<30, nil)
+	if err == nil || !strings.Contains(err.Error(), "data after its end") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// An unpack stops when its context ends.
+func TestUnpackCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := unpack(ctx, bytes.NewReader(tarGz(t, top, binDir, exe)), t.TempDir(), 1<<30, func(int64) error { return nil })
+	if err != context.Canceled {
+		t.Fatalf("err = %v", err)
 	}
 }
 
@@ -208,7 +257,7 @@ func BenchmarkUnpack(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := unpack(bufio.NewReaderSize(f, 256<<10), dir, 1<<30, func(int64) error { return nil }); err != nil {
+			if err := unpack(context.Background(), bufio.NewReaderSize(f, 256<<10), dir, 1<<30, func(int64) error { return nil }); err != nil {
 				b.Fatal(err)
 			}
 			f.Close()

@@ -35,7 +35,7 @@ func (s *server) checkEnvironment(ctx context.Context, req *mcp.CallToolRequest,
 	if p.Pool != nil {
 		p.Pool = s.eng.PoolInfo() // it learns modules to preload as it runs
 	}
-	p.ManagedPythons = s.eng.ManagedPythons(ctx)
+	p.ManagedPythons = s.eng.ManagedPythons()
 	return &mcp.CallToolResult{
 		IsError: !p.Usable(),
 		Content: []mcp.Content{&mcp.TextContent{Text: PostureText(&p) + governanceText(p.Governance)}},

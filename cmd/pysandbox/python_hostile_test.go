@@ -17,12 +17,12 @@ import (
 	"github.com/pysandbox/pysandbox/internal/pydist/hostbuild"
 )
 
-// ATTACK: credentials the operator put in --python-downloads-json-url and
-// --python-install-mirror (user:token@host, as for an Artifactory mirror)
-// reach the agent: check_environment's managed_pythons.metadata, the
-// progress notifications of a run that downloads, and the message of a
-// run whose archive fails its digest; and the audit log and meta.json.
-func TestAttackMirrorCredentialsLeak(t *testing.T) {
+// Credentials the operator puts in --python-downloads-json-url and
+// --python-install-mirror (user:token@host, as for an Artifactory
+// mirror) reach those hosts and nothing else: not the agent's progress
+// notifications, check_environment or refusals, not the audit log, not
+// the cache's meta.json.
+func TestManagedPythonCredentialsStayOut(t *testing.T) {
 	s := newManagedSetup(t)
 	ver := s.archive.MajorMinor()
 	url := pydist.DefaultPrefix + "/20990101/" + s.archive.Name()
@@ -62,29 +62,29 @@ func TestAttackMirrorCredentialsLeak(t *testing.T) {
 	got := strings.Join(progress, "\n")
 	mu.Unlock()
 	if strings.Contains(got, "MIRRORTOKEN") {
-		t.Errorf("LEAK: progress notifications to the agent carry the mirror's credentials:\n%s", got)
+		t.Errorf("progress notifications to the agent carry the mirror's credentials:\n%s", got)
 	}
 	// 2. check_environment names the metadata URL as given.
 	_, env := runOut(t)(cs.CallTool(ctx, &mcp.CallToolParams{Name: "check_environment", Arguments: map[string]any{}}))
 	envJSON, _ := json.Marshal(env)
 	if text = string(envJSON); strings.Contains(text, "METATOKEN") {
 		i := strings.Index(text, "METATOKEN")
-		t.Errorf("LEAK: check_environment shows the metadata URL's credentials: …%s…", text[max(0, i-40):min(len(text), i+40)])
+		t.Errorf("check_environment shows the metadata URL's credentials: …%s…", text[max(0, i-40):min(len(text), i+40)])
 	}
 	// 3. An archive that fails its digest: the message to the agent.
 	text, _ = runOut(t)(cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "1", "python_version": "3." + itoa(bad.Minor)}}))
 	if strings.Contains(text, "MIRRORTOKEN") {
 		i := strings.Index(text, "MIRRORTOKEN")
-		t.Errorf("LEAK: the checksum refusal shown to the agent carries the mirror's credentials: …%s…", text[max(0, i-60):min(len(text), i+40)])
+		t.Errorf("the checksum refusal shown to the agent carries the mirror's credentials: …%s…", text[max(0, i-60):min(len(text), i+40)])
 	}
 	cs.Close()
 	if b, _ := os.ReadFile(auditLog); strings.Contains(string(b), "MIRRORTOKEN") {
-		t.Errorf("LEAK: the audit log records the mirror's credentials")
+		t.Errorf("the audit log records the mirror's credentials")
 	}
 	metas, _ := filepath.Glob(filepath.Join(s.cacheDir, "envs", "*", "meta.json"))
 	for _, m := range metas {
 		if b, _ := os.ReadFile(m); strings.Contains(string(b), "MIRRORTOKEN") {
-			t.Errorf("LEAK: %s (world-readable cache) records the mirror's credentials", m)
+			t.Errorf("%s (world-readable cache) records the mirror's credentials", m)
 		}
 	}
 }
@@ -94,4 +94,26 @@ func itoa(n int) string {
 		return string(rune('0' + n))
 	}
 	return itoa(n/10) + string(rune('0'+n%10))
+}
+
+// A run_python call the policy's argument rule refuses (deny_if
+// args.python_version) downloads nothing, even when the tool also has a
+// rule on the code, which is decided in the run's own sandbox: the
+// arguments are judged before it, and before anything is installed.
+func TestManagedPythonRefusedBeforeDownload(t *testing.T) {
+	s := newManagedSetup(t)
+	ver := s.archive.MajorMinor()
+	pol := filepath.Join(t.TempDir(), "policy.json")
+	os.WriteFile(pol, []byte(`{"version": "1", "default": "allow", "tools": {"run_python": {"deny_if": [
+  {"conditions": [{"path": "args.python_version", "op": "in", "value": ["`+ver+`"]}], "on_deny": "not for agents"},
+  {"conditions": [{"path": "code.imports", "op": "contains", "value": "socket"}]}]}}}`), 0o600)
+	ctx, cs := serveStdio(t, append(s.flags(), "--policy", pol)...)
+	text, out := runOut(t)(cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "1", "python_version": ver}}))
+	if out["status"] != "denied" {
+		t.Fatalf("not denied: %s", text)
+	}
+	if n := s.mirror.Hits(s.path); n != 0 {
+		envs, _ := filepath.Glob(filepath.Join(s.cacheDir, "envs", "*"))
+		t.Errorf("the denied call downloaded the archive (%d hits) and left %v in the cache", n, envs)
+	}
 }
