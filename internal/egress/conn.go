@@ -204,6 +204,10 @@ func (g *Grant) open(rec *Record) (net.Conn, *refusal) {
 	}
 	rec.Address = addr
 	cc := &counted{Conn: raw, g: g, lim: lim, rec: rec}
+	// The grant's end ends the connection to the host too: a host that
+	// never answers a plain request would otherwise hold the handler,
+	// and with it Close, for as long as connection_time allows.
+	cc.unwatch = context.AfterFunc(g.ctx, func() { cc.Conn.Close() })
 	if lim.ConnTime > 0 {
 		cc.timer = time.AfterFunc(lim.ConnTime, func() {
 			cc.hit("connection_time")
@@ -352,6 +356,8 @@ type counted struct {
 	g     *Grant
 	lim   policy.NetLimits
 	timer *time.Timer
+	// unwatch stops closing the connection when its grant closes.
+	unwatch func() bool
 
 	mu  sync.Mutex
 	rec *Record
@@ -409,6 +415,9 @@ func (c *counted) Write(p []byte) (int, error) {
 func (c *counted) Close() error {
 	if c.timer != nil {
 		c.timer.Stop()
+	}
+	if c.unwatch != nil {
+		c.unwatch()
 	}
 	err := c.Conn.Close()
 	c.mu.Lock()

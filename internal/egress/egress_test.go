@@ -654,3 +654,35 @@ func TestOpenConnectionsAreCapped(t *testing.T) {
 		t.Errorf("%d connections open", n)
 	}
 }
+
+// A host that takes a plain request and never answers: closing the grant
+// ends the connection to it, so Close returns (it waited for the host
+// before, as long as connection_time allowed).
+func TestCloseEndsASilentHost(t *testing.T) {
+	silent, _ := net.Listen("tcp", "127.0.0.1:0")
+	defer silent.Close()
+	held := make(chan net.Conn, 1)
+	go func() {
+		c, err := silent.Accept()
+		if err == nil {
+			held <- c
+		}
+	}()
+	p := New(Config{Rules: func() *policy.NetworkRules { return rules(t, silent.Addr().String()) }})
+	g, purl := serve(t, p, GrantConfig{})
+	c, err := net.Dial("tcp", purl.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "GET http://"+silent.Addr().String()+"/ HTTP/1.1\r\nHost: "+silent.Addr().String()+"\r\n\r\n")
+	up := <-held
+	defer up.Close()
+	done := make(chan struct{})
+	go func() { g.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second): // a guard against a hang: Close takes milliseconds
+		t.Fatal("Close waited for a host that never answers")
+	}
+}

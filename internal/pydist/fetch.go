@@ -98,7 +98,7 @@ func (m *Manager) fetch(ctx context.Context, u string, who Who, dst io.Writer, c
 			return d.DialContext(ctx, "unix", sock)
 		},
 		TLSHandshakeTimeout:    30 * time.Second,
-		ResponseHeaderTimeout:  60 * time.Second,
+		ResponseHeaderTimeout:  m.cfg.HeaderTimeout,
 		DisableCompression:     true, // the digest is of the bytes as served
 		MaxResponseHeaderBytes: 64 << 10,
 	}
@@ -125,7 +125,11 @@ func (m *Manager) fetch(ctx context.Context, u string, who Who, dst io.Writer, c
 		if ctx.Err() != nil {
 			return 0, "", ctx.Err()
 		}
-		return 0, "", &DownloadError{URL: u, Msg: fmt.Sprintf("could not download %s: %s", pu.Redacted(), reason(err))}
+		msg := reason(err)
+		if strings.Contains(msg, "timeout awaiting response headers") {
+			msg = fmt.Sprintf("no answer within %s", m.cfg.HeaderTimeout)
+		}
+		return 0, "", &DownloadError{URL: u, Msg: fmt.Sprintf("could not download %s: %s", pu.Redacted(), msg)}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

@@ -135,6 +135,8 @@ type Config struct {
 	MaxTreeBytes    int64         // 0: DefaultMaxTreeBytes
 	Timeout         time.Duration // one install, download included (0: DefaultTimeout)
 	ProgressEvery   time.Duration // between download progress lines (0: 2 s)
+	// HeaderTimeout bounds the wait for a host's answer to begin (0: 60 s).
+	HeaderTimeout time.Duration
 	// MaxHeld bounds the managed interpreters one server runs on at
 	// once (0: DefaultMaxHeld). Each it has used stays in use, never
 	// evicted, until it stops: without a bound, callers naming version
@@ -200,6 +202,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.HeaderTimeout <= 0 {
+		cfg.HeaderTimeout = 60 * time.Second
 	}
 	if cfg.MaxHeld <= 0 {
 		cfg.MaxHeld = DefaultMaxHeld

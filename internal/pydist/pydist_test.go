@@ -618,3 +618,42 @@ func TestPrereleaseKeepsItsName(t *testing.T) {
 		t.Fatalf("%+v %v", it, ok)
 	}
 }
+
+// A plain-http mirror that takes the connection and never answers: the
+// download gives up, and the proxy's grant closes with it (it waited on
+// the host forever before).
+func TestSilentMirror(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	var conns []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	f := newFixture(t, func(c *Config) {
+		c.Mirror = "http://" + l.Addr().String() + "/pbs"
+		c.HeaderTimeout = 300 * time.Millisecond
+	})
+	_, err = f.m.Find(ctxFor(t), Request{Version: f.archive.MajorMinor()})
+	if err == nil || !strings.Contains(err.Error(), "no answer within") {
+		t.Fatalf("err = %v", err)
+	}
+}
