@@ -127,9 +127,34 @@ func TestServeManagedPython(t *testing.T) {
 	if out["status"] != "success" || !strings.Contains(text, s.cacheDir) {
 		t.Fatalf("session run: %s", text)
 	}
+	// A session keeps its Python: a run naming another is told so.
+	text, out = runOut(t)(cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "1", "session_id": id, "python_version": "3.10"}}))
+	if out["status"] != "invalid_request" || !strings.Contains(text, "runs Python "+s.archive.Version()) {
+		t.Errorf("session run naming another Python: %s", text)
+	}
+	// requires-python names a version too: under only-managed, the
+	// managed build serves it; validate_script says it would.
+	pep723 := "# /// script\n# requires-python = \">=3." + fmt.Sprint(s.archive.Minor) + "\"\n# ///\n" + probe
+	text, out = runOut(t)(cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": pep723}}))
+	if out["status"] != "success" || !strings.Contains(text, s.cacheDir) {
+		t.Errorf("requires-python run: %s", text)
+	}
+	text, out = runOut(t)(cs.CallTool(ctx, &mcp.CallToolParams{Name: "validate_script", Arguments: map[string]any{"code": pep723}}))
+	if out["valid"] != true {
+		t.Errorf("validate_script of a requires-python the managed build meets: %s", text)
+	}
+	// One only the denied version meets: validate_script says so.
+	text, out = runOut(t)(cs.CallTool(ctx, &mcp.CallToolParams{Name: "validate_script", Arguments: map[string]any{"code": strings.Replace(pep723, ">=3."+fmt.Sprint(s.archive.Minor), ">="+s.other, 1)}}))
+	if out["valid"] != false || !strings.Contains(text, "python.deny") {
+		t.Errorf("validate_script of a requires-python only a denied version meets: %s", text)
+	}
+	text, out = runOut(t)(cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "1", "python_version": "banana"}}))
+	if out["status"] != "invalid_request" || !strings.Contains(text, "not a version") {
+		t.Errorf("python_version banana: %s", text)
+	}
 	// The policy denies the other version before anything is downloaded.
-	text, _ = runOut(t)(cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "1", "python_version": s.other}}))
-	if !strings.Contains(text, "python.deny") {
+	text, out = runOut(t)(cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "1", "python_version": s.other}}))
+	if out["status"] != "denied" || !strings.Contains(text, "python.deny") {
 		t.Errorf("denied version: %s", text)
 	}
 	if n := s.mirror.Hits(s.path); n != 1 {
@@ -144,8 +169,11 @@ func TestServeManagedPython(t *testing.T) {
 	// only what the policy allows.
 	_, env := runOut(t)(cs.CallTool(ctx, &mcp.CallToolParams{Name: "check_environment", Arguments: map[string]any{}}))
 	mp, _ := env["managed_pythons"].(map[string]any)
-	if mp == nil || fmt.Sprint(mp["installed"]) != "["+s.archive.Version()+"]" || fmt.Sprint(mp["downloadable"]) != "["+s.archive.Version()+"]" || mp["mode"] != "automatic" {
+	if mp == nil || fmt.Sprint(mp["installed"]) != "["+s.archive.Version()+"]" || fmt.Sprint(mp["downloadable"]) != "["+s.archive.Version()+"]" || mp["mode"] != "automatic" || mp["preference"] != "only-managed" {
 		t.Errorf("managed_pythons = %v", mp)
+	}
+	if gov, _ := env["governance"].(map[string]any); gov == nil || fmt.Sprint(gov["python_denied"]) != "["+s.other+"]" {
+		t.Errorf("governance = %v", env["governance"])
 	}
 	cs.Close()
 
@@ -177,9 +205,10 @@ func TestServeManagedPython(t *testing.T) {
 		t.Errorf("audit log: install record %v, connect record %v", install, connect)
 	}
 
-	// A cold server (no pool) on the same cache uses the installed build.
-	ctx, cs = serveStdio(t, append(s.flags(), "--pool-size", "0")...)
-	text, out = runOut(t)(cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": probe, "python_version": ver}}))
+	// A cold server (no pool) on the same cache uses the installed build,
+	// as its default too: --python 3.X under only-managed.
+	ctx, cs = serveStdio(t, append(s.flags(), "--pool-size", "0", "--python", ver)...)
+	text, out = runOut(t)(cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": probe}}))
 	if out["status"] != "success" || !strings.Contains(text, s.cacheDir) {
 		t.Fatalf("cold run: %s", text)
 	}

@@ -285,6 +285,26 @@ func Format(line []byte) string {
 			}
 			b.WriteString(excerpt(first, 60))
 		}
+	case EventConnect:
+		fmt.Fprintf(&b, "connect  %s  %s  %s", word(r.Identity), word(r.Tool), word(r.Decision))
+		if n := r.Net; n != nil {
+			fmt.Fprintf(&b, "  %s %s:%d", word(n.Method), word(n.Host), n.Port)
+			if n.Address != "" {
+				b.WriteString(" (" + word(n.Address) + ")")
+			}
+			fmt.Fprintf(&b, " in=%s out=%s", bytesString(n.BytesIn), bytesString(n.BytesOut))
+		}
+		if r.Reason != "" {
+			fmt.Fprintf(&b, " reason=%s", quote(r.Reason))
+		}
+	case EventPython:
+		fmt.Fprintf(&b, "python  %s  %s  %s", word(r.Identity), word(r.Tool), word(r.Decision))
+		if r.DurationMS > 0 {
+			b.WriteString("  " + (time.Duration(r.DurationMS) * time.Millisecond).String())
+		}
+		if r.Error != "" {
+			b.WriteString("  error=" + excerpt(r.Error, 80))
+		}
 	default:
 		// start, rotate and events this version does not know.
 		b.WriteString(word(r.Event))

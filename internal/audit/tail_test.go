@@ -34,6 +34,11 @@ func TestFormatGolden(t *testing.T) {
 		{Event: EventCall, Identity: "alice", Tool: "run_python", Decision: "approval_requested"},
 		{Event: EventCall, Identity: "eve\x1b]0;owned\x07", Tool: "run_python", Decision: "allow", Status: "success", ExitCode: new(int),
 			Arguments: json.RawMessage(`{"code":"print('\u001b[2J\u001b[31mhi\r')\u202e"}`)},
+		{Event: EventConnect, Identity: "alice", Tool: "python-download", Decision: "allow",
+			Net: &Connection{Method: "CONNECT", Host: "github.com", Port: 443, Address: "140.82.121.4", BytesIn: 33 << 20, BytesOut: 4096}},
+		{Event: EventPython, Identity: "alice", Tool: "run", Decision: "refused", DurationMS: 1800,
+			Error:  "the archive from https://github.com/x has SHA-256 00, not the ab its download metadata names; it was deleted unread",
+			Detail: map[string]string{"action": "install", "version": "3.13.15", "bytes": "34603008"}},
 		{Event: "shutdown"},
 	}
 	for _, r := range records {

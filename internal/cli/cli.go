@@ -449,25 +449,38 @@ func (o *options) engineConfig(ctx context.Context, kind sandbox.Kind, backend s
 		cache = nil
 	}
 	var pythons *pydist.Manager
+	var noPythons string
 	pref, _ := pydist.ParsePreference(o.pyPreference)
 	if cache != nil && pref != pydist.OnlySystem {
 		// Managed interpreters live in the same cache, under its cap.
 		if pythons, err = o.pythons(cache, backend, log); errors.Is(err, pydist.ErrUnmountable) {
 			log.Warn("managed Pythons disabled", "err", err)
+			noPythons = strings.TrimPrefix(err.Error(), "pydist: ")
 		} else if err != nil {
 			return engine.Config{}, err
 		}
 	}
+	// --python 3.X: a managed build when the host lacks it (or, as the
+	// preference says, even when it has it), as a run's python_version
+	// would get.
+	if pythons != nil && versionArgRE.MatchString(o.python) {
+		req := pydist.Request{Version: o.python, Check: o.checkPython, Who: pydist.Who{Identity: "operator", Tool: "--python"},
+			Progress: func(line string) { log.Info(line) }}
+		switch {
+		case pref == pydist.OnlyManaged || findErr != nil:
+			if py, err = pythons.Find(ctx, req); err != nil {
+				return engine.Config{}, fmt.Errorf("--python %s: %w", o.python, err)
+			}
+			findErr = nil
+		case pref == pydist.PreferManaged:
+			req.NoDownload = true
+			if it, err := pythons.Find(ctx, req); err == nil {
+				py = it
+			}
+		}
+	}
 	if findErr != nil {
-		// --python 3.X the host lacks: a managed build, as a run's
-		// python_version would get.
-		if pythons == nil {
-			return engine.Config{}, findErr
-		}
-		if py, err = pythons.Find(ctx, pydist.Request{Version: o.python, Check: o.checkPython, Who: pydist.Who{Identity: "operator", Tool: "--python"},
-			Progress: func(line string) { log.Info(line) }}); err != nil {
-			return engine.Config{}, fmt.Errorf("--python %s: %w", o.python, err)
-		}
+		return engine.Config{}, findErr
 	}
 	return engine.Config{
 		Backend:          backend,
@@ -477,6 +490,7 @@ func (o *options) engineConfig(ctx context.Context, kind sandbox.Kind, backend s
 		NoDepsReason:     noDeps,
 		Pythons:          pythons,
 		PythonPreference: pref,
+		NoPythonsReason:  noPythons,
 		CheckPython:      o.checkPython,
 		CheckPackage:     o.checkPackage,
 		Limits:           o.limits(),

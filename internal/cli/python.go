@@ -120,20 +120,34 @@ func pythonCmd(args []string, stdout, stderr io.Writer) error {
 		synopsis = "python " + sub + " [flags] VERSION"
 	}
 	fs, o := newFlagSet("python "+sub, synopsis, stderr)
+	// Its own lines say what happens; the log only what goes wrong.
+	fs.Lookup("log-level").DefValue = "warn"
+	o.logLevel = "warn"
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
 	var version string
+	// Flags may come after the version too.
+	if sub != "list" && fs.NArg() > 1 && strings.HasPrefix(fs.Arg(1), "-") {
+		v := fs.Arg(0)
+		if err := parseFlags(fs, fs.Args()[1:]); err != nil {
+			return err
+		}
+		if fs.NArg() > 0 {
+			return usageError{fmt.Errorf("python %s takes one version, such as 3.13 (got %q and %q)", sub, v, fs.Arg(0))}
+		}
+		version = v
+	}
 	switch {
 	case sub == "list" && fs.NArg() > 0:
 		return usageError{fmt.Errorf("python list takes no arguments (got %q)", fs.Arg(0))}
-	case sub != "list" && fs.NArg() != 1:
+	case sub != "list" && version == "" && fs.NArg() != 1:
 		return usageError{fmt.Errorf("python %s takes one version, such as 3.13 (got %d arguments)", sub, fs.NArg())}
-	case sub != "list":
+	case sub != "list" && version == "":
 		version = fs.Arg(0)
-		if !versionArgRE.MatchString(version) {
-			return usageError{fmt.Errorf("%q is not a version such as 3.13 or 3.13.1", version)}
-		}
+	}
+	if sub != "list" && !versionArgRE.MatchString(version) {
+		return usageError{fmt.Errorf("%q is not a version such as 3.13 or 3.13.1", version)}
 	}
 	if err := o.validate(); err != nil {
 		return err

@@ -76,6 +76,9 @@ type Config struct {
 	// Pythons provides the Python versions the host lacks (managed
 	// interpreters, downloaded on demand); nil: only the host's.
 	Pythons *pydist.Manager
+	// NoPythonsReason says why Pythons is nil when it should not be
+	// (a cache no sandbox can mount), for the agent and check_environment.
+	NoPythonsReason string
 	// PythonPreference orders the host's interpreters and the managed
 	// ones, as uv's python-preference does ("" is pydist.PreferSystem).
 	PythonPreference pydist.Preference

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
 
 	"github.com/pysandbox/pysandbox/internal/deps"
@@ -116,15 +117,20 @@ func (e *Engine) interpreter(ctx context.Context, version, requiresPython, calle
 		return e.cfg.Pythons.Find(ctx, pydist.Request{Version: version, Spec: set, Check: e.checkPython, NoDownload: !download,
 			Who: pydist.Who{Identity: caller, Tool: "run"}, Progress: progress})
 	}
+	if version != "" && !pythonVersionRE.MatchString(version) {
+		return nil, &RequestError{Msg: fmt.Sprintf("python_version %.40q is not a version such as 3.12 or 3.12.4", version)}
+	}
 	asked := version != "" || (set != nil && !set.Contains(e.cfg.Python.Version))
 	switch {
-	case pref == pydist.OnlyManaged && asked:
+	case pref == pydist.OnlyManaged && (version != "" || set != nil):
+		// Only managed builds serve a version a run names, by
+		// python_version or by requires-python.
 		// A run that names a version gets a managed build of it, never
 		// the host's; one that names none, the default.
 		it, err := managed(true)
 		var na *pydist.NotAvailableError
 		if errors.As(err, &na) {
-			return nil, &RequestError{Msg: na.Msg}
+			return nil, &RequestError{Msg: na.Msg + " (this server's --python-preference only-managed leaves the host's interpreters out)"}
 		}
 		return it, err
 	case pref == pydist.PreferManaged && asked:
@@ -141,7 +147,11 @@ func (e *Engine) interpreter(ctx context.Context, version, requiresPython, calle
 			return nil, err
 		}
 		if pref == pydist.OnlySystem {
-			return nil, &RequestError{Msg: nf.msg}
+			msg := nf.msg
+			if e.cfg.NoPythonsReason != "" {
+				msg += "; the server downloads no other (" + e.cfg.NoPythonsReason + ")"
+			}
+			return nil, &RequestError{Msg: msg}
 		}
 		it, err = managed(true)
 		if err != nil {
@@ -160,16 +170,26 @@ func isNotAvailable(err error) bool {
 	return errors.As(err, &na)
 }
 
+// pythonVersionRE is what python_version may be: "3.12" or "3.12.4".
+var pythonVersionRE = regexp.MustCompile(`^3\.[0-9]{1,2}(\.[0-9]{1,3})?$`)
+
 // checkPython asks the server's Python policy about a version.
 func (e *Engine) checkPython(version string) error {
 	if e.cfg.CheckPython == nil {
 		return nil
 	}
 	if err := e.cfg.CheckPython(version); err != nil {
-		return &RequestError{Msg: err.Error()}
+		return &PythonDeniedError{Err: err}
 	}
 	return nil
 }
+
+// PythonDeniedError is a run refused by the server's Python policy: the
+// interpreter it needs is a version the policy does not allow.
+type PythonDeniedError struct{ Err error }
+
+func (e *PythonDeniedError) Error() string { return e.Err.Error() }
+func (e *PythonDeniedError) Unwrap() error { return e.Err }
 
 // notFound is a request no host interpreter meets; its message lists what
 // the host has.

@@ -110,6 +110,9 @@ type Governance struct {
 	Tools           map[string]string `json:"tools"`
 	PackagesAllowed []string          `json:"packages_allowed,omitempty"` // empty: any package not denied
 	PackagesDenied  []string          `json:"packages_denied,omitempty"`
+	// PythonAllowed and PythonDenied are the policy's python rules.
+	PythonAllowed []string `json:"python_allowed,omitempty"`
+	PythonDenied  []string `json:"python_denied,omitempty"`
 	// Network is what runs may reach through the server's proxy; nil: no
 	// network at all.
 	Network *NetworkPolicy `json:"network,omitempty"`

@@ -1,6 +1,9 @@
 package engine
 
 import (
+	"fmt"
+
+	"github.com/pysandbox/pysandbox/internal/pep"
 	"github.com/pysandbox/pysandbox/internal/pydist"
 )
 
@@ -15,8 +18,11 @@ type ManagedPythons struct {
 	// download metadata has for this machine (automatic mode downloads
 	// one when a run asks for it).
 	Downloadable []string `json:"downloadable"`
+	// Preference is which Python serves a run that names a version
+	// (system, managed, only-managed).
+	Preference string `json:"preference"`
 	// Metadata is where the list comes from; Problem, when set, why it
-	// could not be read.
+	// could not be read, or why the server downloads none.
 	Metadata string `json:"metadata"`
 	Problem  string `json:"problem,omitempty"`
 }
@@ -27,9 +33,16 @@ type ManagedPythons struct {
 func (e *Engine) ManagedPythons() *ManagedPythons {
 	m := e.cfg.Pythons
 	if m == nil {
+		if e.cfg.NoPythonsReason != "" {
+			return &ManagedPythons{Mode: "off", Installed: []string{}, Downloadable: []string{}, Problem: e.cfg.NoPythonsReason}
+		}
 		return nil
 	}
-	out := &ManagedPythons{Mode: string(m.Mode()), Installed: []string{}, Downloadable: []string{}}
+	pref := e.cfg.PythonPreference
+	if pref == "" {
+		pref = pydist.PreferSystem
+	}
+	out := &ManagedPythons{Mode: string(m.Mode()), Preference: string(pref), Installed: []string{}, Downloadable: []string{}}
 	for _, in := range m.Installed() {
 		out.Installed = append(out.Installed, in.Version)
 	}
@@ -48,4 +61,49 @@ func (e *Engine) ManagedPythons() *ManagedPythons {
 		}
 	}
 	return out
+}
+
+// WhichPython says, without downloading anything, which Python would
+// serve a run with this python_version and requires-python: "3.11.2
+// (/usr/bin/python3.11)", or "3.13.15, downloaded on first use"; an error
+// saying why none would.
+func (e *Engine) WhichPython(version, requiresPython string) (string, error) {
+	var set *pep.SpecifierSet
+	if requiresPython != "" {
+		s, err := pep.ParseSpecifierSet(requiresPython)
+		if err != nil {
+			return "", fmt.Errorf("requires-python %q is invalid: %v", requiresPython, err)
+		}
+		set = &s
+	}
+	m := e.cfg.Pythons
+	onlyManaged := m != nil && e.cfg.PythonPreference == pydist.OnlyManaged && (version != "" || set != nil)
+	if !onlyManaged {
+		if it, err := e.hostInterpreter(version, set, requiresPython); err == nil {
+			return fmt.Sprintf("%s (%s)", it.Version, it.Path), e.checkPython(it.Version)
+		} else if m == nil {
+			return "", err
+		}
+	}
+	for _, in := range m.Installed() {
+		if in.Supported && (version == "" || in.MajorMinor() == version || in.Version == version) && (set == nil || set.Contains(in.Version)) {
+			return fmt.Sprintf("%s (managed, %s)", in.Version, in.Path), e.checkPython(in.Version)
+		}
+	}
+	what := "Python " + version
+	if version == "" {
+		what = fmt.Sprintf("a Python for requires-python %q", requiresPython)
+	}
+	if m.Mode() != pydist.Automatic {
+		return "", fmt.Errorf("%s is not installed on this server, which downloads none on demand (--python-downloads %s)", what, m.Mode())
+	}
+	c := m.LoadedCatalog()
+	if c == nil {
+		return "downloaded on first use, if the download metadata names one", nil
+	}
+	d, err := c.Find(version, set)
+	if err != nil {
+		return "", fmt.Errorf("%s is neither on this server nor in its download metadata", what)
+	}
+	return fmt.Sprintf("%s, downloaded on first use", d.Version()), e.checkPython(d.Version())
 }

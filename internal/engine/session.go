@@ -597,6 +597,13 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	if err != nil {
 		return nil, err
 	}
+	// A session keeps the interpreter it was created with: a run that
+	// names another is told so rather than quietly run on it.
+	if v := req.PythonVersion; v != "" && sess.renv != nil && sess.renv.py != nil {
+		if py := sess.renv.py; py.MajorMinor() != v && py.Version != v {
+			return nil, &RequestError{Msg: fmt.Sprintf("session %s runs Python %s; python_version %.40q applies to a new session (create_session) or a run without session_id", id, py.Version, v)}
+		}
+	}
 	sess.runMu.Lock()
 	defer sess.runMu.Unlock()
 	sess.mu.Lock()

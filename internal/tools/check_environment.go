@@ -49,6 +49,9 @@ func (s *server) governanceSummary() *engine.Governance {
 	for _, name := range Names {
 		sum.Tools[name] = pol.Describe(name)
 	}
+	if pol.Python != nil {
+		sum.PythonAllowed, sum.PythonDenied = pol.Python.Allow, pol.Python.Deny
+	}
 	return sum
 }
 
@@ -65,6 +68,12 @@ func governanceText(sum *engine.Governance) string {
 	}
 	if len(sum.PackagesDenied) > 0 {
 		fmt.Fprintf(&b, "packages denied: %s\n", strings.Join(sum.PackagesDenied, ", "))
+	}
+	if len(sum.PythonAllowed) > 0 {
+		fmt.Fprintf(&b, "Python versions allowed: %s\n", strings.Join(sum.PythonAllowed, ", "))
+	}
+	if len(sum.PythonDenied) > 0 {
+		fmt.Fprintf(&b, "Python versions denied: %s\n", strings.Join(sum.PythonDenied, ", "))
 	}
 	b.WriteString(networkText(sum.Network))
 	b.WriteString(upstreamText(sum.Upstream))
@@ -134,7 +143,7 @@ func PostureText(p *engine.Posture) string {
 		}
 	}
 	if m := p.ManagedPythons; m != nil {
-		fmt.Fprintf(&b, "managed Pythons (downloads %s): installed %s; downloadable %s\n", m.Mode, listOrNone(m.Installed), listOrNone(m.Downloadable))
+		fmt.Fprintf(&b, "managed Pythons (downloads %s, preference %s): installed %s; downloadable %s\n", m.Mode, m.Preference, listOrNone(m.Installed), listOrNone(m.Downloadable))
 		if m.Problem != "" {
 			fmt.Fprintf(&b, "  download metadata: %s\n", m.Problem)
 		}

@@ -139,6 +139,10 @@ func subjectOf(in any) govern.Subject {
 // deniedError turns an engine refusal of a package (one pulled in as a
 // dependency, found during the install) into the policy's refusal.
 func deniedError(err error) (*govern.Refusal, bool) {
+	var py *engine.PythonDeniedError
+	if errors.As(err, &py) {
+		return &govern.Refusal{Status: govern.StatusDenied, Message: fmt.Sprintf("The server's policy does not allow this: %s. Nothing was run.", strings.TrimRight(py.Err.Error(), ". ")), ByPolicy: true}, true
+	}
 	var denied *engine.PackageDeniedError
 	if !errors.As(err, &denied) {
 		return nil, false

@@ -98,13 +98,10 @@ func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, i
 		out.Dependencies = append(out.Dependencies, dep)
 	}
 	if out.RequiresPython != "" {
-		set, err := pep.ParseSpecifierSet(out.RequiresPython)
-		py := s.eng.Config().Python
-		switch {
-		case err != nil:
+		// What run_python would do: the server's Python, another the
+		// host has, or one it downloads.
+		if _, err := s.eng.WhichPython("", out.RequiresPython); err != nil {
 			out.Problems = append(out.Problems, fmt.Sprintf("requires-python %q: %v", out.RequiresPython, err))
-		case !set.Contains(py.Version):
-			out.Problems = append(out.Problems, fmt.Sprintf("requires-python %q is not satisfied by this server's Python %s", out.RequiresPython, py.Version))
 		}
 	}
 
