@@ -54,10 +54,14 @@ func TestManagedPythonCredentialsStayOut(t *testing.T) {
 	}
 	defer cs.Close()
 
-	// 1. A run that downloads: its progress names the mirror, token included.
+	// 1. A run that downloads: its progress names the mirror, not its
+	// token.
 	params := &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "1", "python_version": ver}}
 	params.SetProgressToken("p1")
-	text, _ := runOut(t)(cs.CallTool(ctx, params))
+	text, out := runOut(t)(cs.CallTool(ctx, params))
+	if out["status"] != "success" {
+		t.Fatalf("the run through the mirror with credentials: %s", text)
+	}
 	mu.Lock()
 	got := strings.Join(progress, "\n")
 	mu.Unlock()
