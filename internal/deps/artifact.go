@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // An artifact is a tree that something other than the package installer
@@ -69,39 +67,7 @@ func (c *Cache) EnsureArtifact(ctx context.Context, key string, a Artifact, prog
 	if !artifactKeyRE.MatchString(key) || a.Kind != KindPython || a.Fill == nil {
 		return nil, nil, fmt.Errorf("deps: invalid artifact %q of kind %q", key, a.Kind)
 	}
-	built := false
-	for attempt := 0; ; attempt++ {
-		env, release, err := c.acquire(key)
-		if err != nil {
-			return nil, nil, err
-		}
-		if env != nil {
-			if env.Kind != a.Kind {
-				release()
-				return nil, nil, fmt.Errorf("deps: %s holds a %q, not a %q", key, env.Kind, a.Kind)
-			}
-			if built {
-				if _, err := c.Prune(c.cfg.MaxBytes); err != nil {
-					c.log.Warn("deps: prune after build", "err", err)
-				}
-			}
-			return env, release, nil
-		}
-		if err := ctx.Err(); err != nil {
-			return nil, nil, err
-		}
-		if attempt == 3 {
-			return nil, nil, fmt.Errorf("deps: %s disappeared as soon as it was built (evicted by a concurrent prune?)", key)
-		}
-		err = c.waitBuild(ctx, key, func(st *buildState) error { return c.buildArtifact(st, key, a) }, progress)
-		if errors.Is(err, errAbandoned) && ctx.Err() == nil {
-			continue
-		}
-		if err != nil {
-			return nil, nil, err
-		}
-		built = true
-	}
+	return c.ensure(ctx, key, a.Kind, key, func(st *buildState) error { return c.buildArtifact(st, key, a) }, progress)
 }
 
 // Acquire returns the env or artifact under key marked in use, or nil when
@@ -188,30 +154,8 @@ func (c *Cache) buildArtifact(st *buildState, key string, a Artifact) (err error
 	if err != nil {
 		return err
 	}
-	var bst unix.Stat_t
-	if err := unix.Lstat(bdir, &bst); err != nil {
-		return fmt.Errorf("deps: %w", os.NewSyscallError("lstat", err))
-	}
-	now := time.Now()
-	env := Env{
-		Key: key, Kind: a.Kind, Site: filepath.Join(c.envDir(key), contentDir(a.Kind)),
-		Python: a.Python, Source: a.Source, SHA256: a.SHA256,
-		Accounting: diskAccounting, Created: now, LastUsed: now,
-	}
-	meta, err := sizeMeta(&env, size+inodeCharge(&bst))
-	if err != nil {
-		return err
-	}
-	if err := res.settle(env.SizeBytes); err != nil {
-		return err
-	}
-	if err := writeMeta(filepath.Join(bdir, metaName), meta); err != nil {
-		return err
-	}
-	if err := os.Chmod(bdir, 0o755); err != nil {
-		return fmt.Errorf("deps: %w", err)
-	}
-	if published, err = c.publish(bdir, key, res); err != nil {
+	env := Env{Key: key, Kind: a.Kind, Python: a.Python, Source: a.Source, SHA256: a.SHA256}
+	if published, err = c.store(bdir, &env, size, res); err != nil {
 		return err
 	}
 	c.log.Info("deps: stored", "key", key, "kind", a.Kind, "python", a.Python, "size", env.SizeBytes, "took", time.Since(start).Round(time.Millisecond))

@@ -41,10 +41,12 @@ const (
 // be a symlink, a magic link or a mount point.
 const resolveStrict = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
 
-// openBeneath opens name in the directory dirfd without following
-// anything. EAGAIN (a concurrent rename the kernel could not rule out) and
+// OpenBeneath opens name (a path relative to dirfd, of one element or
+// more) beneath the directory dirfd without following anything: no
+// symlink, magic link or mount point on the way. internal/pydist unpacks
+// with it too. EAGAIN (a concurrent rename the kernel could not rule out) and
 // EINTR are retried, a bounded number of times.
-func openBeneath(dirfd int, name string, flags int) (int, error) {
+func OpenBeneath(dirfd int, name string, flags int) (int, error) {
 	how := &unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC | unix.O_NOFOLLOW), Resolve: resolveStrict}
 	for try := 0; ; try++ {
 		fd, err := unix.Openat2(dirfd, name, how)
@@ -193,7 +195,7 @@ func estimateTree(fd int) (treeEstimate, error) {
 				if depth >= maxScratchDepth {
 					return tooDeep(p)
 				}
-				sub, err := openBeneath(fd, name, unix.O_RDONLY|unix.O_DIRECTORY)
+				sub, err := OpenBeneath(fd, name, unix.O_RDONLY|unix.O_DIRECTORY)
 				if err != nil {
 					return refuse("the install left a directory the server cannot read (%q): %v", p, err)
 				}
@@ -305,7 +307,7 @@ func (c *copier) subdir(src, dst int, name, rel string, depth int) error {
 	if depth >= maxScratchDepth {
 		return tooDeep(rel)
 	}
-	sfd, err := openBeneath(src, name, unix.O_RDONLY|unix.O_DIRECTORY)
+	sfd, err := OpenBeneath(src, name, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		return refuse("the install left a directory the server cannot read (%q): %v", rel, err)
 	}
@@ -351,7 +353,7 @@ func (c *copier) symlink(src, dst int, name, rel string, st *unix.Stat_t) error 
 func (c *copier) file(src, dst int, name, rel string) error {
 	// O_NONBLOCK: a FIFO swapped in since fstatat does not make the open
 	// wait; its type is checked on the descriptor.
-	sfd, err := openBeneath(src, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
+	sfd, err := OpenBeneath(src, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return nil

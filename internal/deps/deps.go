@@ -29,7 +29,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
-	"net/netip"
 	"net/url"
 	"os"
 	"os/exec"
@@ -44,6 +43,7 @@ import (
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/sys/unix"
 
+	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/pep"
 	"github.com/pysandbox/pysandbox/internal/sandbox"
@@ -106,18 +106,7 @@ func (ix IndexConfig) Targets() []string {
 		if err != nil || u.Host == "" {
 			return
 		}
-		port := u.Port()
-		if port == "" {
-			port = "80"
-			if u.Scheme == "https" {
-				port = "443"
-			}
-		}
-		host := strings.ToLower(strings.TrimSuffix(u.Hostname(), "."))
-		if a, err := netip.ParseAddr(host); err == nil {
-			host = a.Unmap().String()
-		}
-		hp := net.JoinHostPort(host, port)
+		hp := egress.Target(u)
 		if !slices.Contains(out, hp) {
 			out = append(out, hp)
 		}
@@ -460,6 +449,13 @@ func (c *Cache) Ensure(ctx context.Context, py *interp.Interpreter, reqs []strin
 		return nil, nil, err
 	}
 	key := c.key(py, canon)
+	return c.ensure(ctx, key, "", "environment "+key, func(st *buildState) error { return c.build(st, key, py, canon) }, progress)
+}
+
+// ensure returns the entry under key, of kind, building it with build
+// when the cache does not hold it: the loop Ensure and EnsureArtifact
+// share. what names the entry in errors.
+func (c *Cache) ensure(ctx context.Context, key, kind, what string, build func(*buildState) error, progress func(string)) (*Env, func(), error) {
 	built := false
 	for attempt := 0; ; attempt++ {
 		env, release, err := c.acquire(key)
@@ -467,6 +463,10 @@ func (c *Cache) Ensure(ctx context.Context, py *interp.Interpreter, reqs []strin
 			return nil, nil, err
 		}
 		if env != nil {
+			if env.Kind != kind {
+				release()
+				return nil, nil, fmt.Errorf("deps: %s holds a %q, not a %q", key, env.Kind, kind)
+			}
 			if built {
 				// Only now, with the new env held: pruning first could evict it.
 				if _, err := c.Prune(c.cfg.MaxBytes); err != nil {
@@ -479,9 +479,9 @@ func (c *Cache) Ensure(ctx context.Context, py *interp.Interpreter, reqs []strin
 			return nil, nil, err
 		}
 		if attempt == 3 {
-			return nil, nil, fmt.Errorf("deps: environment %s disappeared as soon as it was built (evicted by a concurrent prune?)", key)
+			return nil, nil, fmt.Errorf("deps: %s disappeared as soon as it was built (evicted by a concurrent prune?)", what)
 		}
-		err = c.waitBuild(ctx, key, func(st *buildState) error { return c.build(st, key, py, canon) }, progress)
+		err = c.waitBuild(ctx, key, build, progress)
 		if errors.Is(err, errAbandoned) && ctx.Err() == nil {
 			// We joined a build that its own callers had given up on and
 			// that was being killed; start a fresh one.

@@ -98,42 +98,45 @@ func (c *Cache) build(st *buildState, key string, py *interp.Interpreter, canon 
 	if err != nil {
 		return err
 	}
-	var bst unix.Stat_t
-	if err := unix.Lstat(bdir, &bst); err != nil {
-		return fmt.Errorf("deps: %w", os.NewSyscallError("lstat", err))
-	}
-	now := time.Now()
-	env := Env{
-		Key:          key,
-		Site:         filepath.Join(c.envDir(key), "site"),
-		Requirements: canon,
-		Python:       py.Version,
-		Accounting:   diskAccounting,
-		Created:      now,
-		LastUsed:     now,
-	}
-	meta, err := sizeMeta(&env, size+inodeCharge(&bst))
-	if err != nil {
-		return err
-	}
-	// What it measures, reserved before it is written (the copy reserved
-	// an estimate; the none backend's installer wrote to the host).
-	if err := res.settle(env.SizeBytes); err != nil {
-		return err
-	}
-	if err := writeMeta(filepath.Join(bdir, metaName), meta); err != nil {
-		return err
-	}
-	// Readable by the sandboxes it will be mounted into; nothing is
-	// writable by anyone but the server.
-	if err := os.Chmod(bdir, 0o755); err != nil {
-		return fmt.Errorf("deps: %w", err)
-	}
-	if published, err = c.publish(bdir, key, res); err != nil {
+	env := Env{Key: key, Requirements: canon, Python: py.Version}
+	if published, err = c.store(bdir, &env, size, res); err != nil {
 		return err
 	}
 	c.log.Info("deps: installed", "key", key, "requirements", canon, "size", size, "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// store publishes a finished build: bdir holds the entry's content (of
+// size bytes as the cache charges it) under env's content directory; env
+// gets its place, its figure and its dates, its meta.json is written, the
+// reservation settled to what it measures, and bdir renamed into envs/.
+// It reports whether it was published (see publish).
+func (c *Cache) store(bdir string, env *Env, size int64, res *reservation) (bool, error) {
+	var bst unix.Stat_t
+	if err := unix.Lstat(bdir, &bst); err != nil {
+		return false, fmt.Errorf("deps: %w", os.NewSyscallError("lstat", err))
+	}
+	now := time.Now()
+	env.Site = filepath.Join(c.envDir(env.Key), contentDir(env.Kind))
+	env.Accounting, env.Created, env.LastUsed = diskAccounting, now, now
+	meta, err := sizeMeta(env, size+inodeCharge(&bst))
+	if err != nil {
+		return false, err
+	}
+	// What it measures, reserved before it is written (a copy reserved an
+	// estimate; the none backend's installer wrote to the host).
+	if err := res.settle(env.SizeBytes); err != nil {
+		return false, err
+	}
+	if err := writeMeta(filepath.Join(bdir, metaName), meta); err != nil {
+		return false, err
+	}
+	// Readable by the sandboxes it will be mounted into; nothing is
+	// writable by anyone but the server.
+	if err := os.Chmod(bdir, 0o755); err != nil {
+		return false, fmt.Errorf("deps: %w", err)
+	}
+	return c.publish(bdir, env.Key, res)
 }
 
 // run starts the installer's sandbox and waits for it, killing it when ctx

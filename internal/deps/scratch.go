@@ -98,7 +98,7 @@ const envOverhead = 2 * (InodeCost + blockSize)
 // take, and the copy charges it as it goes.
 func (c *Cache) copyOut(work int, src, dst string, res *reservation) error {
 	open := func() (int, error) {
-		fd, err := openBeneath(work, src, unix.O_RDONLY|unix.O_DIRECTORY)
+		fd, err := OpenBeneath(work, src, unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil && !errors.Is(err, unix.ENOENT) {
 			return -1, refuse("the installer's target %s is not a directory the server can read: %v", scratchSite, err)
 		}

@@ -33,6 +33,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -482,4 +483,23 @@ func (p *Proxy) Download(l net.Listener, trusted []string, info Info) (stop func
 	g := p.NewGrant(GrantConfig{Info: info, Rules: rules, Trusted: trusted})
 	g.Serve(l)
 	return g.Close
+}
+
+// Target is the host:port a grant's Trusted list names for an http(s) URL,
+// in the form the grant compares a request's target with: the host in
+// lower case without a trailing dot, an address unmapped, the scheme's
+// port when the URL names none.
+func Target(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	host := strings.ToLower(strings.TrimSuffix(u.Hostname(), "."))
+	if a, err := netip.ParseAddr(host); err == nil {
+		host = a.Unmap().String()
+	}
+	return net.JoinHostPort(host, port)
 }

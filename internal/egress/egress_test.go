@@ -686,3 +686,21 @@ func TestCloseEndsASilentHost(t *testing.T) {
 		t.Fatal("Close waited for a host that never answers")
 	}
 }
+
+func TestTarget(t *testing.T) {
+	for raw, want := range map[string]string{
+		"https://GitHub.com./x":         "github.com:443",
+		"http://mirror.example/pbs":     "mirror.example:80",
+		"http://127.0.0.1:8080/a":       "127.0.0.1:8080",
+		"https://[::ffff:10.0.0.5]/i":   "10.0.0.5:443",
+		"https://[fd00::5]:8443/simple": "[fd00::5]:8443",
+	} {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := Target(u); got != want {
+			t.Errorf("Target(%s) = %s, want %s", raw, got, want)
+		}
+	}
+}

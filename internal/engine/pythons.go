@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/pysandbox/pysandbox/internal/pep"
@@ -85,25 +86,10 @@ func (e *Engine) WhichPython(version, requiresPython string) (string, error) {
 			return "", err
 		}
 	}
-	for _, in := range m.Installed() {
-		if in.Supported && (version == "" || in.MajorMinor() == version || in.Version == version) && (set == nil || set.Contains(in.Version)) {
-			return fmt.Sprintf("%s (managed, %s)", in.Version, in.Path), e.checkPython(in.Version)
-		}
+	desc, err := m.Preview(pydist.Request{Version: version, Spec: set, Check: e.checkPython})
+	var na *pydist.NotAvailableError
+	if errors.As(err, &na) {
+		return "", errors.New(na.Msg)
 	}
-	what := "Python " + version
-	if version == "" {
-		what = fmt.Sprintf("a Python for requires-python %q", requiresPython)
-	}
-	if m.Mode() != pydist.Automatic {
-		return "", fmt.Errorf("%s is not installed on this server, which downloads none on demand (--python-downloads %s)", what, m.Mode())
-	}
-	c := m.LoadedCatalog()
-	if c == nil {
-		return "downloaded on first use, if the download metadata names one", nil
-	}
-	d, err := c.Find(version, set)
-	if err != nil {
-		return "", fmt.Errorf("%s is neither on this server nor in its download metadata", what)
-	}
-	return fmt.Sprintf("%s, downloaded on first use", d.Version()), e.checkPython(d.Version())
+	return desc, err
 }

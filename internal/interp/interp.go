@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -20,6 +21,18 @@ import (
 // MinVersion is the oldest Python the worker supports (top-level await
 // needs ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, new in 3.8).
 var MinVersion = [2]int{3, 8}
+
+// Arch is this machine's architecture as uv and python-build-standalone
+// name it in their download metadata and archives (x86_64, aarch64).
+func Arch() string {
+	switch runtime.GOARCH {
+	case "amd64":
+		return "x86_64"
+	case "arm64":
+		return "aarch64"
+	}
+	return runtime.GOARCH
+}
 
 // Interpreter is one Python installation.
 type Interpreter struct {

@@ -3,6 +3,7 @@ package interp
 import (
 	"context"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -63,5 +64,15 @@ func TestFindErrors(t *testing.T) {
 		if _, err := Find(ctx, old); err == nil || !strings.Contains(err.Error(), "needs 3.8") {
 			t.Errorf("3.7 accepted: %v", err)
 		}
+	}
+}
+
+func TestArch(t *testing.T) {
+	want := map[string]string{"amd64": "x86_64", "arm64": "aarch64"}[runtime.GOARCH]
+	if want == "" {
+		want = runtime.GOARCH
+	}
+	if got := Arch(); got != want {
+		t.Errorf("Arch() = %s, want %s", got, want)
 	}
 }

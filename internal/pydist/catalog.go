@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -90,17 +89,6 @@ var (
 	archiveRE = regexp.MustCompile(`install_only(_stripped)?\.tar\.gz$`)
 )
 
-// hostArch is uv's name for this machine's architecture.
-func hostArch() string {
-	switch runtime.GOARCH {
-	case "amd64":
-		return "x86_64"
-	case "arm64":
-		return "aarch64"
-	}
-	return runtime.GOARCH
-}
-
 // Shipped is the catalog of the metadata pysandbox ships.
 func Shipped() *Catalog {
 	c, err := ParseCatalog(shipped, "shipped")
@@ -127,7 +115,7 @@ func ParseCatalog(data []byte, source string) (*Catalog, error) {
 		return nil, fmt.Errorf("pydist: the download metadata %s has data after its JSON object", source)
 	}
 	c := &Catalog{Source: source, Skipped: map[string]int{}}
-	arch := hostArch()
+	arch := interp.Arch()
 	for key, msg := range raw {
 		var e entry
 		if err := json.Unmarshal(msg, &e); err != nil {

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/pysandbox/pysandbox/internal/egress"
 )
 
 // Every download goes through the server's egress proxy, the same one
@@ -42,16 +44,9 @@ var githubAssets = []string{"objects.githubusercontent.com:443", "release-assets
 
 // targets are the host:port a download of u may connect to.
 func targets(u *url.URL) []string {
-	port := u.Port()
-	if port == "" {
-		port = "80"
-		if u.Scheme == "https" {
-			port = "443"
-		}
-	}
-	host := strings.ToLower(strings.TrimSuffix(u.Hostname(), "."))
-	out := []string{net.JoinHostPort(host, port)}
-	if host == "github.com" && port == "443" {
+	t := egress.Target(u)
+	out := []string{t}
+	if t == "github.com:443" {
 		out = append(out, githubAssets...)
 	}
 	return out

@@ -456,10 +456,8 @@ func (e *InstallError) Unwrap() error { return e.Err }
 func (m *Manager) Find(ctx context.Context, req Request) (*interp.Interpreter, error) {
 	for _, in := range m.Installed() {
 		if matches(in.Interpreter, req) {
-			if req.Check != nil {
-				if err := req.Check(in.Version); err != nil {
-					return nil, err
-				}
+			if err := check(req, in.Version); err != nil {
+				return nil, err
 			}
 			if err := m.canHold(in.Key); err != nil {
 				return nil, err
@@ -469,28 +467,15 @@ func (m *Manager) Find(ctx context.Context, req Request) (*interp.Interpreter, e
 			}
 		}
 	}
-	what := req.Version
-	if what == "" && req.Spec != nil {
-		what = "for requires-python " + req.Spec.String()
-	}
-	if req.NoDownload {
-		return nil, &NotAvailableError{Msg: fmt.Sprintf("no managed Python %s is installed", what)}
-	}
-	if m.cfg.Mode != Automatic {
-		how := "the operator can install it with `pysandbox python install " + req.Version + "`"
-		if m.cfg.Mode == Never {
-			how = "this server never downloads interpreters (--python-downloads never)"
-		}
-		return nil, &NotAvailableError{Msg: fmt.Sprintf("Python %s is not installed on this server; %s", what, how)}
+	if err := m.downloads(req); err != nil {
+		return nil, err
 	}
 	d, err := m.pick(ctx, req.Version, req.Spec, req.Who, req.Check)
 	if err != nil {
 		return nil, err
 	}
-	if req.Check != nil {
-		if err := req.Check(d.Version()); err != nil {
-			return nil, err
-		}
+	if err := check(req, d.Version()); err != nil {
+		return nil, err
 	}
 	if err := m.canHold(artifactKey(d)); err != nil {
 		return nil, err
@@ -504,6 +489,62 @@ func (m *Manager) Find(ctx context.Context, req Request) (*interp.Interpreter, e
 		return nil, &InstallError{Version: d.Version(), Err: errors.New("it was removed from the cache as soon as it was installed; try again")}
 	}
 	return it, nil
+}
+
+// check asks the request's policy about a version.
+func check(req Request, version string) error {
+	if req.Check == nil {
+		return nil
+	}
+	return req.Check(version)
+}
+
+// downloads refuses a request that no download may serve: one that asks
+// for none, or any, in manual and never modes.
+func (m *Manager) downloads(req Request) error {
+	what := req.Version
+	if what == "" && req.Spec != nil {
+		what = "for requires-python " + req.Spec.String()
+	}
+	if req.NoDownload {
+		return &NotAvailableError{Msg: fmt.Sprintf("no managed Python %s is installed", what)}
+	}
+	if m.cfg.Mode != Automatic {
+		how := "the operator can install it with `pysandbox python install " + req.Version + "`"
+		if m.cfg.Mode == Never {
+			how = "this server never downloads interpreters (--python-downloads never)"
+		}
+		return &NotAvailableError{Msg: fmt.Sprintf("Python %s is not installed on this server; %s", what, how)}
+	}
+	return nil
+}
+
+// Preview says, without downloading or holding anything, which managed
+// Python would serve req: "3.11.2 (managed, PATH)", or "3.13.15,
+// downloaded on first use"; an error saying why none would. Metadata
+// behind a URL is not fetched for it.
+func (m *Manager) Preview(req Request) (string, error) {
+	for _, in := range m.Installed() {
+		if matches(in.Interpreter, req) {
+			return fmt.Sprintf("%s (managed, %s)", in.Version, in.Path), check(req, in.Version)
+		}
+	}
+	if err := m.downloads(req); err != nil {
+		return "", err
+	}
+	c := m.LoadedCatalog()
+	if c == nil {
+		return "downloaded on first use, if the download metadata names one", nil
+	}
+	d, err := c.Find(req.Version, req.Spec)
+	if err != nil {
+		what := "Python " + req.Version
+		if req.Version == "" && req.Spec != nil {
+			what = "a Python for requires-python " + req.Spec.String()
+		}
+		return "", &NotAvailableError{Msg: what + " is neither on this server nor in its download metadata"}
+	}
+	return fmt.Sprintf("%s, downloaded on first use", d.Version()), check(req, d.Version())
 }
 
 func matches(it *interp.Interpreter, req Request) bool {

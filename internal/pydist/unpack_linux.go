@@ -46,8 +46,6 @@ func badArchive(format string, args ...any) error {
 	return &ArchiveError{Msg: fmt.Sprintf(format, args...)}
 }
 
-const resolveStrict = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
-
 // unpacker writes one archive beneath root.
 type unpacker struct {
 	root     int // O_PATH|O_DIRECTORY of the tree's top (the archive's python/)
@@ -208,7 +206,7 @@ func (u *unpacker) parent(name string) (int, string, error) {
 	if err := u.mkdirAll(dir); err != nil {
 		return -1, "", err
 	}
-	fd, err := openat2(u.root, dir, unix.O_PATH|unix.O_DIRECTORY)
+	fd, err := deps.OpenBeneath(u.root, dir, unix.O_PATH|unix.O_DIRECTORY)
 	if err != nil {
 		return -1, "", u.under(dir, err)
 	}
@@ -222,20 +220,6 @@ func (u *unpacker) under(name string, err error) error {
 		return badArchive("writes python/%s through a symlink or a file", name)
 	}
 	return fmt.Errorf("pydist: unpack python/%s: %w", name, err)
-}
-
-func openat2(dirfd int, name string, flags int) (int, error) {
-	how := &unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC | unix.O_NOFOLLOW), Resolve: resolveStrict}
-	for try := 0; ; try++ {
-		fd, err := unix.Openat2(dirfd, name, how)
-		if (err == unix.EAGAIN || err == unix.EINTR) && try < 100 {
-			continue
-		}
-		if err != nil {
-			return -1, os.NewSyscallError("openat2", err)
-		}
-		return fd, nil
-	}
 }
 
 // mkdirAll creates name and its missing parents, one element at a time,
@@ -252,7 +236,7 @@ func (u *unpacker) mkdirAll(name string) error {
 		if el == "" || el == "." {
 			continue
 		}
-		fd, err := openat2(cur, el, unix.O_PATH|unix.O_DIRECTORY)
+		fd, err := deps.OpenBeneath(cur, el, unix.O_PATH|unix.O_DIRECTORY)
 		if errors.Is(err, unix.ENOENT) {
 			if err := u.charge(deps.EntryCharge(0)); err != nil {
 				return err
@@ -264,7 +248,7 @@ func (u *unpacker) mkdirAll(name string) error {
 			if err := unix.Fchmodat(cur, el, 0o755, 0); err != nil {
 				return fmt.Errorf("pydist: %w", os.NewSyscallError("fchmodat", err))
 			}
-			fd, err = openat2(cur, el, unix.O_PATH|unix.O_DIRECTORY)
+			fd, err = deps.OpenBeneath(cur, el, unix.O_PATH|unix.O_DIRECTORY)
 		}
 		if err != nil {
 			return u.under(name, err)

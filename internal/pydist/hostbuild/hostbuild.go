@@ -27,7 +27,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"sync"
 
@@ -47,18 +46,7 @@ func (a *Archive) Version() string { return fmt.Sprintf("%d.%d.%d", a.Major, a.M
 
 // Name is the archive's file name, as python-build-standalone names them.
 func (a *Archive) Name() string {
-	return fmt.Sprintf("cpython-%s+hostbuild-%s-unknown-linux-gnu-install_only.tar.gz", a.Version(), Arch())
-}
-
-// Arch is uv's name of this machine's architecture.
-func Arch() string {
-	switch runtime.GOARCH {
-	case "amd64":
-		return "x86_64"
-	case "arm64":
-		return "aarch64"
-	}
-	return runtime.GOARCH
+	return fmt.Sprintf("cpython-%s+hostbuild-%s-unknown-linux-gnu-install_only.tar.gz", a.Version(), interp.Arch())
 }
 
 // skip are standard library directories a run never needs: the static
@@ -253,9 +241,9 @@ func EntryOf(a *Archive, url string) Entry {
 func Metadata(entries ...Entry) []byte {
 	doc := map[string]any{}
 	for _, e := range entries {
-		key := fmt.Sprintf("cpython-%d.%d.%d%s-linux-%s-gnu", e.Major, e.Minor, e.Patch, e.Prerelease, Arch())
+		key := fmt.Sprintf("cpython-%d.%d.%d%s-linux-%s-gnu", e.Major, e.Minor, e.Patch, e.Prerelease, interp.Arch())
 		doc[key] = map[string]any{
-			"name": "cpython", "arch": map[string]any{"family": Arch(), "variant": nil},
+			"name": "cpython", "arch": map[string]any{"family": interp.Arch(), "variant": nil},
 			"os": "linux", "libc": "gnu", "major": e.Major, "minor": e.Minor, "patch": e.Patch,
 			"prerelease": e.Prerelease, "url": e.URL, "sha256": e.SHA256, "variant": nil, "build": "hostbuild",
 		}
