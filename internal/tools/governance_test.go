@@ -61,10 +61,19 @@ func newGovServer(t *testing.T, policyJSON string, mod func(*engine.Config)) *go
 				mod(c)
 			}
 		}, func(o *Options) {
-			o.Governance = Governance{Policy: pol, Audit: g.audit, Metrics: g.metrics}
+			o.Governance = Governance{Policy: pol, Audit: g.audit, Metrics: g.metrics, Limiter: frozenLimiter()}
 		}, copts, sopts)
 	}
 	return g
+}
+
+// frozenLimiter counts rate limits in one window that never turns: the
+// limits are windows aligned to the clock, so a test's calls that
+// straddled the start of a minute would be counted in two windows and a
+// limit would seem not to hold (CI saw it once).
+func frozenLimiter() *policy.Limiter {
+	now := time.Now()
+	return policy.NewLimiter(func() time.Time { return now })
 }
 
 // records reads the audit log back, checking its chain first.

@@ -37,7 +37,7 @@ func newNetServer(t *testing.T) *netServer {
 	g := newGovServer(t, doc, nil)
 	g.connect = func(copts *mcp.ClientOptions, sopts *mcp.ClientSessionOptions) *mcp.ClientSession {
 		return connectFull(t, func(c *engine.Config) { c.Network = true }, func(o *Options) {
-			o.Governance = Governance{Policy: pol, Audit: g.audit, Metrics: g.metrics}
+			o.Governance = Governance{Policy: pol, Audit: g.audit, Metrics: g.metrics, Limiter: frozenLimiter()}
 			o.Network = proxy
 		}, copts, sopts)
 	}

@@ -106,7 +106,7 @@ func startUpServer(t *testing.T, policyJSON string, extra map[string]any, o upst
 	updates := make(chan *policy.Policy, 1)
 	g.connect = func(copts *mcp.ClientOptions, sopts *mcp.ClientSessionOptions) *mcp.ClientSession {
 		return connectFull(t, nil, func(o *Options) {
-			o.Governance = Governance{Policy: pol, Audit: g.audit, Metrics: g.metrics, Updates: updates}
+			o.Governance = Governance{Policy: pol, Audit: g.audit, Metrics: g.metrics, Updates: updates, Limiter: frozenLimiter()}
 			o.Upstreams = ups
 		}, copts, sopts)
 	}
