@@ -32,5 +32,5 @@ fi
 go test -race -count=1 -timeout 20m \
 	./internal/activity/ ./internal/audit/ ./internal/cluster/ ./internal/console/ ./internal/egress/ \
 	./internal/govern/ ./internal/confdoc/ ./internal/httpserver/ ./internal/metrics/ ./internal/policy/ ./internal/quota/ ./internal/sharedstate/ \
-	./internal/upstream/ ./internal/tools/ ./internal/worker/ ./internal/launcher/ ./internal/pydist/
+	./internal/upstream/ ./internal/tools/ ./internal/worker/ ./internal/launcher/ ./internal/pydist/ ./internal/snapshot/
 echo "hygiene: gofmt, go mod tidy, go vet, staticcheck $STATICCHECK_VERSION, the race detector and the macOS/Windows builds are clean"

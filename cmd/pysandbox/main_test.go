@@ -24,7 +24,19 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	// Servers that stop on a signal pause their sessions into the state
+	// directory, by default the user's, and the next server resumes them:
+	// one test's sessions would show up in the next one's. The default
+	// here is a file, which no state directory can be made under, so
+	// servers keep no sessions unless a test names a --state-dir.
+	state, err := os.CreateTemp("", "pysandbox-no-state-")
+	if err != nil {
+		panic(err)
+	}
+	state.Close()
+	os.Setenv("XDG_STATE_HOME", state.Name())
 	code := m.Run()
+	os.Remove(state.Name())
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}

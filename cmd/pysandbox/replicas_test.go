@@ -35,6 +35,10 @@ type replicaSet struct {
 	store    string
 	redis    *redisserver.Server
 	token    string // the replicas' token file
+	// addrs and args are each replica's address and flags, to start it
+	// again (restart).
+	addrs []string
+	args  [][]string
 }
 
 func startReplicas(t *testing.T, n int, extra ...string) *replicaSet {
@@ -60,17 +64,27 @@ func startReplicasEach(t *testing.T, n int, each func(i int) []string) *replicaS
 		args := append([]string{"--store", r.URL(), "--internal-http", "127.0.0.1:0", "--advertise", "127.0.0.1", "--log-level", "info",
 			"--replica", fmt.Sprintf("replica-%d", i), "--replica-token-file", replicaToken, "--auth-token-file", tokens,
 			"--approval-key-file", key, "--pool-size", "1"}, each(i)...)
-		cmd, log := startServe(t, addr, "http://"+addr, nil, args...)
-		m := regexp.MustCompile(`internal=(http://127\.0\.0\.1:[0-9]+)`).FindStringSubmatch(log.String())
-		if m == nil {
-			t.Fatalf("the replica did not log its internal endpoint:\n%s", log.String())
-		}
-		rs.internal = append(rs.internal, m[1])
+		rs.addrs = append(rs.addrs, addr)
+		rs.args = append(rs.args, args)
+		rs.internal = append(rs.internal, "")
 		rs.urls = append(rs.urls, "http://"+addr)
-		rs.cmds = append(rs.cmds, cmd)
-		rs.logs = append(rs.logs, log)
+		rs.cmds = append(rs.cmds, nil)
+		rs.logs = append(rs.logs, nil)
+		rs.restart(t, i)
 	}
 	return rs
+}
+
+// restart starts replica i (again, once it stopped: a new incarnation of
+// the same name), with the same address and flags.
+func (rs *replicaSet) restart(t *testing.T, i int) {
+	t.Helper()
+	cmd, log := startServe(t, rs.addrs[i], rs.urls[i], nil, rs.args[i]...)
+	m := regexp.MustCompile(`internal=(http://127\.0\.0\.1:[0-9]+)`).FindStringSubmatch(log.String())
+	if m == nil {
+		t.Fatalf("the replica did not log its internal endpoint:\n%s", log.String())
+	}
+	rs.internal[i], rs.cmds[i], rs.logs[i] = m[1], cmd, log
 }
 
 func toolText(res *mcp.CallToolResult) string {

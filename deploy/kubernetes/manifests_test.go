@@ -8,6 +8,9 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // TestSeccompProfile: the shipped profile is the runtime default plus
@@ -72,5 +75,73 @@ func TestManifestsRender(t *testing.T) {
 				t.Errorf("%s renders no %s", dir, kind)
 			}
 		}
+	}
+}
+
+// TestStatefulSetKeepsSessions: paused sessions are kept on the replica's
+// own volume (a volumeClaimTemplate), which outlives the pod, and the pod
+// is given the time to drain, pause and hand its sessions over before it
+// is killed: --drain-timeout, 5 s of handoff, and 10 s for the endpoints
+// to stop.
+func TestStatefulSetKeepsSessions(t *testing.T) {
+	data, err := os.ReadFile("base/statefulset.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sts struct {
+		Spec struct {
+			Template struct {
+				Spec struct {
+					Grace      int `yaml:"terminationGracePeriodSeconds"`
+					Containers []struct {
+						Args         []string `yaml:"args"`
+						VolumeMounts []struct {
+							Name      string `yaml:"name"`
+							MountPath string `yaml:"mountPath"`
+						} `yaml:"volumeMounts"`
+					} `yaml:"containers"`
+				} `yaml:"spec"`
+			} `yaml:"template"`
+			Claims []struct {
+				Metadata struct {
+					Name string `yaml:"name"`
+				} `yaml:"metadata"`
+			} `yaml:"volumeClaimTemplates"`
+		} `yaml:"spec"`
+	}
+	if err := yaml.Unmarshal(data, &sts); err != nil {
+		t.Fatal(err)
+	}
+	spec := sts.Spec.Template.Spec
+	if len(spec.Containers) != 1 {
+		t.Fatalf("%d containers", len(spec.Containers))
+	}
+	c := spec.Containers[0]
+	state, drain := "", 25*time.Second
+	for _, a := range c.Args {
+		if v, ok := strings.CutPrefix(a, "--state-dir="); ok {
+			state = v
+		}
+		if v, ok := strings.CutPrefix(a, "--drain-timeout="); ok {
+			if drain, err = time.ParseDuration(v); err != nil {
+				t.Errorf("--drain-timeout=%s: %v", v, err)
+			}
+		}
+	}
+	claims := map[string]bool{}
+	for _, cl := range sts.Spec.Claims {
+		claims[cl.Metadata.Name] = true
+	}
+	onVolume := false
+	for _, m := range c.VolumeMounts {
+		if claims[m.Name] && state != "" && strings.HasPrefix(state+"/", strings.TrimSuffix(m.MountPath, "/")+"/") {
+			onVolume = true
+		}
+	}
+	if !onVolume {
+		t.Errorf("--state-dir %q is not on the replica's own volume (a volumeClaimTemplate's mount)", state)
+	}
+	if need := drain + 15*time.Second; time.Duration(spec.Grace)*time.Second < need {
+		t.Errorf("terminationGracePeriodSeconds %d: the drain (%v), the handoff and the stop need %v", spec.Grace, drain, need)
 	}
 }

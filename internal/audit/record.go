@@ -75,6 +75,11 @@ const (
 	// digest), removed. Its connections have "connect" records of their
 	// own, with Tool "python-download".
 	EventPython = "python"
+	// EventSession records what happened to a session's snapshot:
+	// Decision is pause, checkpoint, resume, expire, refuse (a resume by
+	// someone else, or a snapshot that is not genuine) or fail; Identity
+	// is who asked, Detail names the session, its owner and the sizes.
+	EventSession = "session"
 )
 
 // UpstreamCall is what an "upstream_call" record says about the call.

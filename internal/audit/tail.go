@@ -297,6 +297,11 @@ func Format(line []byte) string {
 		if r.Reason != "" {
 			fmt.Fprintf(&b, " reason=%s", quote(r.Reason))
 		}
+	case EventSession:
+		fmt.Fprintf(&b, "session  %s  %s", word(r.Identity), word(r.Decision))
+		if r.Error != "" {
+			b.WriteString("  error=" + excerpt(r.Error, 80))
+		}
 	case EventPython:
 		fmt.Fprintf(&b, "python  %s  %s  %s", word(r.Identity), word(r.Tool), word(r.Decision))
 		if r.DurationMS > 0 {

@@ -32,6 +32,8 @@ type Config struct {
 	Phases, Network, Tools, Cache bool
 	// Python asks for the managed interpreter measurement only.
 	Python bool
+	// Sessions asks for the session snapshot measurement only.
+	Sessions bool
 	// Sandbox is the --sandbox backend, for the report.
 	Sandbox string
 	// Defaults are the command line's warm pool.
@@ -67,6 +69,9 @@ type Variant struct {
 	// Python, when set, is where managed interpreters come from; runs
 	// that name a version get one (only-managed).
 	Python *PythonSource
+	// MemoryBytes and TmpBytes, when set, replace the command line's
+	// --memory and --tmp-size.
+	MemoryBytes, TmpBytes int64
 }
 
 // Engine is an engine built for a measurement.
@@ -107,6 +112,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return upstreamTools(ctx, cfg)
 	case cfg.Python:
 		return managedPython(ctx, cfg)
+	case cfg.Sessions:
+		return sessionSnapshots(ctx, cfg)
 	}
 	return everything(ctx, cfg, hasPandas)
 }
@@ -124,6 +131,8 @@ func sections(cfg Config) string {
 		return "--tools"
 	case cfg.Python:
 		return "--python"
+	case cfg.Sessions:
+		return "--sessions"
 	}
 	return "every section"
 }
@@ -149,6 +158,8 @@ func Estimate(cfg Config, hasPandas bool) time.Duration {
 		return tools
 	case cfg.Python:
 		return time.Duration(max(cfg.N/10, 3))*8*time.Second + n*200*time.Millisecond
+	case cfg.Sessions:
+		return 10*time.Second + time.Duration(max(cfg.N/10, 3))*6*time.Second + 2*n*50*time.Millisecond
 	}
 	calls := max(4*cfg.N, 200)
 	d := n*50*time.Millisecond + // python3 -c pass

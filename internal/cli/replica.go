@@ -32,7 +32,7 @@ type replicaFlags struct {
 
 func (f *replicaFlags) add(fs *flag.FlagSet) {
 	f.drain = duration(25 * time.Second)
-	fs.Var(&f.drain, "drain-timeout", "on SIGTERM, how long runs in flight may take to finish while no new session is taken (keep it below the pod's terminationGracePeriodSeconds)")
+	fs.Var(&f.drain, "drain-timeout", "on SIGTERM, how long runs in flight may take to finish while no new session is taken; with other replicas, paused sessions are then handed to them for up to 5s more (keep it at least 15s below the pod's terminationGracePeriodSeconds)")
 	fs.StringVar(&f.name, "replica", "", "with --internal-http: this replica's name, a DNS label (default: $POD_NAME, else the host name); the ids of its sessions carry it")
 	fs.StringVar(&f.advertise, "advertise", "", "with --internal-http: the address the other replicas reach this one at (default: $POD_IP)")
 	fs.StringVar(&f.internalAddr, "internal-http", "", "run as one replica of several behind one address (needs --http and --store): serve the other replicas on this address (e.g. :8081; keep it inside the cluster). Requests for MCP sessions and pysandbox sessions another replica owns are served by their owner")
@@ -83,6 +83,16 @@ type replica struct {
 	// for them, not only for this replica's pool.
 	inflight atomic.Int64
 	srv      *http.Server
+	// drainStart is when the drain began: the handoff that follows keeps
+	// within its time.
+	drainStart time.Time
+	// With a snapshot store (attach): the sessions whose snapshots this
+	// replica hands over as it stops and adopts from others, the largest
+	// snapshot it takes, and how long a handoff record lasts.
+	sessions    *engine.Sessions
+	maxSnapshot int64
+	recordTTL   time.Duration
+	log         *slog.Logger
 }
 
 // join registers this replica when --internal-http is given. The flags
@@ -142,6 +152,8 @@ func (r *replica) serveInternal(public http.Handler, internal *mcp.Server, maxRe
 	mux.Handle("/mcp", public)
 	mux.Handle(cluster.InternalPath, cluster.InternalAuth(r.token, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return internal },
 		&mcp.StreamableHTTPOptions{Stateless: true, Logger: log, MaxRequestBodyBytes: maxRequestBytes})))
+	// Paused sessions a replica that stops hands over (handoff.go).
+	mux.Handle("POST "+cluster.SnapshotPath+"{id}", cluster.InternalAuth(r.token, http.HandlerFunc(r.receiveSnapshot)))
 	r.srv = &http.Server{Handler: r.count(mux), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: httpserver.IdleTimeout, MaxHeaderBytes: 64 << 10}
 	go func() {
 		if err := r.srv.Serve(r.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -171,7 +183,8 @@ func (r *replica) busy(eng *engine.Engine) int64 {
 // --drain-timeout), and returns.
 func (r *replica) drain(eng *engine.Engine, log *slog.Logger) {
 	r.draining.Store(true)
-	deadline := time.Now().Add(r.drainFor)
+	r.drainStart = time.Now()
+	deadline := r.drainStart.Add(r.drainFor)
 	start := time.Now()
 	for r.busy(eng) > 0 && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)

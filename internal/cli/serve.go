@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/pysandbox/pysandbox/internal/audit"
 	"github.com/pysandbox/pysandbox/internal/httpserver"
@@ -50,6 +51,11 @@ func (s *server) serveStdio() error {
 	// Run returns nil on a clean EOF from the client.
 	err := s.srv.Run(s.ctx, tools.StdioTransport(os.Stdin, os.Stdout))
 	if s.ctx.Err() != nil {
+		// SIGTERM or SIGINT: the sessions are paused, to be resumed by
+		// the next server on this state directory. (A client that just
+		// goes away, closing stdin, ends them as before.)
+		s.rep.draining.Store(true)
+		s.pauseAll(time.Now().Add(s.rep.drainFor))
 		return nil
 	}
 	return err

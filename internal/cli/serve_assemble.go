@@ -81,6 +81,8 @@ type server struct {
 	// pyAudit records the installs of managed interpreters once the
 	// audit log is open (the engine that makes them starts before it).
 	pyAudit atomic.Pointer[audit.Writer]
+	// stateNote says where paused sessions are kept, or why they are not.
+	stateNote string
 }
 
 // assemble builds the server cfg (validated) describes, part by part. On
@@ -315,7 +317,12 @@ func (s *server) joinCluster() error {
 // openSessions opens the sessions; every session's processes, cgroups and
 // files go when the server does.
 func (s *server) openSessions() error {
+	snaps, err := s.openState()
+	if err != nil {
+		return err
+	}
 	s.sessions = s.eng.NewSessions(engine.SessionConfig{
+		Snapshots:    snaps,
 		IDSuffix:     s.rep.sessionSuffix(),
 		Draining:     s.rep.draining.Load,
 		MaxSessions:  s.cfg.MaxSessions,
@@ -325,6 +332,9 @@ func (s *server) openSessions() error {
 		OwnerLimit:   s.quotas.SessionLimit,
 	})
 	s.closers.add(s.sessions.Shutdown)
+	// A replica takes the snapshots of others that stop, and hands its
+	// own over when it stops (internal/cli/handoff.go).
+	s.rep.attach(s.sessions, int64(s.cfg.State.maxBytes), time.Duration(s.cfg.State.pausedTTL), s.log)
 	return nil
 }
 
@@ -460,7 +470,7 @@ func (s *server) openConsole() error {
 }
 
 func (s *server) newToolServers() error {
-	s.srv, s.internal = tools.NewServers(tools.Options{Engine: s.eng, Posture: s.posture, Sessions: s.sessions,
+	s.srv, s.internal = tools.NewServers(tools.Options{Engine: s.eng, Posture: s.posture, Sessions: s.sessions, StateNote: s.stateNote,
 		MaxUploadBytes: int64(s.cfg.MaxUpload), MaxReplyBytes: int64(s.cfg.MaxReply), MaxStreamReplyBytes: int64(s.cfg.MaxReplyOutput), Quotas: s.quotas, Governance: s.gov,
 		Network: s.o.proxy, Upstreams: s.ups, Cluster: s.rep.cl, Forwarder: s.rep.fwd, Profiles: s.profs, NoNative: !s.native,
 		Logger: s.log, SDKLogger: sdkLogger(s.log)})

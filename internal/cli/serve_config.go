@@ -54,6 +54,7 @@ type ServeConfig struct {
 	Quotas   quotaFlags
 	Store    storeFlags
 	Replica  replicaFlags
+	State    stateFlags
 
 	// Args are the arguments after the flags: serve takes none.
 	Args []string
@@ -80,6 +81,7 @@ func newServeFlags(stderr io.Writer) (*flag.FlagSet, *ServeConfig) {
 	c.Quotas.add(fs)
 	c.Store.add(fs)
 	c.Replica.add(fs)
+	c.State.add(fs)
 	fs.Var(&c.AllowedHosts, "allowed-host", "with --http: a further Host name clients may use (e.g. sandbox.example.com behind a proxy); repeat or separate with commas. Loopback names and the listen address are always allowed")
 	return fs, c
 }
@@ -135,6 +137,7 @@ func (c *ServeConfig) Validate() error {
 		c.checkProfiles,
 		c.checkRanges,
 		c.Quotas.check,
+		c.State.check,
 		func() error { return c.Replica.check(c.HTTP, c.Store.storeURL() != "") },
 		c.checkFiles,
 	} {

@@ -84,7 +84,15 @@ func (s *server) authText() string {
 // first. Then both endpoints stop taking requests, and what a last
 // request started finishes before the audit log closes.
 func (s *server) stopHTTP(hs *http.Server) error {
+	start := time.Now()
 	s.rep.drain(s.eng, s.log)
+	// Sessions whose runs finished are paused, to be resumed by the next
+	// server on this state directory (the pod's volume); one still
+	// running at the deadline keeps its last snapshot.
+	s.pauseAll(start.Add(s.rep.drainFor))
+	// A replica of several hands its paused sessions to the others: a
+	// scale-down leaves no volume behind to come back with.
+	s.rep.handOff()
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	internalDone := make(chan struct{})

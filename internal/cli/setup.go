@@ -267,7 +267,7 @@ var serveFileFlags = map[string]bool{
 	"tls-cert": true, "tls-key": true,
 	"approval-key-file": true, "replica-token-file": true,
 	"cache-dir": true, "find-links": true, "python-downloads-json-url": true,
-	"python": true, "python-version": true,
+	"python": true, "python-version": true, "state-dir": true,
 }
 
 // absServeArgs is args (parsed by fs without error) with the value of
@@ -331,6 +331,8 @@ func isPathValue(flagName, v string) bool {
 		return strings.ContainsRune(v, '/')
 	case flagName == "find-links" || flagName == "python-downloads-json-url":
 		return !strings.Contains(v, "://")
+	case flagName == "state-dir":
+		return v != "none"
 	}
 	return true
 }

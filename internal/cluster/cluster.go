@@ -14,6 +14,13 @@
 // restarted with empty memory) is answered at once: this session was lost
 // when its server stopped.
 //
+// With snapshots (a state directory per replica: SetSnapshots), pysandbox
+// sessions outlive their incarnation: a replica that stops hands its
+// paused sessions to a live one and records where each went, and ids of
+// incarnations that no longer run are routed by those records, then by
+// their replica's name (handoff.go). MCP sessions still end with their
+// incarnation.
+//
 // MCP sessions are routed at the HTTP level (Proxy): the whole request
 // goes to the owner, authorization included, so the owner authenticates
 // the caller itself. A tool call naming a pysandbox session of another
@@ -108,6 +115,11 @@ type Directory interface {
 	// when there is none.
 	Gone(ctx context.Context, tag, mark string) error
 	WasGone(ctx context.Context, tag string) (mark string, err error)
+	// HandOff records rec (a Handoff, signed) until ttl from now, in
+	// place of any earlier record of its session; HandedTo returns the
+	// record of session id, found false when there is none.
+	HandOff(ctx context.Context, rec Handoff, ttl time.Duration) error
+	HandedTo(ctx context.Context, id string) (rec Handoff, found bool, err error)
 }
 
 // Timing of the directory: a replica refreshes its entry every
@@ -144,6 +156,11 @@ type Cluster struct {
 	missing map[string]time.Time
 	// warned notes when a warning of each kind was last logged.
 	warned map[string]time.Time
+	// snapshots is set when paused sessions outlive their incarnation
+	// (SetSnapshots); handed lists this incarnation's sessions handed to
+	// another replica (by id: the holder's name).
+	snapshots bool
+	handed    map[string]string
 }
 
 // Errors of Owner lookups.
@@ -169,7 +186,7 @@ func Join(ctx context.Context, dir Directory, replica, mcpURL, internalURL strin
 	}
 	c := &Cluster{
 		self: Member{Name: replica, Incarnation: hex.EncodeToString(b[:]), MCP: strings.TrimRight(mcpURL, "/"), Internal: strings.TrimRight(internalURL, "/")},
-		dir:  dir, log: log, stop: make(chan struct{}), done: make(chan struct{}), key: key, missing: map[string]time.Time{}, warned: map[string]time.Time{},
+		dir:  dir, log: log, stop: make(chan struct{}), done: make(chan struct{}), key: key, missing: map[string]time.Time{}, warned: map[string]time.Time{}, handed: map[string]string{},
 	}
 	if !c.self.signed(key, EntryTTL).valid(key) {
 		return nil, fmt.Errorf("cluster: %q is not an address the other replicas can reach this one at", internalURL)
@@ -255,27 +272,38 @@ func tagOf(id string, mcp bool) (name, inc string, ok bool) {
 // Owner says who owns an id: local when this replica does (or the id
 // names no owner), else the live member, or ErrLost. An owner that is not
 // listed is lost once it left for good, or has been missing for
-// MissingGrace; until then the answer is to retry.
+// MissingGrace; until then the answer is to retry. With snapshots
+// (SetSnapshots), a pysandbox session outlives its incarnation: see
+// pausedOwner.
 func (c *Cluster) Owner(ctx context.Context, id string, mcpSession bool) (m Member, local bool, err error) {
 	name, inc, ok := tagOf(id, mcpSession)
+	paused := !mcpSession && c.snapshotsOn()
 	if !ok || name == c.self.Name && inc == c.self.Incarnation {
+		if paused {
+			// One of its own sessions this replica handed over as it stops.
+			c.mu.Lock()
+			holder := c.handed[id]
+			c.mu.Unlock()
+			if ok && holder != "" {
+				return c.holderOf(ctx, holder)
+			}
+		}
 		return c.self, true, nil
-	}
-	if name == c.self.Name {
-		// An earlier incarnation of this very replica.
-		return Member{}, false, ErrLost
 	}
 	if !incarnation.MatchString(inc) || !nameOK(name) {
 		// Not an id any replica made.
 		return Member{}, false, ErrLost
 	}
-	m, found, err := c.dir.Lookup(ctx, name)
-	if err != nil {
-		return Member{}, false, fmt.Errorf("the shared store did not answer where this session is (%v); retry in a few seconds", err)
+	if paused {
+		return c.pausedOwner(ctx, id, name, inc)
 	}
-	if found && (!m.valid(c.key) || m.Name != name) {
-		c.warn("entry", "cluster: a directory entry not signed with the replicas' token, or expired, is ignored", "name", name)
-		found = false
+	if name == c.self.Name {
+		// An earlier incarnation of this very replica.
+		return Member{}, false, ErrLost
+	}
+	m, found, err := c.lookup(ctx, name)
+	if err != nil {
+		return Member{}, false, err
 	}
 	tag := name + "." + inc
 	if found && m.Incarnation != inc {
@@ -286,12 +314,20 @@ func (c *Cluster) Owner(ctx context.Context, id string, mcpSession bool) (m Memb
 	if c.left(ctx, tag) {
 		return Member{}, false, ErrLost
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if found {
+		c.mu.Lock()
 		delete(c.missing, tag)
+		c.mu.Unlock()
 		return m, false, nil
 	}
+	return Member{}, false, c.missingFor(tag)
+}
+
+// missingFor is the answer for an owner tag that is not listed: retry
+// until it has been missing for MissingGrace, lost after.
+func (c *Cluster) missingFor(tag string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	since, seen := c.missing[tag]
 	if !seen {
 		if len(c.missing) >= maxMissing {
@@ -308,9 +344,9 @@ func (c *Cluster) Owner(ctx context.Context, id string, mcpSession bool) (m Memb
 		c.missing[tag] = since
 	}
 	if time.Since(since) >= MissingGrace {
-		return Member{}, false, ErrLost
+		return ErrLost
 	}
-	return Member{}, false, ErrUnreachable
+	return ErrUnreachable
 }
 
 // maxMissing bounds the owners remembered as missing.

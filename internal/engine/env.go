@@ -281,7 +281,7 @@ func (e *Engine) specFor(r *runEnv, oneshot bool, stdout, stderr io.Writer) *san
 		Args:   worker.Command(py.Path, workerPath, oneshot, sites...)[1:],
 		Env:    e.workerEnv(),
 		Proxy:  e.cfg.Network,
-		Files:  []sandbox.File{{Path: workerPath, Content: worker.Source}, {Path: toolsPath, Content: worker.ToolsSource}, {Path: factsPath, Content: worker.CodeFactsSource}},
+		Files:  []sandbox.File{{Path: workerPath, Content: worker.Source}, {Path: toolsPath, Content: worker.ToolsSource}, {Path: factsPath, Content: worker.CodeFactsSource}, {Path: "/.pysandbox/" + worker.SnapshotFile, Content: worker.SnapshotSource}},
 		Binds:  binds,
 		Limits: e.cfg.Limits,
 		Stdout: stdout,

@@ -99,6 +99,9 @@ type Posture struct {
 	// Server is where the server itself runs (a pod, privileged or in a
 	// user namespace; root or not).
 	Server *ServerContext `json:"server,omitempty"`
+	// Sessions says whether paused sessions outlive the server, and where
+	// they are kept (or why they are not).
+	Sessions string `json:"sessions,omitempty"`
 }
 
 // Governance is what the server's policy means for the agent, so it can

@@ -34,6 +34,8 @@ type SessionConfig struct {
 	// Draining, when set and true, refuses new sessions: the server is
 	// stopping, and a session made now would be lost with it.
 	Draining func() bool
+	// Snapshots configures paused sessions (session_pause.go).
+	Snapshots SnapshotConfig
 	// Detached, when set, reports whether the connection a session was
 	// last used through has ended (see CreateOptions.Holder): such a
 	// session no longer counts against its owner's quota, and it is the
@@ -149,6 +151,7 @@ type Sessions struct {
 	order []string               // gone ids, oldest first
 	quit  chan struct{}
 	wg    sync.WaitGroup
+	snap  snapState
 }
 
 // Session is one long-lived sandboxed worker and its workspace.
@@ -171,8 +174,9 @@ type Session struct {
 	// renv is the session's interpreter and dependency environment (held
 	// in the cache as in use while the session lives); reqs are all its
 	// requirements, install_package's included.
-	renv *runEnv
-	reqs []string
+	renv      *runEnv
+	reqs      []string
+	installed bool // install_package added packages to its workspace
 
 	mu       sync.Mutex
 	holder   string // see CreateOptions.Holder
@@ -196,7 +200,19 @@ type SessionInfo struct {
 	Holder string `json:"-"`
 	// Python is the version of its interpreter, e.g. "3.13.1".
 	Python string `json:"-"`
+	// State is StateRunning or StatePaused. A paused session has no
+	// memory or processes; ExpiresAt is then when it is deleted unless
+	// resumed, and SnapshotBytes what its snapshot takes on disk.
+	State         string     `json:"state"`
+	SnapshotBytes int64      `json:"snapshot_bytes,omitempty"`
+	PausedAt      *time.Time `json:"paused_at,omitempty"`
 }
+
+// Session states.
+const (
+	StateRunning = "running"
+	StatePaused  = "paused"
+)
 
 // Errors that tell the agent what to do next.
 var (
@@ -229,6 +245,7 @@ func (e *Engine) NewSessions(cfg SessionConfig) *Sessions {
 		cfg.MemoryBudget = int64(cfg.MaxSessions) * max(e.cfg.Limits.MemoryBytes, 1)
 	}
 	s := &Sessions{e: e, cfg: cfg, live: map[string]*Session{}, gone: map[string]goneSession{}, quit: make(chan struct{})}
+	s.loadSnapshots()
 	s.wg.Add(1)
 	go s.reaper()
 	return s
@@ -310,6 +327,7 @@ func (s *Sessions) Create(ctx context.Context, ttl time.Duration, opts ...Create
 		return nil, err
 	}
 	if s.cfg.Draining != nil && s.cfg.Draining() {
+		renv.close()
 		return nil, ErrDraining
 	}
 	sess := &Session{ID: newID() + s.cfg.IDSuffix, Created: time.Now(), TTL: ttl, Owner: o.Owner, holder: o.Holder, out: newRouter(), errs: newRouter(), renv: renv}
@@ -317,23 +335,33 @@ func (s *Sessions) Create(ctx context.Context, ttl time.Duration, opts ...Create
 	if renv.env != nil {
 		sess.reqs = renv.env.Requirements
 	}
+	if err := s.start(ctx, sess, o.Network); err != nil {
+		return nil, err
+	}
+	info := sess.info()
+	return &info, nil
+}
+
+// start starts sess's sandbox and worker and registers it, or releases
+// what it took (its environment included) and fails.
+func (s *Sessions) start(ctx context.Context, sess *Session, network NetAttach) error {
+	renv := sess.renv
 	spec := s.e.specFor(renv, false, sess.out, sess.errs)
 	sb, err := s.e.cfg.Backend.Start(ctx, spec)
 	if err != nil {
 		renv.close()
-	}
-	if err != nil {
 		if ctx.Err() == nil {
-			return nil, startError(err)
+			return startError(err)
 		}
-		return nil, fmt.Errorf("engine: start session: %w", err)
+		return fmt.Errorf("engine: start session: %w", err)
 	}
 	sess.sb = sb
-	sess.netStop = attachNetwork(sb, o.Network)
-	fail := func(err error) (*SessionInfo, error) {
+	sess.netStop = attachNetwork(sb, network)
+	fail := func(err error) error {
 		sess.netStop()
 		sb.Close()
-		return nil, err
+		renv.close()
+		return err
 	}
 	ssr, ok := sb.(sandbox.Sessioner)
 	if !ok {
@@ -369,8 +397,7 @@ func (s *Sessions) Create(ctx context.Context, ttl time.Duration, opts ...Create
 	s.mu.Unlock()
 	s.wg.Add(1)
 	go s.watch(sess)
-	info := sess.info()
-	return &info, nil
+	return nil
 }
 
 // watch notices a worker that dies between runs.
@@ -404,12 +431,7 @@ func (s *Sessions) remove(sess *Session, why string) {
 	s.mu.Lock()
 	if s.live[sess.ID] == sess {
 		delete(s.live, sess.ID)
-		s.gone[sess.ID] = goneSession{why: why, owner: sess.Owner}
-		s.order = append(s.order, sess.ID)
-		if len(s.order) > 1024 {
-			delete(s.gone, s.order[0])
-			s.order = s.order[1:]
-		}
+		s.forget(sess.ID, sess.Owner, why)
 	}
 	s.mu.Unlock()
 	sess.mu.Lock()
@@ -417,6 +439,24 @@ func (s *Sessions) remove(sess *Session, why string) {
 		sess.dead = why
 	}
 	sess.mu.Unlock()
+	s.release(sess)
+}
+
+// forget remembers why a session ended (bounded). s.mu is held.
+func (s *Sessions) forget(id, owner, why string) {
+	if _, ok := s.gone[id]; !ok {
+		s.order = append(s.order, id)
+	}
+	s.gone[id] = goneSession{why: why, owner: owner}
+	if len(s.order) > 1024 {
+		delete(s.gone, s.order[0])
+		s.order = s.order[1:]
+	}
+}
+
+// release frees everything a session that is no longer listed held on
+// the host.
+func (s *Sessions) release(sess *Session) {
 	sess.sb.Kill()
 	sess.netStop()
 	// File operations in flight finish first: the workspace descriptor
@@ -438,6 +478,9 @@ func (s *Sessions) get(id string) (*Session, error) {
 	defer s.mu.Unlock()
 	if sess, ok := s.live[id]; ok {
 		return sess, nil
+	}
+	if e, ok := s.snap.snaps[id]; ok && e.paused {
+		return nil, &PausedError{ID: id, owner: e.info.Owner}
 	}
 	if g, ok := s.gone[id]; ok {
 		return nil, &SessionGoneError{ID: id, Why: g.why, owner: g.owner}
@@ -461,6 +504,13 @@ func (s *Sessions) CheckOwner(id, owner string) error {
 	if gone := (*SessionGoneError)(nil); errors.As(err, &gone) && gone.owner != owner {
 		return noSession(id)
 	}
+	if p := (*PausedError)(nil); errors.As(err, &p) {
+		if p.owner != owner {
+			s.event(SnapshotEvent{Kind: "refuse", ID: id, Owner: p.owner, Caller: owner, Detail: "a caller who does not own the paused session named it"})
+			return noSession(id)
+		}
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -481,15 +531,32 @@ func (s *Sessions) Attach(id, holder string) {
 	}
 }
 
-// Close ends a session and deletes its workspace.
+// Close ends a session, running or paused, and deletes its workspace and
+// snapshot.
 func (s *Sessions) Close(id string) error {
+	const why = "it was closed with close_session"
 	sess, err := s.get(id)
+	if p := (*PausedError)(nil); errors.As(err, &p) {
+		s.dropSnapshot(id, p.owner, why)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
-	s.remove(sess, "it was closed with close_session")
+	s.remove(sess, why)
 	sess.sb.Wait()
+	s.dropSnapshot(id, sess.Owner, why)
 	return nil
+}
+
+// PausedError is a call on a paused session that does not resume it.
+type PausedError struct {
+	ID    string
+	owner string
+}
+
+func (e *PausedError) Error() string {
+	return fmt.Sprintf("session %s is paused; resume it with resume_session (or call run_python on it)", e.ID)
 }
 
 // List reports every live session.
@@ -504,13 +571,13 @@ func (s *Sessions) List() []SessionInfo {
 	for _, sess := range all {
 		out = append(out, sess.info())
 	}
-	return out
+	return append(out, s.pausedInfos()...)
 }
 
 func (sess *Session) info() SessionInfo {
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
-	i := SessionInfo{ID: sess.ID, Created: sess.Created.UTC(), LastUsed: sess.lastUsed.UTC(), ExpiresAt: sess.lastUsed.Add(sess.TTL).UTC(), Runs: sess.runs, Owner: sess.Owner, Holder: sess.holder}
+	i := SessionInfo{ID: sess.ID, State: StateRunning, Created: sess.Created.UTC(), LastUsed: sess.lastUsed.UTC(), ExpiresAt: sess.lastUsed.Add(sess.TTL).UTC(), Runs: sess.runs, Owner: sess.Owner, Holder: sess.holder}
 	if sess.renv != nil && sess.renv.py != nil {
 		i.Python = sess.renv.py.Version
 	}
@@ -551,8 +618,11 @@ func (s *Sessions) reaper() {
 			}
 			s.mu.Unlock()
 			for _, sess := range expired {
-				s.remove(sess, fmt.Sprintf("it expired after %s without use", sess.TTL))
+				why := fmt.Sprintf("it expired after %s without use", sess.TTL)
+				s.remove(sess, why)
+				s.dropSnapshot(sess.ID, sess.Owner, why)
 			}
+			s.expirePaused(now)
 		}
 	}
 }

@@ -71,6 +71,7 @@ func (s *Sessions) Install(ctx context.Context, id string, packages []string, pr
 		return nil, fmt.Errorf("engine: copy the packages into the session: %w", err)
 	}
 	sess.reqs = env.Requirements
+	sess.installed = true
 	return env, nil
 }
 

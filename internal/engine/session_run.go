@@ -182,6 +182,17 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 		sess.mu.Unlock()
 		go s.remove(sess, whyDead)
 	}
+	if runErr == nil && s.cfg.Snapshots.EveryRun && s.cfg.Snapshots.Store != nil {
+		// --checkpoint every-run: a crash from now on loses nothing of
+		// this run. The run's own context may be ending: the checkpoint
+		// has a deadline of its own.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.e.cfg.MaxTimeout+time.Minute)
+		if _, err := s.save(cctx, sess, false, true); err != nil {
+			s.e.log.Warn("session checkpoint failed; the previous one is kept", "session", id, "err", err)
+			s.event(SnapshotEvent{Kind: "fail", ID: id, Owner: sess.Owner, Detail: "checkpoint: " + err.Error()})
+		}
+		cancel()
+	}
 	return r, nil
 }
 

@@ -11,12 +11,13 @@ import (
 
 // How a serve flag's file reaches the container.
 const (
-	fileRO    = iota + 1 // the file, read-only
-	fileDirRW            // the file's directory, read-write (the file may not exist yet; rotation writes beside it)
-	dirRW                // the directory, read-write
-	dirOrURL             // a directory, read-only, unless the value is a URL
-	fileOrURL            // a file, read-only, unless the value is a URL
-	hostPy               // an interpreter: a version passes, a host path is refused
+	fileRO      = iota + 1 // the file, read-only
+	fileDirRW              // the file's directory, read-write (the file may not exist yet; rotation writes beside it)
+	dirRW                  // the directory, read-write
+	dirOrURL               // a directory, read-only, unless the value is a URL
+	fileOrURL              // a file, read-only, unless the value is a URL
+	hostPy                 // an interpreter: a version passes, a host path is refused
+	dirRWOrNone            // a directory, read-write, unless the value is "none"
 )
 
 // FileFlags are serve's flags whose values are host paths, and how each
@@ -29,6 +30,7 @@ var FileFlags = map[string]int{
 	"approval-key-file": fileRO, "replica-token-file": fileRO,
 	"audit-log":  fileDirRW,
 	"cache-dir":  dirRW,
+	"state-dir":  dirRWOrNone,
 	"find-links": dirOrURL, "python-downloads-json-url": fileOrURL,
 	"python": hostPy, "python-version": hostPy,
 }
@@ -134,6 +136,10 @@ func mountValue(flag string, kind int, value, goos string, add func(Mount)) (str
 		if strings.Contains(value, "://") {
 			return value, nil
 		}
+	case dirRWOrNone:
+		if value == "none" {
+			return value, nil
+		}
 	}
 	abs, err := filepath.Abs(value)
 	if err != nil {
@@ -171,7 +177,7 @@ func mountValue(flag string, kind int, value, goos string, add func(Mount)) (str
 		}
 		add(Mount{Source: dir, Target: target})
 		return path.Join(target, filepath.Base(abs)), nil
-	default: // dirRW, dirOrURL
+	default: // dirRW, dirOrURL, dirRWOrNone
 		if statErr != nil {
 			return "", fmt.Errorf("%s: %w", flag, statErr)
 		}

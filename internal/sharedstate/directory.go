@@ -111,3 +111,34 @@ func (d directory) WasGone(ctx context.Context, tag string) (string, error) {
 	}
 	return mark, err
 }
+
+func (d directory) handoffKey(id string) string { return d.s.prefix + "handoff:" + id }
+
+// HandOff records which replica holds a session handed over by a replica
+// that stopped, until ttl from now. rec carries its signature (cluster
+// checks it: anyone who can write the store could otherwise route a
+// session's calls to another replica).
+func (d directory) HandOff(ctx context.Context, rec cluster.Handoff, ttl time.Duration) error {
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return d.s.c.Set(ctx, d.handoffKey(rec.Session), data, ttl).Err()
+}
+
+// HandedTo returns the record of session id. One that does not parse is
+// returned as found, empty, for cluster to refuse and say so.
+func (d directory) HandedTo(ctx context.Context, id string) (cluster.Handoff, bool, error) {
+	data, err := d.s.c.Get(ctx, d.handoffKey(id)).Bytes()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return cluster.Handoff{}, false, nil
+	case err != nil:
+		return cluster.Handoff{}, false, err
+	}
+	var rec cluster.Handoff
+	if json.Unmarshal(data, &rec) != nil {
+		return cluster.Handoff{}, true, nil
+	}
+	return rec, true, nil
+}

@@ -10,8 +10,8 @@ import (
 )
 
 // TestDirectory: entries are stored under their own name and listed;
-// one under another name is not; gone marks read back as written (the
-// cluster checks them).
+// one under another name is not; gone marks and handoff records read back
+// as written (the cluster checks them), records until their time to live.
 func TestDirectory(t *testing.T) {
 	r := redisserver.Start(t)
 	d := open(t, r.URL()).Directory()
@@ -37,6 +37,28 @@ func TestDirectory(t *testing.T) {
 	}
 	if mark, err := d.WasGone(ctx, m.Tag()); mark != "mark-of-r-a" || err != nil {
 		t.Errorf("gone: %q %v", mark, err)
+	}
+	if _, found, err := d.HandedTo(ctx, "s-01.r-a.0011aabb"); found || err != nil {
+		t.Errorf("a record never written: %v %v", found, err)
+	}
+	rec := cluster.Handoff{Session: "s-01.r-a.0011aabb", Holder: "r-b", Expires: 1, Sig: "sig"}
+	if err := d.HandOff(ctx, rec, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got, found, err := d.HandedTo(ctx, rec.Session); !found || err != nil || got != rec {
+		t.Errorf("handoff record: %+v %v %v", got, found, err)
+	}
+	// A later one replaces it.
+	rec.Holder = "r-c"
+	if err := d.HandOff(ctx, rec, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, _ := d.HandedTo(ctx, rec.Session); got.Holder != "r-c" {
+		t.Errorf("the later record: %+v", got)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	if _, found, _ := d.HandedTo(ctx, rec.Session); found {
+		t.Error("a record outlived its time to live")
 	}
 	if err := d.Deregister(ctx, m); err != nil {
 		t.Fatal(err)

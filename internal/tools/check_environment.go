@@ -36,6 +36,7 @@ func (s *server) checkEnvironment(ctx context.Context, req *mcp.CallToolRequest,
 		p.Pool = s.eng.PoolInfo() // it learns modules to preload as it runs
 	}
 	p.ManagedPythons = s.eng.ManagedPythons()
+	p.Sessions = s.stateNote
 	return &mcp.CallToolResult{
 		IsError: !p.Usable(),
 		Content: []mcp.Content{&mcp.TextContent{Text: PostureText(&p) + governanceText(p.Governance)}},
@@ -147,6 +148,9 @@ func PostureText(p *engine.Posture) string {
 		if m.Problem != "" {
 			fmt.Fprintf(&b, "  download metadata: %s\n", m.Problem)
 		}
+	}
+	if p.Sessions != "" {
+		fmt.Fprintf(&b, "sessions: %s\n", p.Sessions)
 	}
 	if len(p.Problems) > 0 {
 		b.WriteString("problems:\n")

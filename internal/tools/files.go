@@ -136,7 +136,7 @@ func fileSessionRef(uri string) string {
 const maxListEntries = 1000
 
 func (s *server) uploadFile(ctx context.Context, req *mcp.CallToolRequest, in UploadFileInput) (*mcp.CallToolResult, *FileOutput, error) {
-	if err := s.ownSession(req, in.SessionID); err != nil {
+	if _, err := s.ownAwake(ctx, req, in.SessionID); err != nil {
 		return nil, nil, sessionError(ctx, err)
 	}
 	p, err := workspace.CleanPath(in.Path)
@@ -169,7 +169,7 @@ func (s *server) uploadFile(ctx context.Context, req *mcp.CallToolRequest, in Up
 }
 
 func (s *server) listFiles(ctx context.Context, req *mcp.CallToolRequest, in ListFilesInput) (*mcp.CallToolResult, *ListFilesOutput, error) {
-	if err := s.ownSession(req, in.SessionID); err != nil {
+	if _, err := s.ownAwake(ctx, req, in.SessionID); err != nil {
 		return nil, nil, sessionError(ctx, err)
 	}
 	dir := in.Path
@@ -232,7 +232,7 @@ func encodedLen(v any) int64 {
 }
 
 func (s *server) downloadFile(ctx context.Context, req *mcp.CallToolRequest, in DownloadFileInput) (*mcp.CallToolResult, *FileOutput, error) {
-	if err := s.ownSession(req, in.SessionID); err != nil {
+	if _, err := s.ownAwake(ctx, req, in.SessionID); err != nil {
 		return nil, nil, sessionError(ctx, err)
 	}
 	p, err := workspace.CleanPath(in.Path)

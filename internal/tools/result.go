@@ -33,6 +33,9 @@ type RunPythonOutput struct {
 	Error *worker.Exception `json:"error,omitempty"`
 	// Message explains a non-success status in words an agent can act on.
 	Message string `json:"message,omitempty"`
+	// Resumed, when the call found its session paused and resumed it
+	// first, says what came back and what did not.
+	Resumed string `json:"resumed,omitempty" jsonschema:"set when the session was paused (by pause_session or a server restart) and this call resumed it: what was restored and what was not"`
 	// Sandbox is the backend that ran the code; "none" means unsandboxed.
 	Sandbox string `json:"sandbox"`
 	// Figures are the matplotlib figures the run left open, as PNG.
@@ -118,6 +121,8 @@ type NetUsage struct {
 type runUsage struct {
 	network   *NetUsage
 	toolCalls *ToolUsage
+	// resumed says what came back when the call resumed a paused session.
+	resumed string
 }
 
 // runPythonOutput is the one conversion of an engine.Result to what
@@ -142,6 +147,7 @@ func runPythonOutput(r *engine.Result, use runUsage) *RunPythonOutput {
 		CPUTimeMS:       r.CPUTimeMS,
 		Network:         use.network,
 		ToolCalls:       use.toolCalls,
+		Resumed:         use.resumed,
 	}
 	for _, f := range r.Figures {
 		out.Figures = append(out.Figures, Figure{Width: f.Width, Height: f.Height, Bytes: f.Bytes, TooLarge: f.TooLarge, PNG: f.PNG})

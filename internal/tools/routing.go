@@ -134,6 +134,8 @@ func (s *server) registerInternal(srv *mcp.Server) {
 	}
 	addInternal(srv, add("run_python"), internalCall(s.runPython))
 	addInternal(srv, add("close_session"), internalCall(s.closeSession))
+	addInternal(srv, add("pause_session"), internalCall(s.pauseSession))
+	addInternal(srv, add("resume_session"), internalCall(s.resumeSession))
 	addInternal(srv, add("list_sessions"), internalCall(s.listSessions))
 	addInternal(srv, add("install_package"), internalCall(s.installPackage))
 	addInternal(srv, add("upload_file"), internalCall(s.uploadFile))
@@ -267,8 +269,14 @@ func (s *server) listAllSessions(ctx context.Context, req *mcp.CallToolRequest, 
 		}
 		out.Sessions = append(out.Sessions, a.list...)
 	}
-	text := fmt.Sprintf("%d open session(s)\n", len(out.Sessions))
+	out.Sessions = onePerID(out.Sessions)
+	text := fmt.Sprintf("%d session(s)\n", len(out.Sessions))
 	for _, i := range out.Sessions {
+		if i.State == engine.StatePaused {
+			text += fmt.Sprintf("%s: paused at %s, %d runs, snapshot %s, deleted at %s unless resumed\n", i.ID, i.LastUsed.Format(time.RFC3339), i.Runs, sizeWords(i.SnapshotBytes),
+				i.ExpiresAt.Format(time.RFC3339))
+			continue
+		}
 		text += fmt.Sprintf("%s: %d runs, %d MiB, last used %s, expires %s\n", i.ID, i.Runs, i.MemoryBytes>>20,
 			i.LastUsed.Format(time.RFC3339), i.ExpiresAt.Format(time.RFC3339))
 	}
@@ -276,6 +284,26 @@ func (s *server) listAllSessions(ctx context.Context, req *mcp.CallToolRequest, 
 		text += fmt.Sprintf("(some servers could not be asked: %v %v; their sessions are not listed)\n", missing, merr)
 	}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, out, nil
+}
+
+// onePerID lists each session once. A paused session lives on one
+// replica, but while a stopping replica hands it over both hold it for a
+// moment (and a copy may be left behind by a replica killed then): the
+// running one is the session, else the first listed (this replica's).
+func onePerID(list []engine.SessionInfo) []engine.SessionInfo {
+	at := make(map[string]int, len(list))
+	out := list[:0:0]
+	for _, i := range list {
+		if j, seen := at[i.ID]; seen {
+			if out[j].State == engine.StatePaused && i.State != engine.StatePaused {
+				out[j] = i
+			}
+			continue
+		}
+		at[i.ID] = len(out)
+		out = append(out, i)
+	}
+	return out
 }
 
 // maxSessionIDBytes bounds a session id: ours are "s-", 32 hex digits and, with

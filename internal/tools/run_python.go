@@ -89,6 +89,9 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 	}
 	out := runPythonOutput(res, use)
 	content := s.boundReply(out, in.SessionID, identity(req))
+	if out.Resumed != "" {
+		content = append([]mcp.Content{&mcp.TextContent{Text: out.Resumed + "."}}, content...)
+	}
 	return &mcp.CallToolResult{IsError: out.Status != engine.StatusSuccess, Content: content}, out, nil
 }
 
@@ -118,15 +121,19 @@ func (s *server) execute(ctx context.Context, req *mcp.CallToolRequest, in RunPy
 	defer stopLive()
 	var err error
 	if in.SessionID != "" {
-		if err := s.ownSession(req, in.SessionID); err != nil {
+		resumed, err := s.ownAwake(ctx, req, in.SessionID)
+		if err != nil {
 			return nil, use, sessionError(ctx, err)
+		}
+		if resumed != nil {
+			use.resumed = resumed.Summary()
 		}
 		usage := s.sessionCall(ctx, req, in.SessionID)
 		tr := s.newToolRun(ctx, req, in.SessionID)
 		run.Tools = tr.tools()
 		res, err = s.sessions.Run(ctx, in.SessionID, run)
 		tr.finish()
-		use = runUsage{network: usage(), toolCalls: tr.Usage()}
+		use = runUsage{network: usage(), toolCalls: tr.Usage(), resumed: use.resumed}
 		if err != nil && !errors.Is(err, engine.ErrBusy) {
 			return nil, use, sessionError(ctx, err)
 		}

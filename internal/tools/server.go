@@ -83,18 +83,22 @@ type Options struct {
 	// informational lines name every MCP session id, which on a server
 	// without tokens is enough to use that connection's sessions.
 	SDKLogger *slog.Logger
+	// StateNote says where paused sessions are kept, or why they are not
+	// (check_environment shows it).
+	StateNote string
 }
 
 // Names are the tools a server offers (before the policy hides any). A
 // policy file may name only these.
 var Names = []string{"run_python", "check_environment", "validate_script", "create_session", "list_sessions",
-	"close_session", "install_package", "upload_file", "list_files", "download_file", "list_tools_in_sandbox"}
+	"close_session", "pause_session", "resume_session", "install_package", "upload_file", "list_files", "download_file", "list_tools_in_sandbox"}
 
 // server holds what the handlers share.
 type server struct {
-	eng      *engine.Engine
-	sessions *engine.Sessions
-	figures  *figureStore
+	stateNote string // Options.StateNote
+	eng       *engine.Engine
+	sessions  *engine.Sessions
+	figures   *figureStore
 	// outputs and displays keep what a one-shot run's reply only links to.
 	outputs, displays *figureStore
 	log               *slog.Logger
@@ -141,7 +145,7 @@ func NewServers(opts Options) (*mcp.Server, *mcp.Server) {
 		log = slog.Default()
 	}
 	s := &server{eng: opts.Engine, log: log, sessions: opts.Sessions, figures: newFigureStore(), outputs: newStore(outputPrefix, outputLimits), displays: newStore(displayPrefix, displayLimits), quotas: opts.Quotas, net: opts.Network, up: opts.Upstreams, sessNets: map[string]*sessionNet{},
-		maxUpload: opts.MaxUploadBytes, maxInline: opts.MaxInlineBytes, maxDownload: opts.MaxDownloadBytes, profiles: opts.Profiles, noNative: opts.NoNative}
+		maxUpload: opts.MaxUploadBytes, maxInline: opts.MaxInlineBytes, maxDownload: opts.MaxDownloadBytes, profiles: opts.Profiles, noNative: opts.NoNative, stateNote: opts.StateNote}
 	if s.sessions == nil {
 		s.sessions = opts.Engine.NewSessions(engine.SessionConfig{})
 	}
@@ -262,6 +266,7 @@ func (s *server) register(srv *mcp.Server) {
 		s.addCheckEnvironment(srv)
 		s.addValidateScript(srv)
 		s.addSessionTools(srv)
+		s.addPauseTools(srv)
 		s.addInstallPackage(srv)
 		s.addFileTools(srv)
 		s.addListTools(srv)

@@ -66,7 +66,7 @@ func (s *server) addSessionTools(srv *mcp.Server) {
 	addTool(s, srv, &mcp.Tool{
 		Name:        "list_sessions",
 		Title:       "List Python sessions",
-		Description: "List your open sessions: id, when created and last used, when each expires, memory in use and the number of runs. Only your own are listed (on a server without tokens, those this connection made or used).",
+		Description: "List your sessions: id, state (running or paused), when created and last used, when each expires, memory in use (running) or snapshot size (paused), and the number of runs. Only your own are listed (on a server without tokens, those this connection made or used).",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 	}, s.listAllSessions)
 	addTool(s, srv, &mcp.Tool{
@@ -116,8 +116,13 @@ func (s *server) listSessions(ctx context.Context, req *mcp.CallToolRequest, _ L
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d open session(s)\n", len(list))
+	fmt.Fprintf(&b, "%d session(s)\n", len(list))
 	for _, i := range list {
+		if i.State == engine.StatePaused {
+			fmt.Fprintf(&b, "%s: paused at %s, %d runs, snapshot %s, deleted at %s unless resumed\n", i.ID, i.LastUsed.Format(time.RFC3339), i.Runs, sizeWords(i.SnapshotBytes),
+				i.ExpiresAt.Format(time.RFC3339))
+			continue
+		}
 		fmt.Fprintf(&b, "%s: %d runs, %d MiB, last used %s, expires %s\n", i.ID, i.Runs, i.MemoryBytes>>20,
 			i.LastUsed.Format(time.RFC3339), i.ExpiresAt.Format(time.RFC3339))
 	}
@@ -169,7 +174,7 @@ func (s *server) installPackage(ctx context.Context, req *mcp.CallToolRequest, i
 	if len(in.Packages) == 0 || len(in.Packages) > pep.MaxDependencies {
 		return nil, nil, errorResult(fmt.Sprintf("packages must list 1 to %d requirements.", pep.MaxDependencies))
 	}
-	if err := s.ownSession(req, in.SessionID); err != nil {
+	if _, err := s.ownAwake(ctx, req, in.SessionID); err != nil {
 		return nil, nil, sessionError(ctx, err)
 	}
 	release, refused := s.takeQuota(ctx, req)
@@ -208,12 +213,22 @@ func (s *server) ownSession(req mcp.Request, id string) error {
 	return nil
 }
 
+// ownAwake is ownSession, then wake: a call on a paused session resumes
+// it first.
+func (s *server) ownAwake(ctx context.Context, req *mcp.CallToolRequest, id string) (*engine.ResumeResult, error) {
+	if err := s.ownSession(req, id); err != nil {
+		return nil, err
+	}
+	return s.wake(ctx, req, id)
+}
+
 // sessionError turns a session failure into a message the agent can act on.
 func sessionError(ctx context.Context, err error) *govern.Refusal {
 	if res, ok := deniedError(err); ok {
 		return res
 	}
 	var gone *engine.SessionGoneError
+	var paused *engine.PausedError
 	var reqErr *engine.RequestError
 	var ie *deps.InstallError
 	var pe *pydist.InstallError
@@ -226,6 +241,8 @@ func sessionError(ctx context.Context, err error) *govern.Refusal {
 		return refusal(govern.StatusInstallError, "install_error: "+pe.Error()+"; retry later, or tell the server's operator")
 	case errors.As(err, &gone):
 		return errorResult(gone.Error() + ".")
+	case errors.As(err, &paused):
+		return errorResult(paused.Error() + ".")
 	case errors.Is(err, engine.ErrNoSession):
 		return errorResult(fmt.Sprintf("Unknown session (%v). Create a session with create_session and use the session_id it returns.", err))
 	case errors.Is(err, engine.ErrBusy):

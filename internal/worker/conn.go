@@ -334,6 +334,30 @@ func (c *Conn) call(ctx context.Context, req *Request, wantOp string, reply any)
 // callChecked is call, then check (if not nil) on the decoded reply; an
 // error from check makes the Conn unusable.
 func (c *Conn) callChecked(ctx context.Context, req *Request, wantOp string, reply any, check func() error) error {
+	return c.exchange(ctx, req, wantOp, reply, exchangeOpts{check: check})
+}
+
+// exchangeOpts are what an exchange does beyond one request line and one
+// reply line (snapshots).
+type exchangeOpts struct {
+	// check, when set, runs on the decoded reply; an error from it makes
+	// the Conn unusable.
+	check func() error
+	// body, when set, writes what follows the request line (a restore's
+	// raw bytes), with c.wmu held. Its error makes the Conn unusable,
+	// unless it is a bodyError, which is returned once the reply is in.
+	body func() error
+	// data, when set, takes the messages of op OpSnapshotData that come
+	// before the reply (id already checked), and reads what follows them.
+	data func(line []byte) error
+}
+
+// bodyError is an error of exchangeOpts.body that left the stream in step.
+type bodyError struct{ error }
+
+// exchange is callChecked with opts.
+func (c *Conn) exchange(ctx context.Context, req *Request, wantOp string, reply any, opts exchangeOpts) error {
+	check := opts.check
 	if err := c.lock(ctx); err != nil {
 		return err
 	}
@@ -363,12 +387,20 @@ func (c *Conn) callChecked(ctx context.Context, req *Request, wantOp string, rep
 	}
 	var line []byte
 	var env envelope
+	var bodyErr error
 	err = c.interruptible(ctx, func() error {
 		if ts != nil {
 			defer ts.finish()
 		}
 		c.wmu.Lock()
 		_, err := c.conn.Write(data)
+		if err == nil && opts.body != nil {
+			err = opts.body()
+			var be bodyError
+			if errors.As(err, &be) {
+				bodyErr, err = be.error, nil
+			}
+		}
 		c.wmu.Unlock()
 		if err != nil {
 			return fmt.Errorf("worker: send request: %w", err)
@@ -383,6 +415,15 @@ func (c *Conn) callChecked(ctx context.Context, req *Request, wantOp string, rep
 			env = envelope{}
 			if err := json.Unmarshal(l, &env); err != nil {
 				return violationError{fmt.Errorf("worker: bad reply: %w", err)}
+			}
+			if env.Op == OpSnapshotData && opts.data != nil {
+				if env.ID != req.ID {
+					return violationError{fmt.Errorf("worker: %s message id %q does not match request id %q", env.Op, clip(env.ID), req.ID)}
+				}
+				if err := opts.data(l); err != nil {
+					return err
+				}
+				continue
 			}
 			if env.Op != OpToolCall && env.Op != OpToolCatalog && env.Op != OpCodeFacts {
 				line = l
@@ -431,6 +472,9 @@ func (c *Conn) callChecked(ctx context.Context, req *Request, wantOp string, rep
 		if err := json.Unmarshal(line, &e); err != nil {
 			return c.violation(fmt.Errorf("worker: bad reply: %w", err))
 		}
+		if bodyErr != nil {
+			return bodyErr
+		}
 		// A well-formed refusal: the stream is still in step.
 		return &e
 	}
@@ -444,6 +488,9 @@ func (c *Conn) callChecked(ctx context.Context, req *Request, wantOp string, rep
 		if err := check(); err != nil {
 			return c.violation(err)
 		}
+	}
+	if bodyErr != nil {
+		return bodyErr
 	}
 	return nil
 }

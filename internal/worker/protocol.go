@@ -41,6 +41,10 @@
 // After each run the worker renders the open matplotlib figures (only if
 // the user code imported matplotlib.pyplot) and closes them; see Figure.
 //
+// A session can be saved and restored in another worker (OpSnapshot,
+// OpRestore; see snapshot.go): the only requests whose messages carry raw
+// bytes after their line.
+//
 // User code runs inside the worker process, so it can reach the control
 // socket too: the sandbox, not the worker, is the security boundary, and
 // everything the worker sends is untrusted input to the Go side.
@@ -270,6 +274,11 @@ type Request struct {
 	// then ends with an error of type PolicyRefusal, nothing of its code
 	// having run). The facts are hostile JSON, bounded by MaxFactsBytes.
 	Gate func(ctx context.Context, facts json.RawMessage) string `json:"-"`
+	// MaxBytes bounds the stream of an OpSnapshot; Bytes is the length
+	// of the raw stream that follows an OpRestore (see Snapshot and
+	// Restore, which set them).
+	MaxBytes int64 `json:"max_bytes,omitempty"`
+	Bytes    int64 `json:"bytes,omitempty"`
 	// ToolsCtx, when set, bounds the tool calls instead of Run's ctx: a
 	// session's calls end at the run's timeout, when the run is
 	// interrupted, while Run still waits for its answer.

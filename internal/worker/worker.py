@@ -39,6 +39,7 @@ import io
 import json
 import keyword
 import linecache
+import marshal
 import os
 import signal
 import socket
@@ -112,6 +113,8 @@ def _release_reserve():
 _dumps = json.dumps
 _loads = json.loads
 _JSONEncoder = json.JSONEncoder
+_marshal_dumps = marshal.dumps  # for snapshot.py (marshal is loaded anyway)
+_marshal_loads = marshal.loads
 
 
 def _send(sock, msg):
@@ -751,6 +754,45 @@ def _gate(sock, source):
     if isinstance(err, dict) and isinstance(err.get("message"), str):
         return err["message"]
     return "the server did not say that this code may run"
+
+
+_SNAPSHOT_PATH = os.path.join(os.path.dirname(os.path.abspath(_WORKER_FILE)), "snapshot.py")
+_snapshot = None  # snapshot.py, loaded on the first snapshot or restore
+
+
+def _snapshot_module():
+    """snapshot.py as the module _pysandbox_snapshot, in sys.modules: the
+    streams it writes name their reconstructors by that name."""
+    global _snapshot
+    if _snapshot is None:
+        with open(_SNAPSHOT_PATH, "rb") as f:
+            source = f.read()
+        module = types.ModuleType("_pysandbox_snapshot")
+        module.__file__ = _SNAPSHOT_PATH
+        module._worker = _THIS_MODULE
+        exec(compile(source, _SNAPSHOT_PATH, "exec", dont_inherit=True), module.__dict__)
+        _snapshot = module
+    sys.modules["_pysandbox_snapshot"] = _snapshot  # again: user code may have taken it out
+    return _snapshot
+
+
+def _snapshot_request(sock, op, req, rid, session):
+    """Answer "snapshot" or "restore" (snapshot.py). A restore's raw bytes
+    are consumed whatever happens, to keep the stream in step."""
+    try:
+        module = _snapshot_module()
+    except Exception as e:
+        n = req.get("bytes") if op == "restore" else 0
+        if isinstance(n, int) and n > 0:
+            view = memoryview(bytearray(1 << 16))
+            while n > 0:
+                k = _chan.reader.read_into(view[:min(n, len(view))])
+                if not k:
+                    break
+                n -= k
+        _send_error(sock, rid, "snapshots are not available: " + _clip(_safe_str(e)))
+        return
+    module.handle(sock, op, req, rid, session)
 
 
 def _join_threads():
@@ -2294,6 +2336,17 @@ class _LineReader:
                 self._buf += view[:n]
         return n
 
+    def read_into(self, view):
+        """Raw bytes that follow a line (a restore's), into view: what the
+        buffer holds first, else one receive; the count, 0 at EOF."""
+        n = min(len(self._buf), len(view))
+        if n:
+            view[:n] = self._buf[:n]
+            del self._buf[:n]
+            self._scanned = 0
+            return n
+        return self._sock.recv_into(view)
+
     def rest(self):
         """What the buffer holds after the last complete line."""
         line = bytes(self._buf)
@@ -2868,6 +2921,8 @@ def _handle(sock, line, session):
         msg = _probe(req)
         msg["op"], msg["id"] = "probed", rid
         _send(sock, msg)
+    elif op in ("snapshot", "restore"):
+        _snapshot_request(sock, op, req, rid, session)
     else:
         _send_error(sock, rid, "unknown op %r" % (op,))
 

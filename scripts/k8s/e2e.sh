@@ -3,8 +3,10 @@
 # cluster (scripts/k8s/cluster.sh), a real Redis for the replicas' shared
 # state, builds and imports the image (scripts/k8s/image.sh), installs
 # deploy/kubernetes/overlays/test with two replicas, runs the end-to-end
-# test and the benchmark (cmd/pysandbox/k8s_test.go) through real MCP
-# clients, and tears everything down, leaving nothing running.
+# tests and the benchmark through real MCP clients — sessions that survive
+# a rolling update and a scale-down from 2 to 1 (cmd/pysandbox/handoff_test.go,
+# first, ~2 min), then cmd/pysandbox/k8s_test.go — and tears everything
+# down, leaving nothing running.
 #
 # Usage: scripts/k8s/e2e.sh [go test flags...]     (root; ~2 min with the
 # Kubernetes binaries cached, plus ~10 min to build them the first time)
@@ -55,7 +57,7 @@ scripts/k8s/image.sh "$STATE/pysandbox.tar" pysandbox:dev >/dev/null
 scripts/k8s/cluster.sh import "$STATE/pysandbox.tar"
 say "image built and imported in $((SECONDS - t))s"
 
-# Volumes for the replicas' audit chains, on the node (no provisioner
+# Volumes for the replicas' audit chains and paused sessions, on the node (no provisioner
 # here), and the secrets.
 k apply -f - >/dev/null <<EOF
 apiVersion: storage.k8s.io/v1

@@ -1,0 +1,744 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/pysandbox/pysandbox/internal/sandbox"
+	"github.com/pysandbox/pysandbox/internal/snapshot"
+)
+
+// Paused sessions. A session is paused by pause_session, by the drain of
+// a server that stops (SIGTERM), or checkpointed after each run: its
+// worker saves its globals object by object, inside its own sandbox, and
+// the server writes them, its workspace files and a description to the
+// snapshot store (internal/snapshot). A paused session has no process;
+// the next call on it, or resume_session, starts a new sandbox under the
+// same id and restores it there. A session's last snapshot stays on disk
+// while it runs again, so a server killed without a drain loses only what
+// changed since.
+
+// SnapshotConfig configures paused sessions; the zero value has none.
+type SnapshotConfig struct {
+	// Store keeps the snapshots; nil: sessions cannot be paused, and die
+	// with the server.
+	Store *snapshot.Store
+	// PausedTTL is how long a paused session is kept unused.
+	PausedTTL time.Duration
+	// MaxBytes caps one snapshot; OwnerBytes all of one owner's together.
+	MaxBytes, OwnerBytes int64
+	// MaxPaused caps the paused sessions of one owner; PausedLimit, when
+	// set, says it per owner instead (0: MaxPaused).
+	MaxPaused   int
+	PausedLimit func(owner string) int
+	// EveryRun checkpoints a session after each run (--checkpoint
+	// every-run), so a crash loses at most the run in flight.
+	EveryRun bool
+	// Replica names this server in the snapshots it writes.
+	Replica string
+	// Events, when set, is told every pause, resume, expiry and refusal
+	// (the audit log).
+	Events func(SnapshotEvent)
+}
+
+// SnapshotEvent is something that happened to a snapshot.
+type SnapshotEvent struct {
+	// Kind is "pause", "checkpoint", "resume", "expire", "refuse" or
+	// "fail".
+	Kind  string
+	ID    string
+	Owner string
+	// Caller is who asked (for a refusal, not the owner).
+	Caller string
+	Bytes  int64
+	Detail string
+	Saved  int
+	// Unsaveable names the globals that could not be saved.
+	Unsaveable []string
+}
+
+// Errors of pausing and resuming.
+var (
+	// ErrNoSnapshots: the server keeps no snapshots.
+	ErrNoSnapshots = errors.New("this server keeps no session snapshots (it was started without a state directory)")
+	// ErrSnapshotTooBig: the snapshot would pass a size cap; the session
+	// keeps running.
+	ErrSnapshotTooBig = errors.New("the session is too big to pause")
+	// ErrPausedQuota: the owner has all the paused sessions it may.
+	ErrPausedQuota = errors.New("paused session quota reached")
+)
+
+// PauseResult is what a pause or checkpoint saved.
+type PauseResult struct {
+	ID         string
+	Bytes      int64
+	Saved      []string
+	Unsaveable []snapshot.Unsaveable
+	Skipped    []string
+	Files      int
+	// ExpiresAt is when the paused session is deleted unless resumed.
+	ExpiresAt time.Time
+}
+
+// ResumeResult is what a resume brought back.
+type ResumeResult struct {
+	ID       string
+	PausedAt time.Time
+	Restored []string
+	// Failed are globals that were saved but could not be restored;
+	// Unsaveable those the snapshot never held.
+	Failed     []snapshot.Unsaveable
+	Unsaveable []snapshot.Unsaveable
+	Files      int
+}
+
+// Summary says in a sentence what came back, for the agent.
+func (r *ResumeResult) Summary() string {
+	msg := fmt.Sprintf("session %s was resumed from its snapshot of %s: %d variables restored, %d files", r.ID, r.PausedAt.UTC().Format(time.RFC3339), len(r.Restored), r.Files)
+	var lost []string
+	for _, u := range r.Unsaveable {
+		lost = append(lost, u.Name+" ("+u.Reason+")")
+	}
+	for _, u := range r.Failed {
+		lost = append(lost, u.Name+" ("+u.Reason+")")
+	}
+	if len(lost) > 0 {
+		if len(lost) > 20 {
+			lost = append(lost[:20], fmt.Sprintf("and %d more", len(lost)-20))
+		}
+		msg += fmt.Sprintf("; not restored: %s. Define these again", joinList(lost))
+	}
+	return msg
+}
+
+func joinList(s []string) string {
+	out := ""
+	for i, x := range s {
+		if i > 0 {
+			out += ", "
+		}
+		out += x
+	}
+	return out
+}
+
+// snapEntry is a snapshot on disk: of a paused session, or the last one
+// of a session that runs again.
+type snapEntry struct {
+	info   snapshot.Info
+	paused bool
+}
+
+// snapState is Sessions' part for snapshots; guarded by Sessions.mu.
+type snapState struct {
+	snaps    map[string]*snapEntry
+	resuming map[string]chan struct{}
+}
+
+// loadSnapshots lists the snapshots in the store at start: each is a
+// paused session (a session that ran again before a crash comes back as
+// of its last snapshot).
+func (s *Sessions) loadSnapshots() {
+	s.snap.snaps = map[string]*snapEntry{}
+	s.snap.resuming = map[string]chan struct{}{}
+	st := s.cfg.Snapshots.Store
+	if st == nil {
+		return
+	}
+	infos, bad := st.List()
+	for _, in := range infos {
+		s.snap.snaps[in.ID] = &snapEntry{info: in, paused: true}
+	}
+	for name, err := range bad {
+		s.e.log.Warn("session snapshot refused at start", "file", name, "err", err)
+		s.event(SnapshotEvent{Kind: "refuse", ID: name, Detail: err.Error()})
+	}
+	if len(infos) > 0 {
+		s.e.log.Info("paused sessions found", "count", len(infos), "dir", st.Dir())
+	}
+}
+
+func (s *Sessions) event(ev SnapshotEvent) {
+	if f := s.cfg.Snapshots.Events; f != nil {
+		f(ev)
+	}
+}
+
+// pausedTTL is how long a paused session is kept.
+func (s *Sessions) pausedTTL() time.Duration {
+	if t := s.cfg.Snapshots.PausedTTL; t > 0 {
+		return t
+	}
+	return 7 * 24 * time.Hour
+}
+
+// ownerSnapBytes is what owner's snapshots take on disk, except id's.
+// s.mu is held.
+func (s *Sessions) ownerSnapBytes(owner, except string) int64 {
+	var n int64
+	for id, e := range s.snap.snaps {
+		if id != except && e.info.Owner == owner {
+			n += e.info.Size
+		}
+	}
+	return n
+}
+
+// pausedCount counts owner's paused sessions (all, for owner "\x00").
+// s.mu is held.
+func (s *Sessions) pausedCount(owner string) int {
+	n := 0
+	for _, e := range s.snap.snaps {
+		if e.paused && (owner == "\x00" || e.info.Owner == owner) {
+			n++
+		}
+	}
+	return n
+}
+
+// Pause snapshots a session and stops it: its memory and processes are
+// freed, and it comes back under the same id on its next call.
+func (s *Sessions) Pause(ctx context.Context, id string) (*PauseResult, error) {
+	if s.cfg.Snapshots.Store == nil {
+		return nil, ErrNoSnapshots
+	}
+	sess, err := s.get(id)
+	if err != nil {
+		return nil, err
+	}
+	sess.runMu.Lock()
+	defer sess.runMu.Unlock()
+	if err := s.pausable(sess); err != nil {
+		s.event(SnapshotEvent{Kind: "refuse", ID: id, Owner: sess.Owner, Caller: sess.Owner, Detail: err.Error()})
+		return nil, err
+	}
+	return s.save(ctx, sess, true, false)
+}
+
+// maxPausedTotal bounds the paused sessions of a server, whoever owns
+// them: each is an entry in memory and a file on disk.
+const maxPausedTotal = 10000
+
+// pausable refuses a pause the owner's paused quota has no room for.
+func (s *Sessions) pausable(sess *Session) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	limit := s.cfg.Snapshots.MaxPaused
+	if f := s.cfg.Snapshots.PausedLimit; f != nil {
+		if n := f(sess.Owner); n > 0 {
+			limit = n
+		}
+	}
+	if limit > 0 && s.pausedCount(sess.Owner) >= limit {
+		return fmt.Errorf("%w: %d sessions of yours are paused, all your quota allows; resume one and close it, or close one you no longer need", ErrPausedQuota, limit)
+	}
+	if s.pausedCount("\x00") >= maxPausedTotal {
+		return fmt.Errorf("%w: the server holds %d paused sessions, all it keeps; close paused sessions you no longer need", ErrPausedQuota, maxPausedTotal)
+	}
+	return nil
+}
+
+// save writes sess's snapshot; with stop, the session is then stopped
+// and listed as paused. sess.runMu is held. A failure leaves the session
+// running, and its previous snapshot (if any) in place.
+func (s *Sessions) save(ctx context.Context, sess *Session, stop, checkpoint bool) (*PauseResult, error) {
+	sess.mu.Lock()
+	dead := sess.dead
+	sess.mu.Unlock()
+	if dead != "" {
+		return nil, &SessionGoneError{ID: sess.ID, Why: dead}
+	}
+	cfg := s.cfg.Snapshots
+	limit := cfg.MaxBytes
+	s.mu.Lock()
+	others := s.ownerSnapBytes(sess.Owner, sess.ID)
+	s.mu.Unlock()
+	if cfg.OwnerBytes > 0 {
+		room := cfg.OwnerBytes - others
+		if room <= 0 {
+			return nil, fmt.Errorf("%w: your other snapshots take %d MiB, all the %d MiB your snapshots may take together; close paused sessions you no longer need", ErrSnapshotTooBig, others>>20, cfg.OwnerBytes>>20)
+		}
+		if limit <= 0 || room < limit {
+			limit = room
+		}
+	}
+	w, err := cfg.Store.Create(sess.ID, limit)
+	if err != nil {
+		return nil, err
+	}
+	tooBig := func(what string) error {
+		w.Abort()
+		return fmt.Errorf("%w: its %s pass the limit of %d MiB a snapshot of yours may take now (per session %d MiB, all of yours %d MiB); the session keeps running. Delete what you no longer need (del big_variable, or remove files) and pause again", ErrSnapshotTooBig, what, limit>>20, cfg.MaxBytes>>20, cfg.OwnerBytes>>20)
+	}
+	// Between runs the session is held to a thousandth of a CPU: the
+	// pickling is a run of the worker's own.
+	s.idle(sess, false)
+	defer s.idle(sess, true)
+	sctx, cancel := context.WithTimeout(ctx, s.e.cfg.MaxTimeout+time.Minute)
+	defer cancel()
+	bound := limit
+	if bound <= 0 {
+		bound = 1 << 62 // no cap: the worker still needs a number
+	}
+	res, err := sess.conn.Snapshot(sctx, w, bound)
+	switch {
+	case errors.Is(err, snapshot.ErrTooBig) || err == nil && res.TooBig:
+		return nil, tooBig("variables")
+	case err != nil:
+		w.Abort()
+		return nil, fmt.Errorf("engine: save the session's variables: %w", err)
+	}
+	w.EndGlobals()
+	files, skipped, err := snapshot.PackFiles(sess.ws, w, w.Room())
+	switch {
+	case errors.Is(err, snapshot.ErrTooBig):
+		return nil, tooBig("variables and files")
+	case err != nil:
+		w.Abort()
+		return nil, fmt.Errorf("engine: save the session's files: %w", err)
+	}
+	sess.mu.Lock()
+	meta := snapshot.Meta{
+		ID: sess.ID, Owner: sess.Owner, Created: sess.Created.UTC(), PausedAt: time.Now().UTC(), TTL: sess.TTL,
+		Requirements: slices.Clone(sess.reqs), Installed: sess.installed, Runs: sess.runs,
+		Saved: res.Saved, Files: files, Skipped: skipped, Replica: cfg.Replica, Checkpoint: !stop,
+	}
+	sess.mu.Unlock()
+	for _, u := range res.Unsaveable {
+		meta.Unsaveable = append(meta.Unsaveable, snapshot.Unsaveable{Name: u.Name, Reason: u.Reason})
+	}
+	if sess.renv != nil && sess.renv.py != nil {
+		meta.Python = sess.renv.py.Version
+	}
+	if sess.renv != nil && sess.renv.env != nil {
+		meta.Base = slices.Clone(sess.renv.env.Requirements)
+	}
+	size, err := w.Commit(meta)
+	if err != nil {
+		return nil, err
+	}
+	info := snapshot.Info{Meta: meta, Size: size, Modified: time.Now()}
+	s.mu.Lock()
+	s.snap.snaps[sess.ID] = &snapEntry{info: info, paused: false}
+	s.mu.Unlock()
+	out := &PauseResult{ID: sess.ID, Bytes: size, Saved: meta.Saved, Unsaveable: meta.Unsaveable, Skipped: skipped, Files: files}
+	kind := "pause"
+	if checkpoint {
+		kind = "checkpoint"
+	}
+	ev := SnapshotEvent{Kind: kind, ID: sess.ID, Owner: sess.Owner, Caller: sess.Owner, Bytes: size, Saved: len(meta.Saved)}
+	for _, u := range meta.Unsaveable {
+		ev.Unsaveable = append(ev.Unsaveable, u.Name)
+	}
+	if !stop {
+		s.event(ev)
+		return out, nil
+	}
+	// The session stops; its snapshot is its state from now on.
+	s.mu.Lock()
+	if s.live[sess.ID] == sess {
+		delete(s.live, sess.ID)
+	}
+	e := s.snap.snaps[sess.ID]
+	e.paused = true
+	s.mu.Unlock()
+	sess.mu.Lock()
+	sess.dead = "it was paused"
+	sess.mu.Unlock()
+	s.release(sess)
+	out.ExpiresAt = meta.PausedAt.Add(s.pausedTTL())
+	s.event(ev)
+	return out, nil
+}
+
+// CanPause reports whether sessions can be paused (a state directory
+// keeps their snapshots).
+func (s *Sessions) CanPause() bool { return s.cfg.Snapshots.Store != nil }
+
+// Paused reports whether id is a paused session, and its owner.
+func (s *Sessions) Paused(id string) (owner string, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, found := s.snap.snaps[id]; found && e.paused {
+		if _, live := s.live[id]; !live {
+			return e.info.Owner, true
+		}
+	}
+	return "", false
+}
+
+// ResumeOptions are a resume's settings, as a create's.
+type ResumeOptions struct {
+	Owner    string
+	Holder   string
+	Progress func(string)
+	Network  NetAttach
+}
+
+// Resume brings a paused session back under its id, for its owner only:
+// for anyone else it does not exist. A session that is already running
+// gives a nil result.
+func (s *Sessions) Resume(ctx context.Context, id string, o ResumeOptions) (*ResumeResult, error) {
+	st := s.cfg.Snapshots.Store
+	for {
+		s.mu.Lock()
+		if _, live := s.live[id]; live {
+			s.mu.Unlock()
+			return nil, s.CheckOwner(id, o.Owner)
+		}
+		e, found := s.snap.snaps[id]
+		if st == nil || !found || !e.paused {
+			s.mu.Unlock()
+			_, err := s.get(id)
+			if err == nil {
+				err = noSession(id)
+			}
+			if gone := (*SessionGoneError)(nil); errors.As(err, &gone) && gone.owner != o.Owner {
+				err = noSession(id)
+			}
+			return nil, err
+		}
+		if e.info.Owner != o.Owner {
+			s.mu.Unlock()
+			s.event(SnapshotEvent{Kind: "refuse", ID: id, Owner: e.info.Owner, Caller: o.Owner, Detail: "resume by a caller who does not own the session"})
+			return nil, noSession(id)
+		}
+		if wait, busy := s.snap.resuming[id]; busy {
+			s.mu.Unlock()
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		done := make(chan struct{})
+		s.snap.resuming[id] = done
+		s.mu.Unlock()
+		res, err := s.resume(ctx, e.info, o)
+		s.mu.Lock()
+		delete(s.snap.resuming, id)
+		s.mu.Unlock()
+		close(done)
+		return res, err
+	}
+}
+
+// resume restores the session info describes; its id is marked resuming.
+func (s *Sessions) resume(ctx context.Context, info snapshot.Info, o ResumeOptions) (*ResumeResult, error) {
+	if s.cfg.Draining != nil && s.cfg.Draining() {
+		return nil, ErrDraining
+	}
+	id := info.ID
+	snap, err := s.cfg.Snapshots.Store.Open(id)
+	if err != nil {
+		why := fmt.Sprintf("its snapshot could not be used (%v), so it was deleted", err)
+		if !errors.Is(err, snapshot.ErrTampered) && !errors.Is(err, snapshot.ErrNotFound) {
+			// A read error may pass: keep the snapshot.
+			return nil, fmt.Errorf("engine: read the session's snapshot: %w", err)
+		}
+		s.event(SnapshotEvent{Kind: "refuse", ID: id, Owner: info.Owner, Caller: o.Owner, Detail: err.Error()})
+		s.dropSnapshot(id, info.Owner, why)
+		return nil, &SessionGoneError{ID: id, Why: why, owner: info.Owner}
+	}
+	defer snap.Close()
+	meta := snap.Meta
+	if meta.Owner != o.Owner {
+		// The meta read at start said otherwise: the file changed since.
+		s.event(SnapshotEvent{Kind: "refuse", ID: id, Owner: meta.Owner, Caller: o.Owner, Detail: "the snapshot's owner is not the caller"})
+		return nil, noSession(id)
+	}
+	// Room for it to run, as a create needs.
+	s.mu.Lock()
+	n := len(s.live)
+	qerr := s.ownerQuota(o.Owner)
+	s.mu.Unlock()
+	if qerr != nil {
+		return nil, qerr
+	}
+	if n >= s.cfg.MaxSessions || int64(n+1)*s.e.cfg.Limits.MemoryBytes > s.cfg.MemoryBudget {
+		if !s.evictDetached() {
+			return nil, fmt.Errorf("%w: resuming session %s needs a free place, and all %d are taken; close or pause one (list_sessions shows them), then call again", ErrTooManySessions, id, s.cfg.MaxSessions)
+		}
+	}
+	// The very interpreter it ran on when the host still has it (the
+	// packages it imported from that interpreter's site-packages are
+	// there); else another of its minor version, whose pickles and code
+	// objects it reads.
+	version := majorMinor(meta.Python)
+	renv, err := s.e.resolve(ctx, "", meta.Python, o.Owner, meta.Base, o.Progress)
+	if err != nil && ctx.Err() == nil && meta.Python != version {
+		renv, err = s.e.resolve(ctx, "", version, o.Owner, meta.Base, o.Progress)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("resuming session %s (Python %s): %w", id, meta.Python, err)
+	}
+	if renv.py != nil && majorMinor(renv.py.Version) != version {
+		renv.close()
+		return nil, &RequestError{Msg: fmt.Sprintf("session %s was paused on Python %s, and this server has no Python %s to resume it on", id, meta.Python, version)}
+	}
+	sess := &Session{ID: id, Created: meta.Created, TTL: meta.TTL, Owner: meta.Owner, holder: o.Holder, out: newRouter(), errs: newRouter(), renv: renv,
+		reqs: meta.Requirements, runs: meta.Runs, installed: meta.Installed}
+	if sess.TTL <= 0 {
+		sess.TTL = s.cfg.DefaultTTL
+	}
+	sess.lastUsed = time.Now()
+	if err := s.start(ctx, sess, o.Network); err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*ResumeResult, error) {
+		s.remove(sess, "it could not be resumed: "+err.Error())
+		return nil, err
+	}
+	res := &ResumeResult{ID: id, PausedAt: meta.PausedAt, Unsaveable: meta.Unsaveable}
+	sess.runMu.Lock()
+	defer sess.runMu.Unlock()
+	// Files first: modules the session wrote into its workspace are
+	// imported again by the restore.
+	if res.Files, err = snapshot.UnpackFiles(sess.ws, snap.Files(), max(s.e.cfg.Limits.TmpBytes, 1<<20)); err != nil {
+		return fail(fmt.Errorf("engine: resume session %s: %w", id, err))
+	}
+	if meta.Installed && len(meta.Requirements) > 0 && s.e.cfg.Deps != nil {
+		env, release, err := s.e.cfg.Deps.Ensure(ctx, sess.renv.py, meta.Requirements, o.Progress)
+		if err != nil {
+			return fail(fmt.Errorf("engine: resume session %s: install its packages again: %w", id, err))
+		}
+		err = copyTree(env.Site, sess.ws, sessionPackages)
+		release()
+		if err != nil {
+			return fail(fmt.Errorf("engine: resume session %s: copy its packages: %w", id, err))
+		}
+	}
+	s.idle(sess, false)
+	rctx, cancel := context.WithTimeout(ctx, s.e.cfg.MaxTimeout+time.Minute)
+	restored, err := sess.conn.Restore(rctx, snap.Globals(), snap.Globals().Size())
+	cancel()
+	s.idle(sess, true)
+	if err != nil {
+		return fail(fmt.Errorf("engine: resume session %s: restore its variables: %w", id, err))
+	}
+	res.Restored = restored.Restored
+	for _, f := range restored.Failed {
+		res.Failed = append(res.Failed, snapshot.Unsaveable{Name: f.Name, Reason: f.Reason})
+	}
+	s.mu.Lock()
+	if e := s.snap.snaps[id]; e != nil {
+		e.paused = false
+	}
+	s.mu.Unlock()
+	ev := SnapshotEvent{Kind: "resume", ID: id, Owner: meta.Owner, Caller: o.Owner, Bytes: snap.Size, Saved: len(res.Restored)}
+	for _, f := range res.Failed {
+		ev.Unsaveable = append(ev.Unsaveable, f.Name)
+	}
+	s.event(ev)
+	return res, nil
+}
+
+// majorMinor is "3.11" of "3.11.2" (and of "3.11").
+func majorMinor(v string) string {
+	dots := 0
+	for i := 0; i < len(v); i++ {
+		if v[i] == '.' {
+			if dots++; dots == 2 {
+				return v[:i]
+			}
+		}
+	}
+	return v
+}
+
+// dropSnapshot deletes id's snapshot and remembers why the session ended.
+func (s *Sessions) dropSnapshot(id, owner, why string) {
+	if st := s.cfg.Snapshots.Store; st != nil {
+		if err := st.Remove(id); err != nil {
+			s.e.log.Warn("session snapshot: remove", "session", id, "err", err)
+		}
+	}
+	s.mu.Lock()
+	if e, ok := s.snap.snaps[id]; ok {
+		delete(s.snap.snaps, id)
+		if _, live := s.live[id]; !live && e.paused {
+			s.forget(id, owner, why)
+		}
+	}
+	s.mu.Unlock()
+}
+
+// expirePaused deletes paused sessions unused for the paused TTL.
+func (s *Sessions) expirePaused(now time.Time) {
+	ttl := s.pausedTTL()
+	s.mu.Lock()
+	var expired []snapshot.Info
+	for id, e := range s.snap.snaps {
+		if _, busy := s.snap.resuming[id]; e.paused && !busy && now.Sub(e.info.PausedAt) > ttl {
+			expired = append(expired, e.info)
+		}
+	}
+	s.mu.Unlock()
+	for _, in := range expired {
+		s.dropSnapshot(in.ID, in.Owner, fmt.Sprintf("it was paused and not resumed within %s", ttl))
+		s.event(SnapshotEvent{Kind: "expire", ID: in.ID, Owner: in.Owner, Bytes: in.Size})
+	}
+}
+
+// pausedInfos lists the paused sessions as list_sessions shows them.
+func (s *Sessions) pausedInfos() []SessionInfo {
+	ttl := s.pausedTTL()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []SessionInfo
+	for id, e := range s.snap.snaps {
+		if _, live := s.live[id]; live || !e.paused {
+			continue
+		}
+		m := e.info.Meta
+		paused := m.PausedAt.UTC()
+		out = append(out, SessionInfo{ID: id, State: StatePaused, Created: m.Created.UTC(), LastUsed: paused, ExpiresAt: paused.Add(ttl),
+			Runs: m.Runs, Owner: m.Owner, Python: m.Python, SnapshotBytes: e.info.Size, PausedAt: &paused})
+	}
+	return out
+}
+
+// Checkpoint writes a live session's snapshot, keeping it running
+// (--checkpoint every-run does after each run).
+func (s *Sessions) Checkpoint(ctx context.Context, id string) (*PauseResult, error) {
+	if s.cfg.Snapshots.Store == nil {
+		return nil, ErrNoSnapshots
+	}
+	sess, err := s.get(id)
+	if err != nil {
+		return nil, err
+	}
+	sess.runMu.Lock()
+	defer sess.runMu.Unlock()
+	return s.save(ctx, sess, false, true)
+}
+
+// PauseAll is the drain of a server that stops: each session is paused
+// once its run in flight finishes, until deadline. A session still
+// running then keeps its last snapshot if it has one (a checkpoint);
+// one without is interrupted as a timeout would, and paused as of then.
+// It reports how many were paused, and how many could not be.
+func (s *Sessions) PauseAll(deadline time.Time) (paused, failed int) {
+	if s.cfg.Snapshots.Store == nil {
+		return 0, 0
+	}
+	s.mu.Lock()
+	all := make([]*Session, 0, len(s.live))
+	for _, sess := range s.live {
+		all = append(all, sess)
+	}
+	s.mu.Unlock()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
+	for _, sess := range all {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ok := s.drainOne(sess, deadline, sem)
+			mu.Lock()
+			if ok {
+				paused++
+			} else {
+				failed++
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return paused, failed
+}
+
+func (s *Sessions) drainOne(sess *Session, deadline time.Time, sem chan struct{}) bool {
+	locked := false
+	for !locked && time.Now().Before(deadline) {
+		if locked = sess.runMu.TryLock(); !locked {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if !locked {
+		s.mu.Lock()
+		_, has := s.snap.snaps[sess.ID]
+		s.mu.Unlock()
+		if has {
+			s.e.log.Info("drain: a session still running keeps its last snapshot", "session", sess.ID)
+			return true
+		}
+		// Interrupted as at a timeout: the run ends with a
+		// KeyboardInterrupt and the session is saved as of then.
+		if ssr, ok := sess.sb.(sandbox.Sessioner); ok {
+			ssr.Interrupt()
+		}
+		end := time.Now().Add(3 * time.Second)
+		for !locked && time.Now().Before(end) {
+			if locked = sess.runMu.TryLock(); !locked {
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		if !locked {
+			s.event(SnapshotEvent{Kind: "fail", ID: sess.ID, Owner: sess.Owner, Detail: "the drain's deadline passed during a run that would not stop"})
+			return false
+		}
+	}
+	defer sess.runMu.Unlock()
+	sem <- struct{}{}
+	defer func() { <-sem }()
+	ctx, cancel := context.WithTimeout(context.Background(), max(time.Until(deadline), 0)+10*time.Second)
+	defer cancel()
+	if _, err := s.save(ctx, sess, true, false); err != nil {
+		s.e.log.Warn("drain: a session could not be paused; it is lost", "session", sess.ID, "err", err)
+		s.event(SnapshotEvent{Kind: "fail", ID: sess.ID, Owner: sess.Owner, Detail: err.Error()})
+		return false
+	}
+	return true
+}
+
+// SnapshotStore is the store of paused sessions (nil: none).
+func (s *Sessions) SnapshotStore() *snapshot.Store { return s.cfg.Snapshots.Store }
+
+// PausedIDs lists the paused sessions of this server.
+func (s *Sessions) PausedIDs() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ids []string
+	for id, e := range s.snap.snaps {
+		if _, live := s.live[id]; !live && e.paused {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// Adopt lists a snapshot another server handed over (its file is in the
+// store already, verified by snapshot.Store.Import) as a paused session of
+// this one.
+func (s *Sessions) Adopt(info snapshot.Info) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, live := s.live[info.ID]; live {
+		return
+	}
+	s.snap.snaps[info.ID] = &snapEntry{info: info, paused: true}
+	delete(s.gone, info.ID)
+}
+
+// HandedOff forgets a paused session another server now holds, and
+// deletes its snapshot here.
+func (s *Sessions) HandedOff(id string) {
+	s.mu.Lock()
+	e, ok := s.snap.snaps[id]
+	_, live := s.live[id]
+	if ok && e.paused && !live {
+		delete(s.snap.snaps, id)
+	}
+	s.mu.Unlock()
+	if ok && e.paused && !live && s.cfg.Snapshots.Store != nil {
+		s.cfg.Snapshots.Store.Remove(id)
+	}
+}
