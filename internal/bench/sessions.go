@@ -41,6 +41,27 @@ os.remove("/work/direct.pkl")
 print("%d %d %d" % ((t1 - t0) * 1e6, (t2 - t1) * 1e6, size))
 `
 
+// hostDump is pickle.dump of the same objects by a python3 on the host,
+// to a file on the state directory's disk, fsynced as a snapshot is.
+const hostDump = sessionState + `
+import pickle, time, os, sys
+t0 = time.perf_counter()
+with open(sys.argv[1], "wb") as f:
+    pickle.dump((df, small), f, protocol=5)
+    f.flush()
+    os.fsync(f.fileno())
+print(int((time.perf_counter() - t0) * 1e6))
+`
+
+// hostLoad is a fresh python3 loading that file: the interpreter's start
+// and the imports pickle.load makes (numpy, pandas) included, as a resume
+// starts a new interpreter.
+const hostLoad = `
+import pickle, sys
+with open(sys.argv[1], "rb") as f:
+    pickle.load(f)
+`
+
 // sessionSnapshots measures pause and resume of a session holding a
 // 100 MB DataFrame and 1 000 small objects, beside pickle.dump and
 // pickle.load of the same objects in the same session; then a trivial
@@ -66,7 +87,7 @@ func sessionSnapshots(ctx context.Context, cfg Config) error {
 	}
 	defer eng.Release()
 	rounds := max(cfg.N/10, 3)
-	var pause, resume, dump, load []time.Duration
+	var pause, resume, dump, load, hdump, hload []time.Duration
 	var snapBytes, pickleBytes int64
 	{
 		ss := eng.NewSessions(engine.SessionConfig{MaxSessions: 2, MemoryBudget: 2 << 30, Snapshots: engine.SnapshotConfig{Store: store, MaxBytes: 1 << 30, OwnerBytes: 1 << 30}})
@@ -99,6 +120,22 @@ func sessionSnapshots(ctx context.Context, cfg Config) error {
 				return fmt.Errorf("resume: %w", err)
 			}
 			resume = append(resume, time.Since(t))
+			// By hand on the host, to the same disk: dump and fsync, then
+			// a fresh interpreter's load.
+			file := state + "/direct.pkl"
+			outb, err := exec.Command(cfg.Baseline, "-c", hostDump, file).Output()
+			if err != nil {
+				return fmt.Errorf("host pickle.dump: %w", err)
+			}
+			var us int64
+			fmt.Sscan(string(outb), &us)
+			hdump = append(hdump, time.Duration(us)*time.Microsecond)
+			t = time.Now()
+			if err := exec.Command(cfg.Baseline, "-c", hostLoad, file).Run(); err != nil {
+				return fmt.Errorf("host pickle.load: %w", err)
+			}
+			hload = append(hload, time.Since(t))
+			os.Remove(file)
 		}
 		var out string
 		if err := sessionRun(ctx, ss, info.ID, "print(len(df), len(small))", &out); err != nil || strings.TrimSpace(out) != "3276800 1000" {
@@ -130,10 +167,10 @@ func sessionSnapshots(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	for _, l := range [][]time.Duration{pause, resume, dump, load} {
+	for _, l := range [][]time.Duration{pause, resume, dump, load, hdump, hload} {
 		slices.Sort(l)
 	}
-	writeSessions(cfg.Out, pause, resume, dump, load, snapBytes, pickleBytes, withCP, without)
+	writeSessions(cfg.Out, sessionFigures{pause, resume, dump, load, hdump, hload, withCP, without}, snapBytes, pickleBytes)
 	return nil
 }
 
@@ -153,15 +190,23 @@ func sessionRun(ctx context.Context, ss *engine.Sessions, id, code string, out *
 	return nil
 }
 
-func writeSessions(w io.Writer, pause, resume, dump, load []time.Duration, snapBytes, pickleBytes int64, withCP, without []time.Duration) {
+// sessionFigures are the measurements, each sorted.
+type sessionFigures struct {
+	pause, resume, dump, load, hostDump, hostLoad, withCP, without []time.Duration
+}
+
+func writeSessions(w io.Writer, f sessionFigures, snapBytes, pickleBytes int64) {
 	p50 := func(d []time.Duration) time.Duration { return pct(d, 50) }
-	fmt.Fprintf(w, "session snapshots (a session holding a 100 MiB pandas DataFrame and 1 000 small objects; medians of %d):\n", len(pause))
-	fmt.Fprintf(w, "  pause_session          %9s  (snapshot %d MiB, written to the state directory and fsynced)\n", ms(p50(pause)), snapBytes>>20)
-	fmt.Fprintf(w, "  pickle.dump, same objects %6s  (%d MiB to /work, a tmpfs, in the session)   pause / dump = %.2fx\n", ms(p50(dump)), pickleBytes>>20, ratio(p50(pause), p50(dump)))
-	fmt.Fprintf(w, "  resume_session         %9s  (a new sandbox, files, variables)\n", ms(p50(resume)))
-	fmt.Fprintf(w, "  pickle.load            %9s                                         resume / load = %.2fx\n", ms(p50(load)), ratio(p50(resume), p50(load)))
-	a, b := pct(withCP, 50), pct(without, 50)
-	fmt.Fprintf(w, "--checkpoint every-run, a trivial session call (medians of %d): %s with, %s without: %.2fx\n", len(withCP), ms(a), ms(b), ratio(a, b))
-	data, _ := json.Marshal(map[string]any{"pause_ms": p50(pause).Milliseconds(), "resume_ms": p50(resume).Milliseconds(), "dump_ms": p50(dump).Milliseconds(), "load_ms": p50(load).Milliseconds(), "checkpoint_ratio": ratio(a, b)})
+	fmt.Fprintf(w, "session snapshots (a session holding a 100 MiB pandas DataFrame and 1 000 small objects; medians of %d):\n", len(f.pause))
+	fmt.Fprintf(w, "  pause_session                      %9s  (a %d MiB snapshot, written to the state directory's disk and fsynced)\n", ms(p50(f.pause)), snapBytes>>20)
+	fmt.Fprintf(w, "    pickle.dump in the session        %9s  (%d MiB to /work, a tmpfs, not synced)   pause / it = %.2fx\n", ms(p50(f.dump)), pickleBytes>>20, ratio(p50(f.pause), p50(f.dump)))
+	fmt.Fprintf(w, "    pickle.dump + fsync on the host   %9s  (the same disk)                            pause / it = %.2fx\n", ms(p50(f.hostDump)), ratio(p50(f.pause), p50(f.hostDump)))
+	fmt.Fprintf(w, "  resume_session                     %9s  (verify, a new sandbox and interpreter, files, variables: numpy and pandas imported again)\n", ms(p50(f.resume)))
+	fmt.Fprintf(w, "    pickle.load in the session        %9s  (pandas already imported)                  resume / it = %.2fx\n", ms(p50(f.load)), ratio(p50(f.resume), p50(f.load)))
+	fmt.Fprintf(w, "    a fresh python3 on the host: start, import, pickle.load %s                   resume / it = %.2fx\n", ms(p50(f.hostLoad)), ratio(p50(f.resume), p50(f.hostLoad)))
+	a, b := pct(f.withCP, 50), pct(f.without, 50)
+	fmt.Fprintf(w, "--checkpoint every-run, a trivial session call (medians of %d): %s with, %s without: %.2fx\n", len(f.withCP), ms(a), ms(b), ratio(a, b))
+	data, _ := json.Marshal(map[string]any{"pause_ms": p50(f.pause).Milliseconds(), "resume_ms": p50(f.resume).Milliseconds(), "dump_ms": p50(f.dump).Milliseconds(),
+		"load_ms": p50(f.load).Milliseconds(), "host_dump_fsync_ms": p50(f.hostDump).Milliseconds(), "host_fresh_load_ms": p50(f.hostLoad).Milliseconds(), "checkpoint_ratio": ratio(a, b)})
 	fmt.Fprintf(w, "json: %s\n", data)
 }

@@ -535,6 +535,17 @@ func (s *Sessions) Attach(id, holder string) {
 // snapshot.
 func (s *Sessions) Close(id string) error {
 	const why = "it was closed with close_session"
+	// A resume in flight finishes first, then the session it made is
+	// closed: closing the snapshot under it would let it come back.
+	for {
+		s.mu.Lock()
+		wait, busy := s.snap.resuming[id]
+		s.mu.Unlock()
+		if !busy {
+			break
+		}
+		<-wait
+	}
 	sess, err := s.get(id)
 	if p := (*PausedError)(nil); errors.As(err, &p) {
 		s.dropSnapshot(id, p.owner, why)

@@ -24,6 +24,9 @@ func (s *Sessions) Workspace(id string, f func(*workspace.Dir) error) error {
 	sess.mu.Lock()
 	dead := sess.dead
 	sess.mu.Unlock()
+	if dead == pausedWhy {
+		return &PausedError{ID: id, owner: sess.Owner}
+	}
 	if dead != "" {
 		return &SessionGoneError{ID: id, Why: dead}
 	}

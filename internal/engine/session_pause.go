@@ -94,6 +94,10 @@ type ResumeResult struct {
 	Failed     []snapshot.Unsaveable
 	Unsaveable []snapshot.Unsaveable
 	Files      int
+	// SkippedFiles are the saved files that could not be written back
+	// (the workspace full, a file too large), as "path: why"; the rest
+	// of the session was restored all the same.
+	SkippedFiles []string
 }
 
 // Summary says in a sentence what came back, for the agent.
@@ -111,6 +115,13 @@ func (r *ResumeResult) Summary() string {
 			lost = append(lost[:20], fmt.Sprintf("and %d more", len(lost)-20))
 		}
 		msg += fmt.Sprintf("; not restored: %s. Define these again", joinList(lost))
+	}
+	if len(r.SkippedFiles) > 0 {
+		files := r.SkippedFiles
+		if len(files) > 10 {
+			files = append(files[:10:10], fmt.Sprintf("and %d more", len(files)-10))
+		}
+		msg += fmt.Sprintf("; files not restored: %s", joinList(files))
 	}
 	return msg
 }
@@ -131,12 +142,17 @@ func joinList(s []string) string {
 type snapEntry struct {
 	info   snapshot.Info
 	paused bool
+	// holder is the connection the session was last used through, while
+	// this server runs (see CreateOptions.Holder): a caller without a
+	// token lists its paused sessions as it listed them running.
+	holder string
 }
 
 // snapState is Sessions' part for snapshots; guarded by Sessions.mu.
 type snapState struct {
 	snaps    map[string]*snapEntry
 	resuming map[string]chan struct{}
+	owners   map[string]*ownerLock
 }
 
 // loadSnapshots lists the snapshots in the store at start: each is a
@@ -212,12 +228,11 @@ func (s *Sessions) Pause(ctx context.Context, id string) (*PauseResult, error) {
 	}
 	sess.runMu.Lock()
 	defer sess.runMu.Unlock()
-	if err := s.pausable(sess); err != nil {
-		s.event(SnapshotEvent{Kind: "refuse", ID: id, Owner: sess.Owner, Caller: sess.Owner, Detail: err.Error()})
-		return nil, err
-	}
-	return s.save(ctx, sess, true, false)
+	return s.save(ctx, sess, true, false, false)
 }
+
+// pausedWhy marks a stopped session that was paused, not ended.
+const pausedWhy = "it was paused"
 
 // maxPausedTotal bounds the paused sessions of a server, whoever owns
 // them: each is an entry in memory and a file on disk.
@@ -245,14 +260,27 @@ func (s *Sessions) pausable(sess *Session) error {
 // save writes sess's snapshot; with stop, the session is then stopped
 // and listed as paused. sess.runMu is held. A failure leaves the session
 // running, and its previous snapshot (if any) in place.
-func (s *Sessions) save(ctx context.Context, sess *Session, stop, checkpoint bool) (*PauseResult, error) {
+func (s *Sessions) save(ctx context.Context, sess *Session, stop, checkpoint, drain bool) (*PauseResult, error) {
 	sess.mu.Lock()
 	dead := sess.dead
 	sess.mu.Unlock()
+	if dead == pausedWhy {
+		return nil, &PausedError{ID: sess.ID, owner: sess.Owner}
+	}
 	if dead != "" {
 		return nil, &SessionGoneError{ID: sess.ID, Why: dead}
 	}
 	cfg := s.cfg.Snapshots
+	// One snapshot of an owner at a time: its caps are checked against
+	// what its others take, and two written at once would both pass.
+	unlock := s.lockOwner(sess.Owner)
+	defer unlock()
+	if stop && !drain {
+		if err := s.pausable(sess); err != nil {
+			s.event(SnapshotEvent{Kind: "refuse", ID: sess.ID, Owner: sess.Owner, Caller: sess.Owner, Detail: err.Error()})
+			return nil, err
+		}
+	}
 	limit := cfg.MaxBytes
 	s.mu.Lock()
 	others := s.ownerSnapBytes(sess.Owner, sess.ID)
@@ -278,8 +306,8 @@ func (s *Sessions) save(ctx context.Context, sess *Session, stop, checkpoint boo
 	// pickling is a run of the worker's own.
 	s.idle(sess, false)
 	defer s.idle(sess, true)
-	sctx, cancel := context.WithTimeout(ctx, s.e.cfg.MaxTimeout+time.Minute)
-	defer cancel()
+	sctx, stopBound := s.bounded(ctx, sess)
+	defer stopBound()
 	bound := limit
 	if bound <= 0 {
 		bound = 1 << 62 // no cap: the worker still needs a number
@@ -322,8 +350,11 @@ func (s *Sessions) save(ctx context.Context, sess *Session, stop, checkpoint boo
 		return nil, err
 	}
 	info := snapshot.Info{Meta: meta, Size: size, Modified: time.Now()}
+	sess.mu.Lock()
+	holder := sess.holder
+	sess.mu.Unlock()
 	s.mu.Lock()
-	s.snap.snaps[sess.ID] = &snapEntry{info: info, paused: false}
+	s.snap.snaps[sess.ID] = &snapEntry{info: info, paused: false, holder: holder}
 	s.mu.Unlock()
 	out := &PauseResult{ID: sess.ID, Bytes: size, Saved: meta.Saved, Unsaveable: meta.Unsaveable, Skipped: skipped, Files: files}
 	kind := "pause"
@@ -347,7 +378,7 @@ func (s *Sessions) save(ctx context.Context, sess *Session, stop, checkpoint boo
 	e.paused = true
 	s.mu.Unlock()
 	sess.mu.Lock()
-	sess.dead = "it was paused"
+	sess.dead = pausedWhy
 	sess.mu.Unlock()
 	s.release(sess)
 	out.ExpiresAt = meta.PausedAt.Add(s.pausedTTL())
@@ -499,7 +530,7 @@ func (s *Sessions) resume(ctx context.Context, info snapshot.Info, o ResumeOptio
 	defer sess.runMu.Unlock()
 	// Files first: modules the session wrote into its workspace are
 	// imported again by the restore.
-	if res.Files, err = snapshot.UnpackFiles(sess.ws, snap.Files(), max(s.e.cfg.Limits.TmpBytes, 1<<20)); err != nil {
+	if res.Files, res.SkippedFiles, err = snapshot.UnpackFiles(sess.ws, snap.Files(), max(s.e.cfg.Limits.TmpBytes, 1<<20)); err != nil {
 		return fail(fmt.Errorf("engine: resume session %s: %w", id, err))
 	}
 	if meta.Installed && len(meta.Requirements) > 0 && s.e.cfg.Deps != nil {
@@ -514,9 +545,9 @@ func (s *Sessions) resume(ctx context.Context, info snapshot.Info, o ResumeOptio
 		}
 	}
 	s.idle(sess, false)
-	rctx, cancel := context.WithTimeout(ctx, s.e.cfg.MaxTimeout+time.Minute)
+	rctx, stopBound := s.bounded(ctx, sess)
 	restored, err := sess.conn.Restore(rctx, snap.Globals(), snap.Globals().Size())
-	cancel()
+	stopBound()
 	s.idle(sess, true)
 	if err != nil {
 		return fail(fmt.Errorf("engine: resume session %s: restore its variables: %w", id, err))
@@ -536,6 +567,74 @@ func (s *Sessions) resume(ctx context.Context, info snapshot.Info, o ResumeOptio
 	}
 	s.event(ev)
 	return res, nil
+}
+
+// bounded is the context a snapshot or restore of sess talks to its
+// worker under. Cutting the connection would kill the session (a worker
+// that is not answered dies with it): so when the caller gives up (a
+// cancelled call, the drain's deadline) or the server's longest run time
+// passes, the worker is interrupted instead, as a run at its timeout is,
+// which ends the snapshot or restore with an error and keeps the session.
+// Only a worker that does not answer within the grace after that is cut
+// off. stop releases the timers.
+func (s *Sessions) bounded(ctx context.Context, sess *Session) (context.Context, func()) {
+	const grace = 3 * time.Second
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var once sync.Once
+	interrupt := func() {
+		once.Do(func() {
+			if ssr, ok := sess.sb.(sandbox.Sessioner); ok {
+				ssr.Interrupt()
+			}
+			time.AfterFunc(grace, cancel)
+		})
+	}
+	limit := max(s.e.cfg.MaxTimeout, 10*time.Second)
+	timer := time.AfterFunc(limit, interrupt)
+	stopCtx := context.AfterFunc(ctx, interrupt)
+	return cctx, func() {
+		timer.Stop()
+		stopCtx()
+		cancel()
+	}
+}
+
+// lockOwner serialises the snapshots of one owner; the returned func
+// unlocks.
+func (s *Sessions) lockOwner(owner string) func() {
+	s.mu.Lock()
+	if s.snap.owners == nil {
+		s.snap.owners = map[string]*ownerLock{}
+	}
+	l := s.snap.owners[owner]
+	if l == nil {
+		l = &ownerLock{}
+		s.snap.owners[owner] = l
+	}
+	l.users++
+	s.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		s.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(s.snap.owners, owner)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// ownerLock is one owner's snapshot lock, kept while anyone uses it.
+type ownerLock struct {
+	mu    sync.Mutex
+	users int
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // majorMinor is "3.11" of "3.11.2" (and of "3.11").
@@ -598,7 +697,7 @@ func (s *Sessions) pausedInfos() []SessionInfo {
 		m := e.info.Meta
 		paused := m.PausedAt.UTC()
 		out = append(out, SessionInfo{ID: id, State: StatePaused, Created: m.Created.UTC(), LastUsed: paused, ExpiresAt: paused.Add(ttl),
-			Runs: m.Runs, Owner: m.Owner, Python: m.Python, SnapshotBytes: e.info.Size, PausedAt: &paused})
+			Runs: m.Runs, Owner: m.Owner, Holder: e.holder, Python: m.Python, SnapshotBytes: e.info.Size, PausedAt: &paused})
 	}
 	return out
 }
@@ -615,7 +714,7 @@ func (s *Sessions) Checkpoint(ctx context.Context, id string) (*PauseResult, err
 	}
 	sess.runMu.Lock()
 	defer sess.runMu.Unlock()
-	return s.save(ctx, sess, false, true)
+	return s.save(ctx, sess, false, true, false)
 }
 
 // PauseAll is the drain of a server that stops: each session is paused
@@ -633,14 +732,16 @@ func (s *Sessions) PauseAll(deadline time.Time) (paused, failed int) {
 		all = append(all, sess)
 	}
 	s.mu.Unlock()
+	// All at once: each is bounded by the deadline (a snapshot still
+	// running then is interrupted), so a session that takes long to save
+	// cannot hold another's turn.
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, 4)
 	for _, sess := range all {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ok := s.drainOne(sess, deadline, sem)
+			ok := s.drainOne(sess, deadline)
 			mu.Lock()
 			if ok {
 				paused++
@@ -654,7 +755,7 @@ func (s *Sessions) PauseAll(deadline time.Time) (paused, failed int) {
 	return paused, failed
 }
 
-func (s *Sessions) drainOne(sess *Session, deadline time.Time, sem chan struct{}) bool {
+func (s *Sessions) drainOne(sess *Session, deadline time.Time) bool {
 	locked := false
 	for !locked && time.Now().Before(deadline) {
 		if locked = sess.runMu.TryLock(); !locked {
@@ -686,11 +787,11 @@ func (s *Sessions) drainOne(sess *Session, deadline time.Time, sem chan struct{}
 		}
 	}
 	defer sess.runMu.Unlock()
-	sem <- struct{}{}
-	defer func() { <-sem }()
-	ctx, cancel := context.WithTimeout(context.Background(), max(time.Until(deadline), 0)+10*time.Second)
+	// A session reached only after the deadline (it ran until then, and
+	// was interrupted) still gets a few seconds to be saved.
+	ctx, cancel := context.WithDeadline(context.Background(), later(deadline, time.Now().Add(5*time.Second)))
 	defer cancel()
-	if _, err := s.save(ctx, sess, true, false); err != nil {
+	if _, err := s.save(ctx, sess, true, false, true); err != nil {
 		s.e.log.Warn("drain: a session could not be paused; it is lost", "session", sess.ID, "err", err)
 		s.event(SnapshotEvent{Kind: "fail", ID: sess.ID, Owner: sess.Owner, Detail: err.Error()})
 		return false

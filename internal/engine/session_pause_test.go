@@ -147,3 +147,27 @@ func TestPauseLimits(t *testing.T) {
 		t.Errorf("the expired snapshot: %v", err)
 	}
 }
+
+// TestPauseInterrupted: a pause whose pickling does not end (a __reduce__
+// that loops) is interrupted when its caller gives up, and the session
+// keeps running with its state.
+func TestPauseInterrupted(t *testing.T) {
+	s, _ := pausable(t, "", SnapshotConfig{})
+	info, _ := s.Create(context.Background(), 0, CreateOptions{Owner: "o"})
+	srun(t, s, info.ID, "class Slow:\n    def __reduce__(self):\n        while True:\n            pass\nx = 7\nslow = Slow()")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := s.Pause(ctx, info.ID); err == nil {
+		t.Fatal("a pause that cannot end succeeded")
+	}
+	if d := time.Since(start); d > 30*time.Second { // guards a hang only
+		t.Errorf("the pause took %v after its caller gave up", d)
+	}
+	if r := srun(t, s, info.ID, "print(x)"); r.Stdout != "7\n" {
+		t.Errorf("after the interrupted pause: %+v", r)
+	}
+	if _, paused := s.Paused(info.ID); paused {
+		t.Error("listed as paused")
+	}
+}

@@ -40,6 +40,11 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	sess.mu.Lock()
 	dead := sess.dead
 	sess.mu.Unlock()
+	if dead == pausedWhy {
+		// Paused while this call waited for its turn: nothing is lost,
+		// and the caller resumes it.
+		return nil, &PausedError{ID: id, owner: sess.Owner}
+	}
 	if dead != "" {
 		return nil, &SessionGoneError{ID: id, Why: dead}
 	}
@@ -187,7 +192,7 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 		// this run. The run's own context may be ending: the checkpoint
 		// has a deadline of its own.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.e.cfg.MaxTimeout+time.Minute)
-		if _, err := s.save(cctx, sess, false, true); err != nil {
+		if _, err := s.save(cctx, sess, false, true, false); err != nil {
 			s.e.log.Warn("session checkpoint failed; the previous one is kept", "session", id, "err", err)
 			s.event(SnapshotEvent{Kind: "fail", ID: id, Owner: sess.Owner, Detail: "checkpoint: " + err.Error()})
 		}

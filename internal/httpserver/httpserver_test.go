@@ -177,6 +177,7 @@ func TestParseTokensErrors(t *testing.T) {
 		{"al ice x:" + aliceToken, "want NAME TOKEN"},
 		{"-alice " + aliceToken, "name \"-alice\""},
 		{"alice " + aliceToken + "\nalice other-0123456789abcdef", `name "alice" appears twice`},
+		{"stdio " + aliceToken, `the name "stdio" is reserved`},
 		{"alice " + aliceToken + "\nbob " + aliceToken, "also another name's token"},
 		{"alice tok\x01en0123456789abcdef", "printable"},
 	} {

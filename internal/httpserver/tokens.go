@@ -160,6 +160,11 @@ func parseTokens(data []byte, name string) (*tokenList, error) {
 		switch {
 		case !tokenName.MatchString(id):
 			return nil, fmt.Errorf("auth token file %s:%d: name %q: use 1 to 64 letters, digits, '.', '_', '@' or '-'", name, n, id)
+		case id == "stdio":
+			// A stdio client's identity: a token of that name would own
+			// its sessions, paused ones in a shared state directory among
+			// them.
+			return nil, fmt.Errorf("auth token file %s:%d: the name %q is reserved (it is the identity of a stdio client); choose another", name, n, id)
 		case len(tok) < MinTokenLength || strings.ContainsAny(tok, " \t") || !printable(tok):
 			return nil, fmt.Errorf("auth token file %s:%d: the token for %q must be at least %d printable characters without spaces (try: openssl rand -hex 32)", name, n, id, MinTokenLength)
 		case names[id]:

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,10 +25,45 @@ const (
 	PackagesDir = ".packages"
 )
 
+// maxSkipped is how many files PackFiles and UnpackFiles describe one by
+// one in skipped; the rest are counted in one last line.
+const maxSkipped = 100
+
+// skipList collects the "path: why" lines of files left out.
+type skipList struct {
+	lines []string
+	more  int
+}
+
+func (l *skipList) add(path, why string) {
+	if len(l.lines) < maxSkipped {
+		l.lines = append(l.lines, path+": "+why)
+	} else {
+		l.more++
+	}
+}
+
+func (l *skipList) list(what string) []string {
+	if l.more > 0 {
+		return append(l.lines, fmt.Sprintf("%d more files %s (not listed)", l.more, what))
+	}
+	return l.lines
+}
+
 // PackFiles writes the regular files of ws to w as a tar, at most room
 // bytes of content (-1: no limit), leaving out PackagesDir. What it leaves
-// out besides (symlinks, special files, empty directories) is described
-// in skipped; a workspace over the limits is an error.
+// out besides (symlinks, special files, empty directories, files that
+// vanished or changed type while it worked) is described in skipped, as
+// are files that changed size or content while they were copied (see
+// below); a workspace over the limits is an error.
+//
+// Files are streamed into the tar, never held in memory. A file's size
+// is taken when it is opened, and exactly that many bytes are saved: a
+// file that grows meanwhile is cut at that size, one that shrinks is
+// padded with zero bytes; either is listed in skipped as changed. Sparse
+// files are saved with their holes as zero bytes and count at their full
+// size against room (UnpackFiles makes the holes again); room, and the
+// store's own disk reserve, bound what that can cost.
 func PackFiles(ws *workspace.Dir, w io.Writer, room int64) (files int, skipped []string, err error) {
 	entries, truncated, err := ws.List(".", MaxFiles+1)
 	if err != nil {
@@ -36,6 +73,7 @@ func PackFiles(ws *workspace.Dir, w io.Writer, room int64) (files int, skipped [
 		return 0, nil, fmt.Errorf("snapshot: the workspace has more than %d entries (or is nested deeper than %d levels), more than a snapshot keeps", MaxFiles, workspace.MaxListDepth)
 	}
 	tw := tar.NewWriter(w)
+	var skip skipList
 	var used int64
 	for _, e := range entries {
 		if e.Path == PackagesDir || strings.HasPrefix(e.Path, PackagesDir+"/") {
@@ -46,71 +84,163 @@ func PackFiles(ws *workspace.Dir, w io.Writer, room int64) (files int, skipped [
 		case "dir":
 			continue // made again for the files in it
 		case "symlink":
-			skipped = append(skipped, fmt.Sprintf("%s: a symlink (to %s) is not kept", e.Path, e.Target))
+			skip.add(e.Path, fmt.Sprintf("a symlink (to %s) is not kept", e.Target))
 			continue
 		default:
-			skipped = append(skipped, fmt.Sprintf("%s: a special file is not kept", e.Path))
+			skip.add(e.Path, "a special file is not kept")
 			continue
 		}
-		limit := int64(1) << 40
-		if room >= 0 {
-			limit = room - used
-		}
-		data, info, err := ws.Read(e.Path, max(limit, 0))
+		f, info, err := ws.Open(e.Path)
 		switch {
-		case errors.Is(err, workspace.ErrTooLarge):
-			return 0, nil, fmt.Errorf("%w: the workspace's files", ErrTooBig)
 		case errors.Is(err, workspace.ErrNotFound), errors.Is(err, workspace.ErrNotRegular), errors.Is(err, workspace.ErrSymlink):
 			// Changed since it was listed (a process the session left
 			// running): it is as the session has it now, or gone.
-			skipped = append(skipped, fmt.Sprintf("%s: changed while it was saved", e.Path))
+			skip.add(e.Path, "changed while it was saved")
 			continue
 		case err != nil:
 			return 0, nil, fmt.Errorf("snapshot: read %s: %w", e.Path, err)
 		}
-		used += int64(len(data))
-		hdr := &tar.Header{Typeflag: tar.TypeReg, Name: e.Path, Size: int64(len(data)), Mode: 0o644, ModTime: info.ModTime.Truncate(time.Second), Format: tar.FormatPAX}
-		if err := tw.WriteHeader(hdr); err != nil {
+		if room >= 0 && info.Size > room-used {
+			f.Close()
+			return 0, nil, fmt.Errorf("%w: the workspace's files", ErrTooBig)
+		}
+		n, err := packFile(tw, e.Path, f, info.Size, info.ModTime)
+		var st os.FileInfo
+		if err == nil {
+			st, err = f.Stat()
+		}
+		f.Close()
+		if err != nil {
 			return 0, nil, err
 		}
-		if _, err := tw.Write(data); err != nil {
-			return 0, nil, err
+		switch {
+		case n < info.Size:
+			skip.add(e.Path, fmt.Sprintf("it shrank from %d to %d bytes while it was saved; the copy saved is padded with zero bytes", info.Size, n))
+		case st.Size() != info.Size || !st.ModTime().Equal(info.ModTime):
+			skip.add(e.Path, fmt.Sprintf("it changed while it was saved (%d bytes when saving began, %d after); the copy saved may be incomplete", info.Size, st.Size()))
 		}
+		used += info.Size
 		files++
 	}
-	return files, skipped, tw.Close()
+	return files, skip.list("not saved"), tw.Close()
+}
+
+// packFile writes one file of size bytes to tw, streaming its content
+// from r: exactly size bytes, whatever r has (the tar header promises
+// them). It returns how many came from r; when r had fewer, the rest are
+// zero bytes. An error reading r is one of its own: the tar is then
+// unusable.
+func packFile(tw *tar.Writer, name string, r io.Reader, size int64, mod time.Time) (int64, error) {
+	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: name, Size: size, Mode: 0o644, ModTime: mod.Truncate(time.Second), Format: tar.FormatPAX}
+	if err := tw.WriteHeader(hdr); err != nil {
+		return 0, err
+	}
+	src := &readErr{r: r}
+	n, err := io.CopyN(tw, src, size)
+	if src.err != nil {
+		return n, fmt.Errorf("snapshot: read %s: %w", name, src.err)
+	}
+	if err != nil && err != io.EOF {
+		return n, err // from tw: ErrTooBig, or the disk
+	}
+	if n < size {
+		if _, err := io.CopyN(tw, zeros{}, size-n); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// readErr is r, remembering its first error other than io.EOF: so an
+// error of the source can be told from one of the destination.
+type readErr struct {
+	r   io.Reader
+	err error
+}
+
+func (e *readErr) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil && err != io.EOF && e.err == nil {
+		e.err = err
+	}
+	return n, err
+}
+
+// zeros reads as endless zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 // UnpackFiles writes the files of a tar PackFiles made into ws, each at
-// most maxFile bytes. The tar comes from a verified snapshot, but it is
-// treated as hostile all the same: every path is cleaned and written
-// beneath the workspace without following a link (workspace.Dir.Write).
-func UnpackFiles(ws *workspace.Dir, r io.Reader, maxFile int64) (int, error) {
+// most maxFile bytes, streaming each (workspace.Dir.WriteFrom): no file is
+// held in memory, and runs of zero bytes become holes again. The tar
+// comes from a verified snapshot, but it is treated as hostile all the
+// same: every path is cleaned and written beneath the workspace without
+// following a link.
+//
+// A file that cannot be restored (the workspace is full, it is larger
+// than maxFile, its name is refused, a link is in its way, an entry is
+// not a regular file) is left out and described in skipped as "path:
+// why", and the others are restored all the same; a tar of more than
+// MaxFiles entries is restored up to there. Only a tar stream that cannot
+// be read to its end is an error (restored and skipped then say how far
+// it got).
+func UnpackFiles(ws *workspace.Dir, r io.Reader, maxFile int64) (restored int, skipped []string, err error) {
 	tr := tar.NewReader(r)
-	n := 0
-	for {
+	var skip skipList
+	for n := 0; ; n++ {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return n, nil
+			return restored, skip.list("not restored"), nil
+		}
+		if errors.Is(err, tar.ErrInsecurePath) && hdr != nil {
+			// (With GODEBUG=tarinsecurepath=0.) The header is valid; the
+			// name is refused below like any other bad name.
+			err = nil
 		}
 		if err != nil {
-			return n, fmt.Errorf("snapshot: the saved files: %w", err)
+			return restored, skip.list("not restored"), fmt.Errorf("snapshot: the saved files: %w", err)
 		}
-		if n++; n > MaxFiles {
-			return n, fmt.Errorf("snapshot: the saved files: more than %d", MaxFiles)
+		name := fmt.Sprintf("%.200q", hdr.Name)
+		if c, err := workspace.CleanPath(hdr.Name); err == nil {
+			name = c
 		}
-		if hdr.Typeflag != tar.TypeReg {
-			return n, fmt.Errorf("snapshot: the saved files: %q is not a regular file", hdr.Name)
+		switch {
+		case n >= MaxFiles:
+			skip.add(name, fmt.Sprintf("the snapshot has more than %d files; this one and those after it were not restored", MaxFiles))
+			return restored, skip.list("not restored"), nil
+		case hdr.Typeflag != tar.TypeReg:
+			skip.add(name, "not a regular file")
+			continue
+		case hdr.Size < 0 || hdr.Size > maxFile:
+			skip.add(name, fmt.Sprintf("it is %d bytes, more than the workspace holds (%d)", hdr.Size, maxFile))
+			continue
 		}
-		if hdr.Size < 0 || hdr.Size > maxFile {
-			return n, fmt.Errorf("snapshot: the saved files: %s is %d bytes, more than the workspace holds", hdr.Name, hdr.Size)
-		}
-		data, err := io.ReadAll(io.LimitReader(tr, hdr.Size))
-		if err != nil {
-			return n, fmt.Errorf("snapshot: the saved files: %w", err)
-		}
-		if err := ws.Write(hdr.Name, data, maxFile); err != nil {
-			return n, fmt.Errorf("snapshot: restore %s: %w", hdr.Name, err)
+		// What WriteFrom does not read of the entry, Next skips.
+		src := &readErr{r: tr}
+		_, werr := ws.WriteFrom(hdr.Name, src, maxFile)
+		switch {
+		case src.err != nil:
+			return restored, skip.list("not restored"), fmt.Errorf("snapshot: the saved files: %s: %w", name, src.err)
+		case werr != nil:
+			skip.add(name, why(werr, name, hdr.Name))
+		default:
+			restored++
 		}
 	}
+}
+
+// why is a workspace error without its "workspace: write path: " prefix,
+// which the skipped line has already.
+func why(err error, clean, raw string) string {
+	msg := err.Error()
+	for _, p := range []string{clean, strconv.Quote(raw)} {
+		if s, ok := strings.CutPrefix(msg, "workspace: write "+p+": "); ok {
+			return s
+		}
+	}
+	return msg
 }

@@ -139,21 +139,21 @@ type Store struct {
 }
 
 // Open opens the store in dir (created 0700 if missing) with key, at least
-// 32 bytes.
+// 32 bytes. Like the state directory, dir must be the server's own: one
+// that belongs to another uid, or that its group or others can write, is
+// refused: whoever else can write it can remove genuine snapshots, put
+// back older ones or plant links (snapshots forged without the key are
+// refused anyway). A symbolic link to such a directory is fine; see
+// openDir.
 func Open(dir string, key []byte) (*Store, error) {
 	if len(key) < 32 {
 		return nil, errors.New("snapshot: the key must be at least 32 bytes")
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("snapshot: state directory: %w", err)
-	}
-	st, err := os.Stat(dir)
+	d, err := openDir(dir, "snapshot directory")
 	if err != nil {
-		return nil, fmt.Errorf("snapshot: state directory: %w", err)
+		return nil, err
 	}
-	if !st.IsDir() {
-		return nil, fmt.Errorf("snapshot: state directory %s is not a directory", dir)
-	}
+	d.Close()
 	s := &Store{dir: dir, key: bytes.Clone(key)}
 	s.sweepTemp()
 	return s, nil
@@ -194,6 +194,33 @@ type Writer struct {
 	globals, files int64
 	section        int // 0: globals, 1: files, 2: done
 	start          int64
+	checked        int64 // w.n when the disk's free space was last checked
+}
+
+// The disk a state directory is on also holds, as a rule, the audit log
+// and the dependency cache: a snapshot never takes its last free space,
+// which would leave the audit log unable to record calls (and the server
+// refusing every call). It stops short of a reserve: a tenth of the file
+// system, at most reserveMax; the free space is checked every
+// reserveCheckEvery bytes written.
+const (
+	reserveMax        = 512 << 20
+	reserveCheckEvery = 4 << 20
+)
+
+// room fails with ErrDiskFull when writing n more bytes would leave the
+// state directory's file system less than its reserve.
+func (s *Store) room(n int64) error {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(s.dir, &st); err != nil {
+		return nil // the write itself will say what is wrong
+	}
+	total, free := int64(st.Blocks)*int64(st.Bsize), int64(st.Bavail)*int64(st.Bsize)
+	reserve := min(total/10, reserveMax)
+	if free-n < reserve {
+		return fmt.Errorf("%w (a snapshot leaves %d MiB of it free, for the audit log and the cache)", ErrDiskFull, reserve>>20)
+	}
+	return nil
 }
 
 // ErrTooBig is returned by a Writer's writes past its limit.
@@ -210,6 +237,11 @@ func (s *Store) Create(id string, limit int64) (*Writer, error) {
 	}
 	mac := hmac.New(sha256.New, s.key)
 	mac.Write([]byte(fileDomain))
+	if err := s.room(0); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, err
+	}
 	w := &Writer{s: s, f: f, mac: mac, w: io.MultiWriter(f, mac), limit: limit}
 	if _, err := w.w.Write([]byte(magic)); err != nil {
 		w.Abort()
@@ -227,6 +259,12 @@ func (w *Writer) Write(p []byte) (int, error) {
 	}
 	if w.limit > 0 && w.n-int64(len(magic))+int64(len(p)) > w.limit {
 		return 0, ErrTooBig
+	}
+	if w.n+int64(len(p)) >= w.checked+reserveCheckEvery {
+		if err := w.s.room(int64(len(p))); err != nil {
+			return 0, err
+		}
+		w.checked = w.n
 	}
 	n, err := w.w.Write(p)
 	w.n += int64(n)
@@ -328,7 +366,9 @@ var ErrDiskFull = errors.New("the disk holding the state directory is full")
 
 func diskError(err error) error {
 	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-		return fmt.Errorf("%w: %v", ErrDiskFull, err)
+		// Not the error's text: it names the host's path, which the
+		// agent that reads this need not learn.
+		return ErrDiskFull
 	}
 	return err
 }

@@ -174,35 +174,33 @@ func TestImport(t *testing.T) {
 	}
 }
 
-func TestKeyAndLock(t *testing.T) {
-	dir := t.TempDir()
-	k1, err := LoadKey(dir)
-	if err != nil || len(k1) != 32 {
-		t.Fatal(k1, err)
-	}
-	k2, _ := LoadKey(dir)
-	if !bytes.Equal(k1, k2) {
-		t.Error("the key changed")
-	}
-	os.Chmod(filepath.Join(dir, KeyFile), 0o644)
-	if _, err := LoadKey(dir); err == nil || !strings.Contains(err.Error(), "chmod 600") {
-		t.Errorf("readable key: %v", err)
-	}
-	if bytes.Equal(DeriveKey([]byte("a")), DeriveKey([]byte("b"))) {
-		t.Error("derived keys agree")
-	}
-	unlock, _, err := Lock(dir)
-	if err != nil {
+// The snapshot directory, like the state directory, is made 0700 and must
+// be the server's own.
+func TestOpenDirChecked(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "sessions")
+	if _, err := Open(dir, key(1)); err != nil {
 		t.Fatal(err)
 	}
-	if _, holder, err := Lock(dir); !errors.Is(err, ErrLocked) || !strings.Contains(holder, "pid") {
-		t.Errorf("second lock: %v %q", err, holder)
+	if st, err := os.Stat(dir); err != nil || st.Mode().Perm() != 0o700 {
+		t.Errorf("made: %v %v", st.Mode(), err)
 	}
-	unlock()
-	unlock2, _, err := Lock(dir)
-	if err != nil {
-		t.Errorf("after unlock: %v", err)
-	} else {
-		unlock2()
+	if _, err := Open(dir, key(1)); err != nil {
+		t.Error("again:", err)
+	}
+	for _, mode := range []os.FileMode{0o777, 0o770, 0o1777} {
+		os.Chmod(dir, mode)
+		if _, err := Open(dir, key(1)); err == nil || !strings.Contains(err.Error(), "chmod 700") {
+			t.Errorf("mode %v: %v", mode, err)
+		}
+	}
+	os.Chmod(dir, 0o700)
+	file := filepath.Join(t.TempDir(), "file")
+	os.WriteFile(file, nil, 0o600)
+	if _, err := Open(file, key(1)); err == nil {
+		t.Error("a file: accepted")
+	}
+	chownOther(t, dir)
+	if _, err := Open(dir, key(1)); err == nil || !strings.Contains(err.Error(), "chown") {
+		t.Errorf("another uid's: %v", err)
 	}
 }

@@ -42,6 +42,9 @@ type ResumeSessionOutput struct {
 	// NotRestored are the variables that did not come back, with why.
 	NotRestored []snapshot.Unsaveable `json:"not_restored,omitempty"`
 	Files       int                   `json:"files"`
+	// FilesNotRestored are saved files that could not be written back
+	// (the workspace full, a file too large), as "path: why".
+	FilesNotRestored []string `json:"files_not_restored,omitempty"`
 }
 
 const pauseSessionDescription = `Pause a session: its variables (saved object by object: data, functions and classes defined in it; modules are imported again), its files and its installed packages are saved to the server's disk, and its interpreter is stopped, freeing its memory. The session keeps its id: resume_session, or any call on it (run_python, upload_file, ...), brings it back as it was. Variables that cannot be saved (open files, sockets, threads, generators) are listed in the result and will be missing. A paused session is deleted after the server's paused time to live (list_sessions shows when). Sessions are also paused when the server restarts.`
@@ -70,7 +73,8 @@ func (s *server) pauseSession(ctx context.Context, req *mcp.CallToolRequest, in 
 	if err := s.ownSession(req, in.SessionID); err != nil {
 		return nil, nil, sessionError(ctx, err)
 	}
-	if owner, paused := s.sessions.Paused(in.SessionID); paused && owner == identity(req) {
+	res, err := s.sessions.Pause(ctx, in.SessionID)
+	if owner, paused := s.sessions.Paused(in.SessionID); err != nil && paused && owner == identity(req) {
 		out := &PauseSessionOutput{SessionID: in.SessionID, Paused: true}
 		for _, i := range s.sessions.List() {
 			if i.ID == in.SessionID {
@@ -79,7 +83,6 @@ func (s *server) pauseSession(ctx context.Context, req *mcp.CallToolRequest, in 
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("session %s is paused already; it expires at %s unless resumed.", in.SessionID, out.ExpiresAt.Format(time.RFC3339))}}}, out, nil
 	}
-	res, err := s.sessions.Pause(ctx, in.SessionID)
 	if err != nil {
 		return nil, nil, pauseError(ctx, err)
 	}
@@ -117,7 +120,7 @@ func (s *server) resumeSession(ctx context.Context, req *mcp.CallToolRequest, in
 			&ResumeSessionOutput{SessionID: in.SessionID}, nil
 	}
 	paused := res.PausedAt.UTC()
-	out := &ResumeSessionOutput{SessionID: in.SessionID, Resumed: true, PausedAt: &paused, Restored: res.Restored, Files: res.Files}
+	out := &ResumeSessionOutput{SessionID: in.SessionID, Resumed: true, PausedAt: &paused, Restored: res.Restored, Files: res.Files, FilesNotRestored: res.SkippedFiles}
 	out.NotRestored = append(append(out.NotRestored, res.Unsaveable...), res.Failed...)
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: res.Summary() + "."}}}, out, nil
 }

@@ -132,6 +132,16 @@ func (s *server) execute(ctx context.Context, req *mcp.CallToolRequest, in RunPy
 		tr := s.newToolRun(ctx, req, in.SessionID)
 		run.Tools = tr.tools()
 		res, err = s.sessions.Run(ctx, in.SessionID, run)
+		if errors.As(err, new(*engine.PausedError)) {
+			// Paused while this call waited for its turn (pause_session,
+			// or a drain that then stopped short): resume it and run.
+			if resumed, werr := s.wake(ctx, req, in.SessionID); werr == nil {
+				if resumed != nil {
+					use.resumed = resumed.Summary()
+				}
+				res, err = s.sessions.Run(ctx, in.SessionID, run)
+			}
+		}
 		tr.finish()
 		use = runUsage{network: usage(), toolCalls: tr.Usage(), resumed: use.resumed}
 		if err != nil && !errors.Is(err, engine.ErrBusy) {

@@ -3,6 +3,7 @@ package workspace
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -29,6 +30,23 @@ func rel(t *testing.T, from, p string) string {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// openRead reads path through Open, as a streaming caller would.
+func openRead(d *Dir, p string, max int64) ([]byte, FileInfo, error) {
+	f, info, err := d.Open(p)
+	if err != nil {
+		return nil, info, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max))
+	return b, info, err
+}
+
+// writeFrom is WriteFrom of a string.
+func writeFrom(d *Dir, p, content string, max int64) error {
+	_, err := d.WriteFrom(p, strings.NewReader(content), max)
+	return err
 }
 
 func symlink(t *testing.T, target, link string) {
@@ -65,6 +83,10 @@ func TestReadRefusesEscapingSymlinks(t *testing.T) {
 		if len(b) != 0 {
 			t.Errorf("Read(%q) returned data", p)
 		}
+		f, _, err := d.Open(p)
+		if f != nil || !errors.Is(err, ErrSymlink) {
+			t.Errorf("Open(%q) = %v, %v; want ErrSymlink", p, f, err)
+		}
 	}
 	// Stat and List go no further either.
 	for _, p := range []string{"etc/passwd", "outdir/secret", "procroot/etc", "reldir/secret"} {
@@ -99,9 +121,15 @@ func TestReadFollowsInsideSymlinks(t *testing.T) {
 		if got := mustRead(t, d, p); got != "x,y\n" {
 			t.Errorf("Read(%q) = %q", p, got)
 		}
+		if b, info, err := openRead(d, p, 100); err != nil || string(b) != "x,y\n" || info.Size != 4 || info.Type != "file" {
+			t.Errorf("Open(%q) = %q, %+v, %v", p, b, info, err)
+		}
 	}
 	if _, _, err := d.Read("absinside", 100); !errors.Is(err, ErrSymlink) {
 		t.Errorf("absolute link: %v", err)
+	}
+	if _, _, err := d.Open("absinside"); !errors.Is(err, ErrSymlink) {
+		t.Errorf("Open, absolute link: %v", err)
 	}
 	if info, err := d.Stat("rundir/out.csv"); err != nil || info.Type != "file" {
 		t.Errorf("Stat via link: %+v, %v", info, err)
@@ -130,6 +158,9 @@ func TestWriteRefusesSymlinks(t *testing.T) {
 		err := d.Write(p, []byte("PWNED"), 100)
 		if !errors.Is(err, ErrSymlink) {
 			t.Errorf("Write(%q) = %v; want ErrSymlink", p, err)
+		}
+		if err := writeFrom(d, p, "PWNED", 100); !errors.Is(err, ErrSymlink) {
+			t.Errorf("WriteFrom(%q) = %v; want ErrSymlink", p, err)
 		}
 	}
 	t.Log(d.Write("up/x", nil, 1))
@@ -163,6 +194,9 @@ func TestWriteRefusesNonDirectories(t *testing.T) {
 		if err := d.Write(p, []byte("x"), 10); !errors.Is(err, want) {
 			t.Errorf("Write(%q) = %v, want %v", p, err, want)
 		}
+		if err := writeFrom(d, p, "x", 10); !errors.Is(err, want) {
+			t.Errorf("WriteFrom(%q) = %v, want %v", p, err, want)
+		}
 	}
 	if got := mustRead(t, d, "a.txt"); got != "text" {
 		t.Errorf("a.txt = %q", got)
@@ -187,6 +221,15 @@ func TestHardLink(t *testing.T) {
 	if got := mustRead(t, d, "hl"); got != "NEW" {
 		t.Errorf("after Write, hl = %q", got)
 	}
+	if err := os.Link(outFile, filepath.Join(ws, "hl2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeFrom(d, "hl2", "NEWER", 100); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustRead(t, d, "hl2"); got != "NEWER" {
+		t.Errorf("after WriteFrom, hl2 = %q", got)
+	}
 	b, _ := os.ReadFile(outFile)
 	st, _ := os.Stat(outFile)
 	if string(b) != "ORIGINAL" || st.Sys().(*syscall.Stat_t).Nlink != 1 {
@@ -208,19 +251,35 @@ func TestSpecialFiles(t *testing.T) {
 	symlink(t, "fifo", filepath.Join(ws, "tofifo"))
 
 	for _, p := range []string{"fifo", "tofifo", "sock", "dir"} {
-		done := make(chan error, 1)
-		go func() {
-			_, _, err := d.Read(p, 100)
-			done <- err
-		}()
-		select {
-		case err := <-done:
-			if !errors.Is(err, ErrNotRegular) {
-				t.Errorf("Read(%q) = %v, want ErrNotRegular", p, err)
+		for _, op := range []string{"Read", "Open"} {
+			done := make(chan error, 1)
+			go func() {
+				var err error
+				var info FileInfo
+				if op == "Read" {
+					_, info, err = d.Read(p, 100)
+				} else {
+					var f *os.File
+					f, info, err = d.Open(p)
+					if f != nil {
+						f.Close()
+						err = fmt.Errorf("Open gave a file")
+					}
+				}
+				if err == nil || info.Type == "file" {
+					err = fmt.Errorf("info %+v, %w", info, err)
+				}
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if !errors.Is(err, ErrNotRegular) {
+					t.Errorf("%s(%q) = %v, want ErrNotRegular", op, p, err)
+				}
+				t.Log(err)
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%s(%q) blocked", op, p)
 			}
-			t.Log(err)
-		case <-time.After(30 * time.Second):
-			t.Fatalf("Read(%q) blocked", p)
 		}
 	}
 	for p, typ := range map[string]string{"fifo": "other", "sock": "other", "dir": "dir", "tofifo": "symlink"} {
@@ -242,6 +301,9 @@ func TestMagicLinks(t *testing.T) {
 		if b, _, err := d.Read(p, 1<<20); !errors.Is(err, ErrSymlink) {
 			t.Errorf("Read(%q) = %d bytes, %v; want ErrSymlink", p, len(b), err)
 		}
+		if b, _, err := openRead(d, p, 1<<20); !errors.Is(err, ErrSymlink) {
+			t.Errorf("Open(%q) = %d bytes, %v; want ErrSymlink", p, len(b), err)
+		}
 	}
 	if _, err := d.Stat("root/etc"); !errors.Is(err, ErrSymlink) {
 		t.Errorf("Stat(root/etc) = %v", err)
@@ -251,6 +313,10 @@ func TestMagicLinks(t *testing.T) {
 	}
 	if err := d.Write("root/tmp/pwned", []byte("x"), 10); err == nil {
 		t.Error("Write through /proc/self/root succeeded")
+		os.Remove("/tmp/pwned")
+	}
+	if err := writeFrom(d, "root/tmp/pwned", "x", 10); err == nil {
+		t.Error("WriteFrom through /proc/self/root succeeded")
 		os.Remove("/tmp/pwned")
 	}
 	// Stat of the link itself is fine: it reports, not follows.
@@ -270,8 +336,14 @@ func TestMountPoint(t *testing.T) {
 	if _, _, err := d.Read("mnt/f", 100); !errors.Is(err, ErrSymlink) || !errors.Is(err, syscall.EXDEV) {
 		t.Errorf("Read across a mount = %v", err)
 	}
+	if _, _, err := d.Open("mnt/f"); !errors.Is(err, ErrSymlink) || !errors.Is(err, syscall.EXDEV) {
+		t.Errorf("Open across a mount = %v", err)
+	}
 	if err := d.Write("mnt/g", []byte("x"), 10); err == nil {
 		t.Error("Write across a mount succeeded")
+	}
+	if err := writeFrom(d, "mnt/g", "x", 10); err == nil {
+		t.Error("WriteFrom across a mount succeeded")
 	}
 	e, _, err := d.List("", 0)
 	if err != nil || len(e) != 1 || e[0].Path != "mnt" {
@@ -328,14 +400,20 @@ func TestRace(t *testing.T) {
 				}
 				p := []string{"d/x", "d/sub/y", "d/secret"}[i%3]
 				content := fmt.Sprintf("inside %d %d", g, i)
-				if err := d.Write(p, []byte(content), 100); err == nil {
+				write := func() error { return d.Write(p, []byte(content), 100) }
+				readf := func() ([]byte, FileInfo, error) { return d.Read(p, 100) }
+				if i%2 == 1 {
+					write = func() error { return writeFrom(d, p, content, 100) }
+					readf = func() ([]byte, FileInfo, error) { return openRead(d, p, 100) }
+				}
+				if err := write(); err == nil {
 					wrote.Add(1)
 				} else if errors.Is(err, ErrSymlink) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotDir) {
 					refused.Add(1)
 				} else {
 					t.Errorf("Write(%q): unexpected error %v", p, err)
 				}
-				if b, _, err := d.Read(p, 100); err == nil {
+				if b, _, err := readf(); err == nil {
 					read.Add(1)
 					if strings.Contains(string(b), "SECRET") {
 						t.Errorf("Read(%q) returned the outside secret", p)

@@ -33,25 +33,13 @@ func (d *Dir) Read(path string, maxBytes int64) ([]byte, FileInfo, error) {
 	if d.fd < 0 {
 		return nil, FileInfo{}, closed("read")
 	}
-	fd, err := openat2(d.fd, c, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0, resolveBeneath)
+	fd, info, err := d.openRegular(c)
 	if err != nil {
-		return nil, FileInfo{}, lookupError("read", c, os.NewSyscallError("openat2", err))
+		return nil, info, err
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, FileInfo{}, lookupError("read", c, os.NewSyscallError("fstat", err))
-	}
-	info := newFileInfo(c, &st, "")
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		hint := "only regular files can be read"
-		if info.Type == "dir" {
-			hint = "use the list tool to see what it contains"
-		}
-		return nil, info, fmt.Errorf("workspace: read %s: %w: it is %s; %s", c, ErrNotRegular, describe(st.Mode), hint)
-	}
-	if st.Size > maxBytes {
-		return nil, info, fmt.Errorf("workspace: read %s: %w: it is %d bytes; the limit is %d", c, ErrTooLarge, st.Size, maxBytes)
+	if info.Size > maxBytes {
+		return nil, info, fmt.Errorf("workspace: read %s: %w: it is %d bytes; the limit is %d", c, ErrTooLarge, info.Size, maxBytes)
 	}
 	// Read at most maxBytes+1 bytes: the extra byte tells us the file grew
 	// past the limit after fstat. The buffer starts at the size fstat saw
@@ -62,7 +50,7 @@ func (d *Dir) Read(path string, maxBytes int64) ([]byte, FileInfo, error) {
 	if limit < math.MaxInt64 {
 		limit++
 	}
-	buf := make([]byte, 0, min(st.Size+1, limit))
+	buf := make([]byte, 0, min(info.Size+1, limit))
 	for int64(len(buf)) < limit {
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
@@ -88,6 +76,67 @@ func (d *Dir) Read(path string, maxBytes int64) ([]byte, FileInfo, error) {
 		return nil, info, fmt.Errorf("workspace: read %s: %w: it grew past the limit of %d bytes while being read", c, ErrTooLarge, maxBytes)
 	}
 	return buf, info, nil
+}
+
+// Open opens the regular file at path for reading, with the same rules as
+// Read: only symlinks that stay inside the workspace are followed, the file
+// is opened with O_NONBLOCK (a FIFO or a lease cannot make the open wait)
+// and its type is checked on the open descriptor, so directories, FIFOs,
+// sockets and devices give ErrNotRegular before anything is read. The
+// FileInfo is from that descriptor (fstat after the open).
+//
+// Open is for reading files too large to hold in memory: the caller
+// streams from the file and must bound what it reads itself, because the
+// sandbox can make the file grow (or shrink) while it is read; the size
+// in FileInfo is only what it was at the open. The caller closes the
+// file. The file does not depend on d: it stays usable after d.Close.
+func (d *Dir) Open(path string) (*os.File, FileInfo, error) {
+	c, err := CleanPath(path)
+	if err != nil {
+		return nil, FileInfo{}, fmt.Errorf("workspace: read %q: %w", path, err)
+	}
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.fd < 0 {
+		return nil, FileInfo{}, closed("read")
+	}
+	fd, info, err := d.openRegular(c)
+	if err != nil {
+		return nil, info, err
+	}
+	// O_NONBLOCK has done its work (the open did not wait); reads of a
+	// regular file ignore it, and without it os.NewFile does not try to
+	// register the file with the poller.
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return nil, info, lookupError("read", c, os.NewSyscallError("fcntl", err))
+	}
+	return os.NewFile(uintptr(fd), c), info, nil
+}
+
+// openRegular opens c (a CleanPath) for reading and checks on the open
+// descriptor that it is a regular file. The caller holds d.mu and closes
+// the descriptor. On ErrNotRegular the FileInfo describes what was found.
+func (d *Dir) openRegular(c string) (int, FileInfo, error) {
+	fd, err := openat2(d.fd, c, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0, resolveBeneath)
+	if err != nil {
+		return -1, FileInfo{}, lookupError("read", c, os.NewSyscallError("openat2", err))
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, FileInfo{}, lookupError("read", c, os.NewSyscallError("fstat", err))
+	}
+	info := newFileInfo(c, &st, "")
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		hint := "only regular files can be read"
+		if info.Type == "dir" {
+			hint = "use the list tool to see what it contains"
+		}
+		return -1, info, fmt.Errorf("workspace: read %s: %w: it is %s; %s", c, ErrNotRegular, describe(st.Mode), hint)
+	}
+	return fd, info, nil
 }
 
 // Stat describes path without following a final symlink: a link is

@@ -1,5 +1,6 @@
 // Package workspace does file operations for the server inside a session's
-// workspace directory: upload (Write), download (Read), Stat and List.
+// workspace directory: upload (Write, or WriteFrom streaming), download
+// (Read, or Open to stream), Stat and List.
 //
 // # Threat model
 //
@@ -23,24 +24,26 @@
 // (before Linux 5.6) are refused: there is no weaker fallback.
 //
 // The policy for symbolic links:
-//   - Read, Stat and the starting directory of List follow symlinks whose
-//     whole resolution stays beneath the workspace root ("latest ->
-//     run3/out.csv" works); any link that leaves it (absolute, or ".."
-//     above the root) or goes through /proc magic links is refused with
-//     ErrSymlink. Stat does not follow a final symlink: it reports it.
-//   - Write follows no symlink at all, anywhere in the path. It walks the
-//     parent directories one name at a time, holding a descriptor for each,
-//     so a directory swapped for a link after we looked is not followed:
-//     we keep working in the directory we already hold.
+//   - Read, Open, Stat and the starting directory of List follow
+//     symlinks whose whole resolution stays beneath the workspace root
+//     ("latest -> run3/out.csv" works); any link that leaves it
+//     (absolute, or ".." above the root) or goes through /proc magic
+//     links is refused with ErrSymlink. Stat does not follow a final symlink: it reports it.
+//   - Write and WriteFrom follow no symlink at all, anywhere in the
+//     path. They walk the parent directories one name at a time, holding
+//     a descriptor for each, so a directory swapped for a link after we
+//     looked is not followed: we keep working in the directory we
+//     already hold.
 //   - List never follows a symlink it meets while walking; it reports the
 //     link and its target text.
 //
 // Hard links: the sandbox can only hard-link files it can already see on
 // the same mount, and the kernel's protected_hardlinks rule stops it from
 // linking files it does not own, so a hard link in the workspace exposes
-// nothing new. Read reads such a file like any other; Write never writes
-// into an existing inode (it renames a new file over the name), so it can
-// never modify the other names of a hard link.
+// nothing new. Read and Open read such a file like any other; Write and
+// WriteFrom never write into an existing inode (they rename a new file
+// over the name), so they can never modify the other names of a hard
+// link.
 //
 // A directory we hold a descriptor for can be renamed away by the sandbox
 // while we use it. rename(2) needs write access to both places and works

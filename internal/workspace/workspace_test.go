@@ -3,12 +3,15 @@ package workspace
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"testing/iotest"
 
 	"golang.org/x/sys/unix"
 )
@@ -219,6 +222,12 @@ func TestOpenOPath(t *testing.T) {
 	if err := d.Write("z", nil, 10); !errors.Is(err, fs.ErrClosed) {
 		t.Errorf("Write after Close: %v", err)
 	}
+	if f, _, err := d.Open("x/y"); f != nil || !errors.Is(err, fs.ErrClosed) {
+		t.Errorf("Open after Close: %v", err)
+	}
+	if _, err := d.WriteFrom("z", strings.NewReader("z"), 10); !errors.Is(err, fs.ErrClosed) {
+		t.Errorf("WriteFrom after Close: %v", err)
+	}
 
 	// A file is not a workspace.
 	f, _ := os.Create(filepath.Join(ws, "file"))
@@ -291,9 +300,19 @@ func TestChown(t *testing.T) {
 	mustWrite(t, d, "pre/new/deeper/file.csv", "a,b\n")
 	mustWrite(t, d, "top.txt", "top")
 	mustWrite(t, d, "top.txt", "replaced") // a replacement is a new inode: chowned too
+	if err := writeFrom(d, "pre/streamed/s.bin", "streamed", 100); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeFrom(d, "top.txt", "streamed over", 100); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.WriteFrom("rootonly/y", strings.NewReader("y"), 10); err == nil {
+		t.Error("WriteFrom into a directory the workspace owner cannot write")
+	}
 	for p, mode := range map[string]os.FileMode{
 		"pre/new": fs.ModeDir | 0o755, "pre/new/deeper": fs.ModeDir | 0o755,
 		"pre/new/deeper/file.csv": 0o644, "top.txt": 0o644,
+		"pre/streamed": fs.ModeDir | 0o755, "pre/streamed/s.bin": 0o644,
 	} {
 		st, err := os.Lstat(filepath.Join(ws, p))
 		if err != nil {
@@ -339,5 +358,202 @@ func TestFull(t *testing.T) {
 	}
 	if got := mustRead(t, d, "small"); got != "fits" {
 		t.Errorf("small = %q", got)
+	}
+	// The same streamed, over a name that has content: it keeps it.
+	n, err := d.WriteFrom("small", io.LimitReader(ones{}, 1<<20), 1<<30)
+	if !errors.Is(err, ErrFull) || !errors.Is(err, syscall.ENOSPC) || n >= 1<<20 {
+		t.Fatalf("WriteFrom past the size cap = %d, %v", n, err)
+	}
+	if got := mustRead(t, d, "small"); got != "fits" {
+		t.Errorf("small = %q", got)
+	}
+	entries, _, _ = d.List("", 0)
+	for _, e := range entries {
+		if e.Path != "small" && e.Path != "dir" {
+			t.Errorf("left behind: %+v", e)
+		}
+	}
+	// Zeros take no room: 16 MiB of them fit in 64 KiB, as a hole.
+	if n, err := d.WriteFrom("zeros", io.LimitReader(zeros{}, 16<<20), 1<<30); err != nil || n != 16<<20 {
+		t.Fatalf("WriteFrom of zeros = %d, %v", n, err)
+	}
+}
+
+// ones and zeros are endless readers of 0xff and 0 bytes.
+type ones struct{}
+
+func (ones) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = 0xff
+	}
+	return len(p), nil
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+// countReader counts what is read from it.
+type countReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func TestWriteFrom(t *testing.T) {
+	d, ws, _ := newWS(t)
+	// Round trip of something larger than the copy buffer, not a multiple
+	// of it, through a reader that gives odd-sized pieces.
+	data := make([]byte, 3*sparseChunk+12345)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	n, err := d.WriteFrom("a/b/data.bin", iotest.HalfReader(bytes.NewReader(data)), int64(len(data)))
+	if err != nil || n != int64(len(data)) {
+		t.Fatalf("WriteFrom = %d, %v", n, err)
+	}
+	if b, info, err := openRead(d, "a/b/data.bin", 1<<30); err != nil || !bytes.Equal(b, data) || info.Size != int64(len(data)) {
+		t.Fatalf("read back: %d bytes, %+v, %v", len(b), info, err)
+	}
+	if st, _ := os.Lstat(filepath.Join(ws, "a/b/data.bin")); st.Mode() != 0o644 {
+		t.Errorf("mode %v", st.Mode())
+	}
+	// Empty content.
+	if n, err := d.WriteFrom("empty", strings.NewReader(""), 0); err != nil || n != 0 {
+		t.Errorf("empty: %d, %v", n, err)
+	}
+	if got := mustRead(t, d, "empty"); got != "" {
+		t.Errorf("empty = %q", got)
+	}
+
+	// Over the limit: refused, the reader read no further than one byte
+	// past the limit, and the old content is kept.
+	mustWrite(t, d, "keep", "old")
+	for _, limit := range []int64{0, 1, 99, sparseChunk - 1, sparseChunk, 3*sparseChunk + 1} {
+		cr := &countReader{r: io.LimitReader(ones{}, 1<<30)}
+		n, err := d.WriteFrom("keep", cr, limit)
+		if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), fmt.Sprint(limit)) {
+			t.Errorf("limit %d: %d, %v", limit, n, err)
+		}
+		if cr.n != limit+1 {
+			t.Errorf("limit %d: read %d bytes from the reader", limit, cr.n)
+		}
+	}
+	if got := mustRead(t, d, "keep"); got != "old" {
+		t.Errorf("keep = %q", got)
+	}
+	// Exactly at the limit is fine.
+	if n, err := d.WriteFrom("keep", strings.NewReader("12345"), 5); err != nil || n != 5 {
+		t.Errorf("at the limit: %d, %v", n, err)
+	}
+	// A failing reader: its error comes back as is, nothing is written.
+	boom := errors.New("boom")
+	n, err = d.WriteFrom("keep", io.MultiReader(strings.NewReader("partial"), iotest.ErrReader(boom)), 100)
+	if !errors.Is(err, boom) || n != 7 {
+		t.Errorf("failing reader: %d, %v", n, err)
+	}
+	if got := mustRead(t, d, "keep"); got != "12345" {
+		t.Errorf("keep = %q", got)
+	}
+	n, err = d.WriteFrom("new", iotest.TimeoutReader(strings.NewReader(strings.Repeat("x", 100))), 1000)
+	if !errors.Is(err, iotest.ErrTimeout) {
+		t.Errorf("timeout reader: %d, %v", n, err)
+	}
+	// A reader that never makes progress is given up on.
+	if _, err := d.WriteFrom("new", stuck{}, 1000); !errors.Is(err, io.ErrNoProgress) {
+		t.Errorf("stuck reader: %v", err)
+	}
+	if _, err := d.WriteFrom("../x", strings.NewReader("x"), 10); !errors.Is(err, ErrInvalidPath) {
+		t.Errorf("bad path: %v", err)
+	}
+	// No temporary files are left behind.
+	entries, _, _ := d.List("", 0)
+	var paths []string
+	for _, e := range entries {
+		paths = append(paths, e.Path)
+	}
+	if got := strings.Join(paths, " "); got != "a a/b a/b/data.bin empty keep" {
+		t.Errorf("List = %s", got)
+	}
+}
+
+// stuck reads nothing, forever.
+type stuck struct{}
+
+func (stuck) Read([]byte) (int, error) { return 0, nil }
+
+// TestSparse: WriteFrom writes whole chunks of zeros as holes, read back
+// as zeros.
+func TestSparse(t *testing.T) {
+	d, ws, _ := newWS(t)
+	const size = 8 << 20
+	data := make([]byte, size)
+	copy(data[3*sparseChunk+5:], "middle")
+	copy(data[size-sparseChunk:], "last chunk")
+	for _, tc := range []struct {
+		name string
+		r    io.Reader
+		size int64
+	}{
+		{"mixed", bytes.NewReader(data), size},
+		{"trailing", io.MultiReader(strings.NewReader("head"), io.LimitReader(zeros{}, size)), size + 4},
+		{"all", io.LimitReader(zeros{}, size), size},
+	} {
+		n, err := d.WriteFrom(tc.name, tc.r, 1<<30)
+		if err != nil || n != tc.size {
+			t.Fatalf("%s: %d, %v", tc.name, n, err)
+		}
+		st, err := os.Stat(filepath.Join(ws, tc.name))
+		if err != nil || st.Size() != tc.size {
+			t.Fatalf("%s: %v %v", tc.name, st.Size(), err)
+		}
+		if blocks := st.Sys().(*syscall.Stat_t).Blocks * 512; blocks > 1<<20 {
+			t.Errorf("%s: %d bytes allocated for %d mostly zero", tc.name, blocks, tc.size)
+		}
+	}
+	if b, _, err := d.Read("mixed", size); err != nil || !bytes.Equal(b, data) {
+		t.Errorf("mixed read back: %v", err)
+	}
+	if b, _, err := d.Read("trailing", size+4); err != nil || len(b) != size+4 || string(b[:4]) != "head" || !bytes.Equal(b[4:], make([]byte, size)) {
+		t.Errorf("trailing read back: %d bytes, %v", len(b), err)
+	}
+}
+
+// TestOpen reads through Open: the FileInfo is from the open file, and
+// the file stays usable after the Dir is closed.
+func TestOpen(t *testing.T) {
+	d, _, _ := newWS(t)
+	mustWrite(t, d, "sub/f.txt", "content")
+	f, info, err := d.Open("./sub//f.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if info.Path != "sub/f.txt" || info.Type != "file" || info.Size != 7 || info.ModTime.IsZero() {
+		t.Errorf("info %+v", info)
+	}
+	if fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0); err != nil || fl&unix.O_NONBLOCK != 0 || fl&unix.O_ACCMODE != unix.O_RDONLY {
+		t.Errorf("flags %#x, %v", fl, err)
+	}
+	d.Close()
+	if b, err := io.ReadAll(f); err != nil || string(b) != "content" {
+		t.Errorf("read %q, %v", b, err)
+	}
+	if _, err := f.Write([]byte("x")); err == nil {
+		t.Error("the file Open gives is writable")
+	}
+	d2, _, _ := newWS(t)
+	for p, want := range map[string]error{"nope": ErrNotFound, "": ErrInvalidPath, "../x": ErrInvalidPath, ".": ErrInvalidPath} {
+		if f, _, err := d2.Open(p); f != nil || !errors.Is(err, want) {
+			t.Errorf("Open(%q) = %v, want %v", p, err, want)
+		}
 	}
 }

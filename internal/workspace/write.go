@@ -1,10 +1,12 @@
 package workspace
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"strings"
@@ -49,24 +51,118 @@ func (d *Dir) Write(path string, content []byte, maxBytes int64) error {
 	if int64(len(content)) > maxBytes {
 		return fmt.Errorf("workspace: write %s: %w: the content is %d bytes; the limit is %d", c, ErrTooLarge, len(content), maxBytes)
 	}
+	_, err = d.writeFile(c, func(f *os.File) (int64, error) {
+		n, err := f.Write(content)
+		if err != nil {
+			return int64(n), d.writeError(c, sysError(err))
+		}
+		return int64(n), nil
+	})
+	return err
+}
+
+// WriteFrom is Write with the content streamed from r: it creates or
+// replaces the regular file at path with what r gives until io.EOF, and
+// returns the number of bytes written. Everything Write promises holds
+// (no symlink followed, a new file renamed over the name, ownership,
+// ErrFull), and the content is never held in memory, only a 64 KiB buffer
+// at a time. Unlike Write, every whole 64 KiB chunk of zero bytes is left
+// as a hole rather than written, so a sparse file copied in (a snapshot's)
+// stays sparse and takes no room for its holes; it reads the same.
+//
+// WriteFrom reads at most maxBytes+1 bytes from r: when r has more than
+// maxBytes, it gives ErrTooLarge and leaves nothing behind (the name keeps
+// what it had). An error from r (other than io.EOF) is returned wrapped,
+// as is, and likewise leaves nothing behind; errors.Is finds it. r is read
+// with the server's own identity, not the workspace owner's.
+func (d *Dir) WriteFrom(path string, r io.Reader, maxBytes int64) (int64, error) {
+	c, err := CleanPath(path)
+	if err != nil {
+		return 0, fmt.Errorf("workspace: write %q: %w", path, err)
+	}
+	maxBytes = max(maxBytes, 0)
+	return d.writeFile(c, func(f *os.File) (int64, error) {
+		s := sparseFile{f: f}
+		buf := make([]byte, sparseChunk)
+		for empty := 0; ; {
+			// One byte past the limit is enough to know it is too large.
+			want := int64(len(buf))
+			if left := maxBytes - s.n; left < want {
+				want = left + 1
+			}
+			m, rerr := r.Read(buf[:want])
+			if m > 0 {
+				empty = 0
+				if s.n+int64(m) > maxBytes {
+					return s.n, fmt.Errorf("workspace: write %s: %w: the content is more than the limit of %d bytes", c, ErrTooLarge, maxBytes)
+				}
+				if err := s.write(buf[:m]); err != nil {
+					return s.n, d.writeError(c, err)
+				}
+			} else if rerr == nil {
+				if empty++; empty >= 100 {
+					rerr = io.ErrNoProgress
+				}
+			}
+			if rerr == io.EOF {
+				return s.n, d.finish(c, &s)
+			}
+			if rerr != nil {
+				return s.n, fmt.Errorf("workspace: write %s: reading the content: %w", c, rerr)
+			}
+		}
+	})
+}
+
+// writeFile creates or replaces c (a CleanPath) with a new file that fill
+// writes. The directories and the temporary file are made, and the file
+// renamed over the name, with the workspace owner's identity (see
+// asOwner); fill runs with the server's own, so whatever it reads from is
+// read as the server would. fill returns the bytes written and an error
+// already in the form Write returns; on any error the temporary file is
+// removed.
+func (d *Dir) writeFile(c string, fill func(*os.File) (int64, error)) (int64, error) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	if d.fd < 0 {
-		return closed("write")
+		return 0, closed("write")
 	}
 	var rst unix.Stat_t
 	if err := unix.Fstat(d.fd, &rst); err != nil {
-		return d.writeError(c, os.NewSyscallError("fstat", err))
+		return 0, d.writeError(c, os.NewSyscallError("fstat", err))
 	}
 	own := owner{uid: int(rst.Uid), gid: int(rst.Gid)}
+	as := func(f func() error) error { return f() }
 	if os.Geteuid() == 0 && own.uid != 0 {
 		// A root server creates as the workspace's owner: a sandbox's
 		// filesystem may not map root at all (a warm-pool child's maps only
 		// its own user), and then creating as root fails with EOVERFLOW.
 		// It also drops root's override of file permissions for the work.
-		return asOwner(own, func() error { return d.write(c, content, own) })
+		as = func(f func() error) error { return asOwner(own, f) }
 	}
-	return d.write(c, content, own)
+	var t *tempFile
+	if err := as(func() (err error) { t, err = d.create(c, own); return err }); err != nil {
+		return 0, err
+	}
+	defer t.closeParent()
+	n, err := fill(t.f)
+	if cerr := t.f.Close(); err == nil && cerr != nil {
+		err = d.writeError(c, sysError(cerr))
+	}
+	if err == nil {
+		err = as(func() error { return os.NewSyscallError("renameat", unix.Renameat(t.parent, t.tmp, t.parent, t.name)) })
+		if err != nil {
+			err = d.writeError(c, err)
+		}
+	}
+	if err != nil {
+		// Best effort: unlinkat never follows links, and the name is in
+		// the directory we hold, so at worst it removes something the
+		// sandbox put there under our random name.
+		unix.Unlinkat(t.parent, t.tmp, 0)
+		return n, err
+	}
+	return n, nil
 }
 
 // asOwner runs f with the filesystem identity of o. setfsuid and setfsgid
@@ -86,59 +182,120 @@ func asOwner(o owner, f func() error) error {
 	return err
 }
 
-func (d *Dir) write(c string, content []byte, own owner) error {
+// tempFile is a new file being written: the directory it is in, its
+// random name there, the name it is to get, and the open file.
+type tempFile struct {
+	d         *Dir
+	parent    int
+	tmp, name string
+	f         *os.File
+}
+
+// closeParent closes the directory descriptor unless it is the root's.
+func (t *tempFile) closeParent() {
+	if t.parent != t.d.fd {
+		unix.Close(t.parent)
+	}
+}
+
+// create opens the parent directories of c (making missing ones), checks
+// that the name may be replaced, and creates a new temporary file next to
+// it, given to own. Errors are in the form Write returns.
+func (d *Dir) create(c string, own owner) (*tempFile, error) {
 	elems := strings.Split(c, "/")
 	name := elems[len(elems)-1]
 	parent, err := d.parents(c, elems[:len(elems)-1], own)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if parent != d.fd {
-		defer unix.Close(parent)
-	}
+	t := &tempFile{d: d, parent: parent, name: name}
 
 	// Refuse to replace what is not a regular file. This check can race
 	// with the sandbox; it is there for clear errors, not for safety:
-	// renameat below never follows anything.
+	// renameat never follows anything.
 	var st unix.Stat_t
 	switch err := unix.Fstatat(parent, name, &st, unix.AT_SYMLINK_NOFOLLOW); {
 	case err == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK:
-		return fmt.Errorf("workspace: write %s: %w: it is a symbolic link and writes never follow or replace links; delete it first, or write to the path it points to", c, ErrSymlink)
+		err = fmt.Errorf("workspace: write %s: %w: it is a symbolic link and writes never follow or replace links; delete it first, or write to the path it points to", c, ErrSymlink)
+		t.closeParent()
+		return nil, err
 	case err == nil && st.Mode&unix.S_IFMT != unix.S_IFREG:
-		return fmt.Errorf("workspace: write %s: %w: it is %s; choose another name", c, ErrNotRegular, describe(st.Mode))
+		err = fmt.Errorf("workspace: write %s: %w: it is %s; choose another name", c, ErrNotRegular, describe(st.Mode))
+		t.closeParent()
+		return nil, err
 	case err != nil && err != unix.ENOENT:
-		return d.writeError(c, os.NewSyscallError("fstatat", err))
+		t.closeParent()
+		return nil, d.writeError(c, os.NewSyscallError("fstatat", err))
 	}
 
 	tmp, fd, err := createTemp(parent)
 	if err != nil {
-		return d.writeError(c, err)
+		t.closeParent()
+		return nil, d.writeError(c, err)
 	}
-	f := os.NewFile(uintptr(fd), tmp)
-	err = own.apply(fd, fileMode)
-	if err == nil {
-		if _, werr := f.Write(content); werr != nil {
-			// Name the system call, not our temporary file.
-			err = werr
-			if pe, ok := werr.(*os.PathError); ok {
-				err = os.NewSyscallError(pe.Op, pe.Err)
-			}
-		}
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.NewSyscallError("renameat", unix.Renameat(parent, tmp, parent, name))
-	}
-	if err != nil {
-		// Best effort: unlinkat never follows links, and the name is in
-		// the directory we hold, so at worst it removes something the
-		// sandbox put there under our random name.
+	if err := own.apply(fd, fileMode); err != nil {
+		unix.Close(fd)
 		unix.Unlinkat(parent, tmp, 0)
-		return d.writeError(c, err)
+		t.closeParent()
+		return nil, d.writeError(c, err)
+	}
+	t.tmp, t.f = tmp, os.NewFile(uintptr(fd), tmp)
+	return t, nil
+}
+
+// sparseChunk is the unit of WriteFrom's reads and of the holes that
+// sparseFile leaves.
+const sparseChunk = 64 << 10
+
+var zeroChunk [sparseChunk]byte
+
+// sparseFile writes a new file sequentially, leaving a hole (seeking on)
+// in place of every whole chunk of zero bytes.
+type sparseFile struct {
+	f    *os.File
+	n    int64 // bytes written (holes included)
+	hole bool  // the last chunk was left as a hole
+}
+
+// write appends p. Errors are *os.SyscallError.
+func (s *sparseFile) write(p []byte) error {
+	for len(p) > 0 {
+		k := min(len(p), sparseChunk)
+		if k == sparseChunk && bytes.Equal(p[:k], zeroChunk[:]) {
+			if _, err := s.f.Seek(int64(k), io.SeekCurrent); err != nil {
+				return sysError(err)
+			}
+			s.hole = true
+		} else {
+			if _, err := s.f.Write(p[:k]); err != nil {
+				return sysError(err)
+			}
+			s.hole = false
+		}
+		s.n += int64(k)
+		p = p[k:]
 	}
 	return nil
+}
+
+// finish gives the file its full length when it ends in a hole.
+func (d *Dir) finish(c string, s *sparseFile) error {
+	if !s.hole {
+		return nil
+	}
+	if err := s.f.Truncate(s.n); err != nil {
+		return d.writeError(c, sysError(err))
+	}
+	return nil
+}
+
+// sysError names the system call of an *os.PathError, not our temporary
+// file.
+func sysError(err error) error {
+	if pe, ok := err.(*os.PathError); ok {
+		return os.NewSyscallError(pe.Op, pe.Err)
+	}
+	return err
 }
 
 // parents opens the directories of elems one at a time below the root,
