@@ -17,24 +17,10 @@ import (
 
 // callJSON calls a tool and returns whether it failed, its text and its
 // structured result.
-func callJSON(ctx context.Context, t *testing.T, cs *mcp.ClientSession, name string, args map[string]any) (bool, string, map[string]any) {
+func callJSON(_ context.Context, t *testing.T, cs *mcp.ClientSession, name string, args map[string]any) (bool, string, map[string]any) {
 	t.Helper()
-	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
-	if err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	var b strings.Builder
-	for _, c := range res.Content {
-		if tc, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(tc.Text)
-		}
-	}
-	var out map[string]any
-	if res.StructuredContent != nil {
-		data, _ := json.Marshal(res.StructuredContent)
-		json.Unmarshal(data, &out)
-	}
-	return res.IsError, b.String(), out
+	res, out := callTool(t, cs, name, args)
+	return res.IsError, toolText(res), out
 }
 
 // stopWith sends sig to the server and waits for it to exit.

@@ -219,6 +219,12 @@ func (s *Sessions) pausedCount(owner string) int {
 // Pause snapshots a session and stops it: its memory and processes are
 // freed, and it comes back under the same id on its next call.
 func (s *Sessions) Pause(ctx context.Context, id string) (*PauseResult, error) {
+	return s.saveID(ctx, id, true)
+}
+
+// saveID saves the session id once its run in flight is done: a pause
+// (stop) or a checkpoint.
+func (s *Sessions) saveID(ctx context.Context, id string, stop bool) (*PauseResult, error) {
 	if s.cfg.Snapshots.Store == nil {
 		return nil, ErrNoSnapshots
 	}
@@ -228,7 +234,7 @@ func (s *Sessions) Pause(ctx context.Context, id string) (*PauseResult, error) {
 	}
 	sess.runMu.Lock()
 	defer sess.runMu.Unlock()
-	return s.save(ctx, sess, true, false, false)
+	return s.save(ctx, sess, stop, !stop, false)
 }
 
 // pausedWhy marks a stopped session that was paused, not ended.
@@ -705,16 +711,7 @@ func (s *Sessions) pausedInfos() []SessionInfo {
 // Checkpoint writes a live session's snapshot, keeping it running
 // (--checkpoint every-run does after each run).
 func (s *Sessions) Checkpoint(ctx context.Context, id string) (*PauseResult, error) {
-	if s.cfg.Snapshots.Store == nil {
-		return nil, ErrNoSnapshots
-	}
-	sess, err := s.get(id)
-	if err != nil {
-		return nil, err
-	}
-	sess.runMu.Lock()
-	defer sess.runMu.Unlock()
-	return s.save(ctx, sess, false, true, false)
+	return s.saveID(ctx, id, false)
 }
 
 // PauseAll is the drain of a server that stops: each session is paused

@@ -24,16 +24,7 @@ import (
 // device nodes, so opening a special file has no side effects beyond
 // that.)
 func (d *Dir) Read(path string, maxBytes int64) ([]byte, FileInfo, error) {
-	c, err := CleanPath(path)
-	if err != nil {
-		return nil, FileInfo{}, fmt.Errorf("workspace: read %q: %w", path, err)
-	}
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	if d.fd < 0 {
-		return nil, FileInfo{}, closed("read")
-	}
-	fd, info, err := d.openRegular(c)
+	fd, c, info, err := d.openPath(path)
 	if err != nil {
 		return nil, info, err
 	}
@@ -91,16 +82,7 @@ func (d *Dir) Read(path string, maxBytes int64) ([]byte, FileInfo, error) {
 // in FileInfo is only what it was at the open. The caller closes the
 // file. The file does not depend on d: it stays usable after d.Close.
 func (d *Dir) Open(path string) (*os.File, FileInfo, error) {
-	c, err := CleanPath(path)
-	if err != nil {
-		return nil, FileInfo{}, fmt.Errorf("workspace: read %q: %w", path, err)
-	}
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	if d.fd < 0 {
-		return nil, FileInfo{}, closed("read")
-	}
-	fd, info, err := d.openRegular(c)
+	fd, c, info, err := d.openPath(path)
 	if err != nil {
 		return nil, info, err
 	}
@@ -112,6 +94,22 @@ func (d *Dir) Open(path string) (*os.File, FileInfo, error) {
 		return nil, info, lookupError("read", c, os.NewSyscallError("fcntl", err))
 	}
 	return os.NewFile(uintptr(fd), c), info, nil
+}
+
+// openPath cleans path and opens it as openRegular does; the descriptor
+// is the caller's to close, and outlives d.
+func (d *Dir) openPath(path string) (int, string, FileInfo, error) {
+	c, err := CleanPath(path)
+	if err != nil {
+		return -1, "", FileInfo{}, fmt.Errorf("workspace: read %q: %w", path, err)
+	}
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.fd < 0 {
+		return -1, c, FileInfo{}, closed("read")
+	}
+	fd, info, err := d.openRegular(c)
+	return fd, c, info, err
 }
 
 // openRegular opens c (a CleanPath) for reading and checks on the open
