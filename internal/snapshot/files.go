@@ -55,7 +55,9 @@ func (l *skipList) list(what string) []string {
 // out besides (symlinks, special files, empty directories, files that
 // vanished or changed type while it worked) is described in skipped, as
 // are files that changed size or content while they were copied (see
-// below); a workspace over the limits is an error.
+// below); of a workspace over the limits (MaxFiles entries,
+// workspace.MaxListDepth levels) the first entries are kept, and skipped
+// says so.
 //
 // Files are streamed into the tar, never held in memory. A file's size
 // is taken when it is opened, and exactly that many bytes are saved: a
@@ -69,11 +71,15 @@ func PackFiles(ws *workspace.Dir, w io.Writer, room int64) (files int, skipped [
 	if err != nil {
 		return 0, nil, fmt.Errorf("snapshot: list the workspace: %w", err)
 	}
-	if truncated || len(entries) > MaxFiles {
-		return 0, nil, fmt.Errorf("snapshot: the workspace has more than %d entries (or is nested deeper than %d levels), more than a snapshot keeps", MaxFiles, workspace.MaxListDepth)
-	}
 	tw := tar.NewWriter(w)
 	var skip skipList
+	if truncated || len(entries) > MaxFiles {
+		// What fits is kept, and the rest said: refusing the whole
+		// snapshot would lose the session's variables with its files (at
+		// a drain, all of it).
+		entries = entries[:min(len(entries), MaxFiles)]
+		skip.add(".", fmt.Sprintf("the workspace has more than %d entries (or is nested deeper than %d levels): the first %d are kept, the rest are not", MaxFiles, workspace.MaxListDepth, len(entries)))
+	}
 	var used int64
 	for _, e := range entries {
 		if e.Path == PackagesDir || strings.HasPrefix(e.Path, PackagesDir+"/") {

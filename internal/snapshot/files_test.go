@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -404,3 +405,23 @@ func TestPackFileChanged(t *testing.T) {
 type iotestErr struct{ err error }
 
 func (e iotestErr) Read([]byte) (int, error) { return 0, e.err }
+
+// TestPackTooManyFiles: of a workspace with more entries than a snapshot
+// keeps, the first MaxFiles are kept and the rest said, rather than the
+// whole snapshot (variables included) refused.
+func TestPackTooManyFiles(t *testing.T) {
+	ws, root := newWorkspace(t, "")
+	for i := range MaxFiles + 10 {
+		if err := os.WriteFile(filepath.Join(root, fmt.Sprintf("f%05d", i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var buf bytes.Buffer
+	files, skipped, err := PackFiles(ws, &buf, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files != MaxFiles || len(skipped) != 1 || !strings.Contains(skipped[0], "the rest are not") {
+		t.Errorf("%d files, skipped %q", files, skipped)
+	}
+}
