@@ -236,3 +236,31 @@ func requireModule(t *testing.T, mod string) {
 		t.Skipf("python3 cannot import %s (apt-get install python3-pandas)", mod)
 	}
 }
+
+// TestStdioSessionSurvivesClientRestart: a stdio server pauses its
+// sessions when its client goes away, and the next server the client
+// starts on the same state directory resumes them.
+func TestStdioSessionSurvivesClientRestart(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	ctx, cs := serveStdio(t, "--state-dir", state)
+	_, _, out := callJSON(ctx, t, cs, "create_session", nil)
+	id, _ := out["session_id"].(string)
+	if isErr, text, _ := callJSON(ctx, t, cs, "run_python", map[string]any{"session_id": id, "code": "def twice(x):\n    return 2 * x\nkept = twice(21)"}); isErr {
+		t.Fatal(text)
+	}
+	cs.Close() // stdin closed: the client went away
+	// The next server starts once the first let go of the directory.
+	deadline := time.Now().Add(time.Minute) // guards a hang only
+	for {
+		ctx, cs = serveStdio(t, "--state-dir", state)
+		isErr, text, out := callJSON(ctx, t, cs, "run_python", map[string]any{"session_id": id, "code": "print(kept, twice(5))"})
+		if !isErr && strings.Contains(text, "42 10") && strings.Contains(out["resumed"].(string), "resumed from its snapshot") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the client's restart: %s", text)
+		}
+		cs.Close()
+		time.Sleep(200 * time.Millisecond)
+	}
+}

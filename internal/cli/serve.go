@@ -50,12 +50,13 @@ func (s *server) serveStdio() error {
 	s.log.Info("serving MCP on stdio", "backend", s.posture.Backend, "posture", s.posture.Posture, "python", s.posture.Python.Version)
 	// Run returns nil on a clean EOF from the client.
 	err := s.srv.Run(s.ctx, tools.StdioTransport(os.Stdin, os.Stdout))
+	// The client went away (it closed stdin: it quit, or restarts) or the
+	// server was told to stop (SIGTERM, SIGINT): either way the sessions
+	// are paused, to be resumed by the next server on this state
+	// directory, which is the next one this client starts.
+	s.rep.draining.Store(true)
+	s.pauseAll(time.Now().Add(s.rep.drainFor))
 	if s.ctx.Err() != nil {
-		// SIGTERM or SIGINT: the sessions are paused, to be resumed by
-		// the next server on this state directory. (A client that just
-		// goes away, closing stdin, ends them as before.)
-		s.rep.draining.Store(true)
-		s.pauseAll(time.Now().Add(s.rep.drainFor))
 		return nil
 	}
 	return err
