@@ -264,3 +264,46 @@ func TestStdioSessionSurvivesClientRestart(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// TestStdioDrainInterruptsRun: SIGTERM to a stdio server with a run in
+// flight: the drain interrupts the run at --drain-timeout, its caller
+// gets the reply, and the session is saved with what its finished runs
+// did; the next server resumes it.
+func TestStdioDrainInterruptsRun(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // guards a hang only
+	defer cancel()
+	cmd := exec.Command(binary(t), "serve", "--log-level", "error", "--state-dir", state, "--drain-timeout", "1s")
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	_, _, out := callJSON(ctx, t, cs, "create_session", nil)
+	id, _ := out["session_id"].(string)
+	callJSON(ctx, t, cs, "run_python", map[string]any{"session_id": id, "code": "done = 'before'"})
+	type reply struct {
+		isErr bool
+		text  string
+	}
+	got := make(chan reply, 1)
+	go func() {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"session_id": id, "code": "import time\ntime.sleep(60)\ndone = 'never'"}})
+		if err != nil {
+			got <- reply{true, err.Error()}
+			return
+		}
+		got <- reply{res.IsError, toolText(res)}
+	}()
+	time.Sleep(time.Second) // the run is in flight
+	cmd.Process.Signal(syscall.SIGTERM)
+	r := <-got
+	if !strings.Contains(r.text, "KeyboardInterrupt") {
+		t.Errorf("the run in flight at the drain: %v %s", r.isErr, r.text)
+	}
+	cmd.Wait()
+	ctx2, cs2 := serveStdio(t, "--state-dir", state)
+	if isErr, text, _ := callJSON(ctx2, t, cs2, "run_python", map[string]any{"session_id": id, "code": "print(done)"}); isErr || !strings.Contains(text, "before") {
+		t.Errorf("after the restart: %s", text)
+	}
+}

@@ -49,14 +49,35 @@ func serve(args []string, stderr io.Writer) error {
 func (s *server) serveStdio() error {
 	s.log.Info("serving MCP on stdio", "backend", s.posture.Backend, "posture", s.posture.Posture, "python", s.posture.Python.Version)
 	// Run returns nil on a clean EOF from the client.
-	err := s.srv.Run(s.ctx, tools.StdioTransport(os.Stdin, os.Stdout))
-	// The client went away (it closed stdin: it quit, or restarts) or the
-	// server was told to stop (SIGTERM, SIGINT): either way the sessions
-	// are paused, to be resumed by the next server on this state
-	// directory, which is the next one this client starts.
+	// The client goes away (it closes stdin: it quits, or restarts), or
+	// the server is told to stop (SIGTERM, SIGINT): either way the
+	// sessions are paused, to be resumed by the next server on this state
+	// directory, which is the next one this client starts. On a signal
+	// the server keeps serving meanwhile, so that a run in flight, which
+	// the drain interrupts at --drain-timeout, still gets its reply.
+	runCtx, stopRun := context.WithCancel(context.Background())
+	defer stopRun()
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		select {
+		case <-s.ctx.Done():
+			s.rep.draining.Store(true)
+			s.pauseAll(time.Now().Add(s.rep.drainFor))
+			stopRun()
+		case <-runCtx.Done():
+		}
+	}()
+	err := s.srv.Run(runCtx, tools.StdioTransport(os.Stdin, os.Stdout))
+	if s.ctx.Err() != nil {
+		<-drained
+		return nil
+	}
+	stopRun()
+	<-drained
 	s.rep.draining.Store(true)
 	s.pauseAll(time.Now().Add(s.rep.drainFor))
-	if s.ctx.Err() != nil {
+	if errors.Is(err, context.Canceled) {
 		return nil
 	}
 	return err

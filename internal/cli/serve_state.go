@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/pysandbox/pysandbox/internal/audit"
@@ -28,7 +29,7 @@ func (f *stateFlags) add(fs *flag.FlagSet) {
 	f.pausedTTL = duration(7 * 24 * time.Hour)
 	f.maxBytes = 1 << 30
 	f.identityBytes = 4 << 30
-	fs.StringVar(&f.dir, "state-dir", "", "where paused sessions are kept, so that they survive a restart: pause_session, and every session on SIGTERM, write their snapshot here, and the next server started with the same directory resumes them when first called; \"none\" keeps nothing (default: $XDG_STATE_HOME/pysandbox, else /var/lib/pysandbox for root, else ~/.local/state/pysandbox)")
+	fs.StringVar(&f.dir, "state-dir", "", "where paused sessions are kept, so that they survive a restart: pause_session, and every session on SIGTERM (or when a stdio client goes away), write their snapshot here, and the next server started with the same directory resumes them when first called; \"none\" keeps nothing (default: $XDG_STATE_HOME/pysandbox, else /var/lib/pysandbox for root, else ~/.local/state/pysandbox)")
 	fs.Var(&f.pausedTTL, "paused-ttl", "how long a paused session is kept without being resumed")
 	fs.StringVar(&f.checkpoint, "checkpoint", "off", "\"every-run\": also snapshot each session after every run, so that a crash or SIGKILL loses at most the run in flight (it costs the snapshot's time after each run); \"off\": snapshots are taken on pause_session and SIGTERM")
 	fs.Var(&f.maxBytes, "max-snapshot", "largest snapshot of one session (its variables and files); a bigger session is not paused and keeps running")
@@ -92,20 +93,23 @@ func (s *server) openState() (engine.SnapshotConfig, error) {
 	dir := f.stateDir()
 	if dir == "" {
 		s.stateNote = "sessions are not kept across restarts (--state-dir none)"
+		cfg.Unavailable = "it was started with --state-dir none"
 		return cfg, nil
 	}
 	unlock, holder, err := snapshot.Lock(dir)
 	switch {
 	case errors.Is(err, snapshot.ErrLocked):
 		s.stateNote = fmt.Sprintf("sessions are not kept across restarts: the state directory %s is in use by another pysandbox server%s; give this one its own --state-dir", dir, holder)
-		s.log.Warn("state directory in use; sessions will not survive a restart", "dir", dir, "holder", holder)
+		s.log.Warn("state directory in use by another server; sessions will not survive a restart", "dir", dir, "holder", strings.TrimSpace(holder))
+		cfg.Unavailable = s.stateNote
 		return cfg, nil
 	case err != nil:
 		if f.dir == "" {
 			// The default could not be made (a read-only home): run, and
 			// say why nothing is kept.
-			s.stateNote = fmt.Sprintf("sessions are not kept across restarts: %v; pass --state-dir", err)
+			s.stateNote = fmt.Sprintf("sessions are not kept across restarts: the default state directory cannot be used (%s); start the server with --state-dir DIR", strings.TrimPrefix(err.Error(), "snapshot: "))
 			s.log.Warn("no state directory; sessions will not survive a restart", "err", err)
+			cfg.Unavailable = s.stateNote
 			return cfg, nil
 		}
 		return cfg, fmt.Errorf("--state-dir: %w", err)
@@ -125,7 +129,8 @@ func (s *server) openState() (engine.SnapshotConfig, error) {
 	if s.rep.cl != nil {
 		cfg.Replica = s.rep.cl.Self().Name
 	}
-	s.stateNote = "paused sessions are kept in " + st.Dir()
+	s.stateNote = fmt.Sprintf("paused sessions are kept in %s for %s (--checkpoint %s)", st.Dir(), time.Duration(f.pausedTTL), f.checkpoint)
+	s.log.Info("state directory", "dir", dir, "paused_ttl", time.Duration(f.pausedTTL), "checkpoint", f.checkpoint)
 	return cfg, nil
 }
 
@@ -173,7 +178,13 @@ func toolOfEvent(kind string) string {
 // pauseAll pauses every session before the server stops (SIGTERM), within
 // the drain's time.
 func (s *server) pauseAll(deadline time.Time) {
-	if s.sessions == nil || !s.sessions.CanPause() {
+	if s.sessions == nil {
+		return
+	}
+	if !s.sessions.CanPause() {
+		if n := len(s.sessions.List()); n > 0 {
+			s.log.Warn("sessions end with the server", "sessions", n, "why", s.stateNote)
+		}
 		return
 	}
 	start := time.Now()

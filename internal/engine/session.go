@@ -493,7 +493,7 @@ func (s *Sessions) get(id string) (*Session, error) {
 type goneSession struct{ why, owner string }
 
 func noSession(id string) error {
-	return fmt.Errorf("%w %q (it never existed, or ended long ago)", ErrNoSession, id)
+	return fmt.Errorf("%w %q (it never existed, it ended long ago, or it was lost when a server stopped without saving it)", ErrNoSession, id)
 }
 
 // CheckOwner refuses a session that owner did not create exactly as if it

@@ -40,6 +40,8 @@ type SnapshotConfig struct {
 	EveryRun bool
 	// Replica names this server in the snapshots it writes.
 	Replica string
+	// Unavailable says why Store is nil, for the refusals of pauses.
+	Unavailable string
 	// Events, when set, is told every pause, resume, expiry and refusal
 	// (the audit log).
 	Events func(SnapshotEvent)
@@ -64,7 +66,7 @@ type SnapshotEvent struct {
 // Errors of pausing and resuming.
 var (
 	// ErrNoSnapshots: the server keeps no snapshots.
-	ErrNoSnapshots = errors.New("this server keeps no session snapshots (it was started without a state directory)")
+	ErrNoSnapshots = errors.New("this server keeps no session snapshots")
 	// ErrSnapshotTooBig: the snapshot would pass a size cap; the session
 	// keeps running.
 	ErrSnapshotTooBig = errors.New("the session is too big to pause")
@@ -226,6 +228,9 @@ func (s *Sessions) Pause(ctx context.Context, id string) (*PauseResult, error) {
 // (stop) or a checkpoint.
 func (s *Sessions) saveID(ctx context.Context, id string, stop bool) (*PauseResult, error) {
 	if s.cfg.Snapshots.Store == nil {
+		if why := s.cfg.Snapshots.Unavailable; why != "" {
+			return nil, fmt.Errorf("%w: %s", ErrNoSnapshots, why)
+		}
 		return nil, ErrNoSnapshots
 	}
 	sess, err := s.get(id)
@@ -499,7 +504,7 @@ func (s *Sessions) resume(ctx context.Context, info snapshot.Info, o ResumeOptio
 	}
 	if n >= s.cfg.MaxSessions || int64(n+1)*s.e.cfg.Limits.MemoryBytes > s.cfg.MemoryBudget {
 		if !s.evictDetached() {
-			return nil, fmt.Errorf("%w: resuming session %s needs a free place, and all %d are taken; close or pause one (list_sessions shows them), then call again", ErrTooManySessions, id, s.cfg.MaxSessions)
+			return nil, &NoRoomError{ID: id, Max: s.cfg.MaxSessions}
 		}
 	}
 	// The very interpreter it ran on when the host still has it (the
@@ -568,7 +573,7 @@ func (s *Sessions) resume(ctx context.Context, info snapshot.Info, o ResumeOptio
 	}
 	s.mu.Unlock()
 	ev := SnapshotEvent{Kind: "resume", ID: id, Owner: meta.Owner, Caller: o.Owner, Bytes: snap.Size, Saved: len(res.Restored)}
-	for _, f := range res.Failed {
+	for _, f := range append(slices.Clone(res.Unsaveable), res.Failed...) {
 		ev.Unsaveable = append(ev.Unsaveable, f.Name)
 	}
 	s.event(ev)
@@ -642,6 +647,19 @@ func later(a, b time.Time) time.Time {
 	}
 	return b
 }
+
+// NoRoomError: a paused session cannot be resumed while the server has
+// all the sessions it allows running.
+type NoRoomError struct {
+	ID  string
+	Max int
+}
+
+func (e *NoRoomError) Error() string {
+	return fmt.Sprintf("session %s is paused, and resuming it needs a free place: all %d are taken; close or pause one of your sessions (list_sessions shows them), then call again", e.ID, e.Max)
+}
+
+func (e *NoRoomError) Unwrap() error { return ErrTooManySessions }
 
 // majorMinor is "3.11" of "3.11.2" (and of "3.11").
 func majorMinor(v string) string {
@@ -760,15 +778,21 @@ func (s *Sessions) drainOne(sess *Session, deadline time.Time) bool {
 		}
 	}
 	if !locked {
+		// A checkpoint taken after its last finished run is all there is
+		// to keep. Anything older would lose the runs since: the run is
+		// interrupted instead, as at a timeout (it ends with a
+		// KeyboardInterrupt, and its caller gets that reply), and the
+		// session is saved as of then.
 		s.mu.Lock()
-		_, has := s.snap.snaps[sess.ID]
+		e := s.snap.snaps[sess.ID]
 		s.mu.Unlock()
-		if has {
-			s.e.log.Info("drain: a session still running keeps its last snapshot", "session", sess.ID)
+		sess.mu.Lock()
+		runs := sess.runs
+		sess.mu.Unlock()
+		if e != nil && e.info.Checkpoint && e.info.Runs == runs {
+			s.e.log.Info("drain: a session still running keeps its checkpoint of its last finished run", "session", sess.ID)
 			return true
 		}
-		// Interrupted as at a timeout: the run ends with a
-		// KeyboardInterrupt and the session is saved as of then.
 		if ssr, ok := sess.sb.(sandbox.Sessioner); ok {
 			ssr.Interrupt()
 		}
@@ -779,6 +803,10 @@ func (s *Sessions) drainOne(sess *Session, deadline time.Time) bool {
 			}
 		}
 		if !locked {
+			if e != nil {
+				s.e.log.Warn("drain: a run would not stop; the session keeps its last snapshot", "session", sess.ID, "of", e.info.PausedAt)
+				return true
+			}
 			s.event(SnapshotEvent{Kind: "fail", ID: sess.ID, Owner: sess.Owner, Detail: "the drain's deadline passed during a run that would not stop"})
 			return false
 		}

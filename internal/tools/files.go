@@ -68,7 +68,11 @@ type FileOutput struct {
 	// Inline is true when download_file returned the content itself, false
 	// when it returned a link to read with resources/read.
 	Inline bool `json:"inline"`
+	// Resumed: see RunPythonOutput.Resumed.
+	Resumed string `json:"resumed,omitempty" jsonschema:"set when the session was paused and this call resumed it: what was restored and what was not"`
 }
+
+func (o *FileOutput) setResumed(s string) { o.Resumed = s }
 
 // ListFilesInput is list_files' input.
 type ListFilesInput struct {
@@ -84,7 +88,11 @@ type ListFilesOutput struct {
 	Truncated bool                 `json:"truncated"`
 	// Hidden counts the hidden entries left out (include_hidden was false).
 	Hidden int `json:"hidden,omitempty"`
+	// Resumed: see RunPythonOutput.Resumed.
+	Resumed string `json:"resumed,omitempty" jsonschema:"set when the session was paused and this call resumed it: what was restored and what was not"`
 }
+
+func (o *ListFilesOutput) setResumed(s string) { o.Resumed = s }
 
 // DownloadFileInput is download_file's input.
 type DownloadFileInput struct {

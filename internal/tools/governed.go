@@ -203,6 +203,17 @@ func callTool[In, Out any](ctx context.Context, s *server, req *mcp.CallToolRequ
 		}
 		return nil, err
 	}
+	call.mu.Lock()
+	resumed := call.resumed
+	call.mu.Unlock()
+	if rs, ok := any(out).(resumedSetter); ok && resumed != "" {
+		// A file call or an install that resumed its session says so,
+		// and what did not come back, as run_python does.
+		rs.setResumed(resumed)
+		if res != nil {
+			res.Content = append([]mcp.Content{&mcp.TextContent{Text: resumed + "."}}, res.Content...)
+		}
+	}
 	res, err = reply(sc, res, out)
 	if err != nil {
 		t.End(govern.Outcome{Failed: err})
@@ -216,6 +227,9 @@ func callTool[In, Out any](ctx context.Context, s *server, req *mcp.CallToolRequ
 	}
 	return res, nil
 }
+
+// resumedSetter is an output that can say its call resumed its session.
+type resumedSetter interface{ setResumed(string) }
 
 // reply is a handler's result with its output as structured content
 // (and as text, when the handler gave none).
@@ -391,6 +405,9 @@ type inflight struct {
 	run     *engine.Result
 	refused *govern.Refusal
 	other   *govern.Outcome
+	// resumed says what came back when the call resumed its paused
+	// session first (ownAwake); the reply says it.
+	resumed string
 }
 
 // refusedRun says a profile's run of the call was refused before it ran.

@@ -128,7 +128,7 @@ func (s *server) listSessions(ctx context.Context, req *mcp.CallToolRequest, _ L
 	}
 	out := &ListSessionsOutput{Sessions: list}
 	if hidden > 0 {
-		out.Note = fmt.Sprintf("%d more session(s) of callers without a token are open. Their ids are not listed: on a server without tokens an id is the only proof of whose a session is, so only the connection that made or last used a session sees it here. Use the session_id create_session returned to you (it works from any connection); a session nobody uses closes after being idle for its time to live.", hidden)
+		out.Note = fmt.Sprintf("%d more session(s) of callers without a token exist (running or paused). Their ids are not listed: on a server without tokens an id is the only proof of whose a session is, so only the connection that made or last used a session sees it here. Use the session_id create_session returned to you (it works from any connection); a session nobody uses closes after being idle for its time to live (a paused one after the server's paused time to live).", hidden)
 		b.WriteString(out.Note + "\n")
 	}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: b.String()}}}, out, nil
@@ -157,7 +157,11 @@ type InstallPackageOutput struct {
 	Status       string   `json:"status"` // "installed" or "install_error"
 	Requirements []string `json:"requirements"`
 	Message      string   `json:"message,omitempty"`
+	// Resumed: see RunPythonOutput.Resumed.
+	Resumed string `json:"resumed,omitempty" jsonschema:"set when the session was paused and this call resumed it: what was restored and what was not"`
 }
+
+func (o *InstallPackageOutput) setResumed(s string) { o.Resumed = s }
 
 func (s *server) addInstallPackage(srv *mcp.Server) {
 	addTool(s, srv, &mcp.Tool{
@@ -219,7 +223,16 @@ func (s *server) ownAwake(ctx context.Context, req *mcp.CallToolRequest, id stri
 	if err := s.ownSession(req, id); err != nil {
 		return nil, err
 	}
-	return s.wake(ctx, req, id)
+	res, err := s.wake(ctx, req, id)
+	if res != nil {
+		if v, ok := s.inflight.Load(req); ok {
+			call := v.(*inflight)
+			call.mu.Lock()
+			call.resumed = res.Summary()
+			call.mu.Unlock()
+		}
+	}
+	return res, err
 }
 
 // sessionError turns a session failure into a message the agent can act on.
@@ -256,6 +269,8 @@ func sessionError(ctx context.Context, err error) *govern.Refusal {
 		return refusal(govern.StatusQuota, msg)
 	case errors.Is(err, engine.ErrDraining):
 		return refusal(govern.StatusBusy, fmt.Sprintf("Cannot create a session: %v.", err))
+	case errors.As(err, new(*engine.NoRoomError)):
+		return refusal(govern.StatusBusy, err.Error()+".")
 	case errors.Is(err, engine.ErrTooManySessions):
 		return refusal(govern.StatusBusy, fmt.Sprintf("Cannot create another session: %v.", err))
 	}
