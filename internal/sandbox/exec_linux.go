@@ -55,12 +55,18 @@ func freeze() {
 	runtime.GC()
 }
 
-// setRlimits applies rls; it allocates only to report a failure.
+// setRlimits applies rls; it allocates only to report a failure. Each is
+// a raw prlimit64, as the exec is: through the runtime's syscall path, a
+// call the scheduler saw as blocked could have its work handed to a new
+// thread, whose stack mmap fails under the new RLIMIT_AS and aborts the
+// process ("runtime/cgo: pthread_create failed", seen under load).
 func setRlimits(rls []rlimit) error {
 	for i := range rls {
 		lim := unix.Rlimit{Cur: rls[i].Cur, Max: rls[i].Max}
-		if err := unix.Setrlimit(rls[i].Resource, &lim); err != nil {
-			return fmt.Errorf("rlimit %d: %w", rls[i].Resource, os.NewSyscallError("setrlimit", err))
+		_, _, errno := unix.RawSyscall6(unix.SYS_PRLIMIT64, 0, uintptr(rls[i].Resource), uintptr(unsafe.Pointer(&lim)), 0, 0, 0)
+		runtime.KeepAlive(&lim)
+		if errno != 0 {
+			return fmt.Errorf("rlimit %d: %w", rls[i].Resource, os.NewSyscallError("prlimit64", errno))
 		}
 	}
 	return nil

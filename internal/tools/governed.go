@@ -120,6 +120,13 @@ func asSchema(v any) (*jsonschema.Schema, error) {
 
 // addTool registers a governed tool.
 func addTool[In, Out any](s *server, srv *mcp.Server, t *mcp.Tool, h handler[In, Out]) {
+	if s.gov.Policy().Hidden(t.Name) {
+		// Never listed, not even for the moment between adding it and
+		// register's removal of hidden tools (a policy reload re-adds
+		// every tool, and clients re-list on each tools/list_changed).
+		srv.RemoveTools(t.Name)
+		return
+	}
 	tt := *t
 	sc, err := schemasFor[In, Out](&tt)
 	if err != nil {
