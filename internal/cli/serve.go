@@ -198,6 +198,16 @@ func (a atLeast) Enabled(ctx context.Context, l slog.Level) bool {
 	return l >= a.min && a.Handler.Enabled(ctx, l)
 }
 
+// Handle drops the SDK's report of its own Run ending because the server
+// stopped it (SIGTERM, SIGINT): that is the server's plan, logged by the
+// server in its own words, not an error.
+func (a atLeast) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "server run cancelled" {
+		return nil
+	}
+	return a.Handler.Handle(ctx, r)
+}
+
 func (a atLeast) WithAttrs(attrs []slog.Attr) slog.Handler {
 	return atLeast{a.Handler.WithAttrs(attrs), a.min}
 }

@@ -1,8 +1,11 @@
 package cli
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -138,5 +141,19 @@ func TestClosersReverse(t *testing.T) {
 	c.close()
 	if !slices.Equal(got, []int{3, 2, 1, 0}) {
 		t.Errorf("closed in order %v", got)
+	}
+}
+
+// TestSDKLogger: the SDK's records below Warn are dropped, and so is its
+// report of a Run the server itself stopped; its other errors pass.
+func TestSDKLogger(t *testing.T) {
+	var buf bytes.Buffer
+	log := sdkLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	log.Info("chatter")
+	log.Error("server run cancelled", "error", context.Canceled)
+	log.Error("a real failure")
+	out := buf.String()
+	if strings.Contains(out, "chatter") || strings.Contains(out, "server run cancelled") || !strings.Contains(out, "a real failure") {
+		t.Errorf("logged:\n%s", out)
 	}
 }
