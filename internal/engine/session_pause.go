@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -116,27 +117,16 @@ func (r *ResumeResult) Summary() string {
 		if len(lost) > 20 {
 			lost = append(lost[:20], fmt.Sprintf("and %d more", len(lost)-20))
 		}
-		msg += fmt.Sprintf("; not restored: %s. Define these again", joinList(lost))
+		msg += fmt.Sprintf("; not restored: %s. Define these again", strings.Join(lost, ", "))
 	}
 	if len(r.SkippedFiles) > 0 {
 		files := r.SkippedFiles
 		if len(files) > 10 {
 			files = append(files[:10:10], fmt.Sprintf("and %d more", len(files)-10))
 		}
-		msg += fmt.Sprintf("; files not restored: %s", joinList(files))
+		msg += fmt.Sprintf("; files not restored: %s", strings.Join(files, ", "))
 	}
 	return msg
-}
-
-func joinList(s []string) string {
-	out := ""
-	for i, x := range s {
-		if i > 0 {
-			out += ", "
-		}
-		out += x
-	}
-	return out
 }
 
 // snapEntry is a snapshot on disk: of a paused session, or the last one

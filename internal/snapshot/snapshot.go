@@ -436,6 +436,28 @@ func (s *Store) trailer(f *os.File, id string) (Meta, int64, int64, int64, error
 	return meta, int64(gl), int64(fl), size, nil
 }
 
+// verify checks f, id's snapshot, whole: its description's HMAC (trailer),
+// then every byte under the file's HMAC. It returns what trailer does.
+func (s *Store) verify(f *os.File, id string) (Meta, int64, int64, int64, error) {
+	meta, gl, fl, size, err := s.trailer(f, id)
+	if err != nil {
+		return meta, 0, 0, 0, err
+	}
+	mac := hmac.New(sha256.New, s.key)
+	mac.Write([]byte(fileDomain))
+	if _, err := io.Copy(mac, io.NewSectionReader(f, 0, size-sha256.Size)); err != nil {
+		return meta, 0, 0, 0, fmt.Errorf("snapshot: %w", err)
+	}
+	var sum [sha256.Size]byte
+	if _, err := f.ReadAt(sum[:], size-sha256.Size); err != nil {
+		return meta, 0, 0, 0, fmt.Errorf("snapshot: %w", err)
+	}
+	if !hmac.Equal(sum[:], mac.Sum(nil)) {
+		return meta, 0, 0, 0, ErrTampered
+	}
+	return meta, gl, fl, size, nil
+}
+
 // Open verifies id's snapshot whole (every byte under the HMAC) and opens
 // it. The caller checks Meta.Owner.
 func (s *Store) Open(id string) (*Snapshot, error) {
@@ -449,25 +471,10 @@ func (s *Store) Open(id string) (*Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
-	meta, gl, fl, size, err := s.trailer(f, id)
+	meta, gl, fl, size, err := s.verify(f, id)
 	if err != nil {
 		f.Close()
 		return nil, err
-	}
-	mac := hmac.New(sha256.New, s.key)
-	mac.Write([]byte(fileDomain))
-	if _, err := io.Copy(mac, io.NewSectionReader(f, 0, size-sha256.Size)); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("snapshot: %w", err)
-	}
-	var sum [sha256.Size]byte
-	if _, err := f.ReadAt(sum[:], size-sha256.Size); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("snapshot: %w", err)
-	}
-	if !hmac.Equal(sum[:], mac.Sum(nil)) {
-		f.Close()
-		return nil, ErrTampered
 	}
 	off := int64(len(magic))
 	return &Snapshot{Meta: meta, Size: size, f: f, globals: [2]int64{off, gl}, files: [2]int64{off + gl, fl}}, nil
@@ -554,20 +561,10 @@ func (s *Store) Import(id string, r io.Reader, limit int64) (Info, error) {
 	if err := f.Sync(); err != nil {
 		return fail(fmt.Errorf("snapshot: %w", diskError(err)))
 	}
-	tmp := &Store{dir: s.dir, key: s.key}
-	meta, _, _, size, err := tmp.trailer(f, id)
+	// The whole file, as Open checks it.
+	meta, _, _, size, err := s.verify(f, id)
 	if err != nil {
 		return fail(err)
-	}
-	// The whole file, as Open checks it.
-	mac := hmac.New(sha256.New, s.key)
-	mac.Write([]byte(fileDomain))
-	if _, err := io.Copy(mac, io.NewSectionReader(f, 0, size-sha256.Size)); err != nil {
-		return fail(fmt.Errorf("snapshot: %w", err))
-	}
-	var sum [sha256.Size]byte
-	if _, err := f.ReadAt(sum[:], size-sha256.Size); err != nil || !hmac.Equal(sum[:], mac.Sum(nil)) {
-		return fail(ErrTampered)
 	}
 	if err := f.Close(); err != nil {
 		os.Remove(name)
