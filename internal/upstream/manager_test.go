@@ -96,7 +96,10 @@ func TestStdioAndHTTP(t *testing.T) {
 			t.Errorf("%s: %+v", name, st)
 		}
 	}
-	if st := status(m, "missing"); st.State != StateFailed || !strings.Contains(st.Error, "/nonexistent/mcp-server") {
+	// It failed, and may already be in its next attempt (the restart
+	// delay is short here, and a loaded machine can take longer than it
+	// to ready the others): either way it is not ready and says why.
+	if st := status(m, "missing"); st.State == StateReady || !strings.Contains(st.Error, "/nonexistent/mcp-server") {
 		t.Errorf("missing: %+v", st)
 	}
 	// What a server prints is the operator's to read (the log), not the
@@ -326,7 +329,8 @@ func TestHeaders(t *testing.T) {
 	if st := status(m, "good"); st.State != StateReady {
 		t.Errorf("good: %+v", st)
 	}
-	if st := status(m, "bad"); st.State != StateFailed || !strings.Contains(st.Error, "401") && !strings.Contains(strings.ToLower(st.Error), "unauthorized") {
+	// Failed, or already in its next attempt after the short restart delay.
+	if st := status(m, "bad"); st.State == StateReady || !strings.Contains(st.Error, "401") && !strings.Contains(strings.ToLower(st.Error), "unauthorized") {
 		t.Errorf("bad: %+v", st)
 	}
 	if res, err := m.Call(context.Background(), "good.whoami", json.RawMessage(`{}`)); err != nil || text(res) != "ok" {
