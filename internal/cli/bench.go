@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"runtime/pprof"
 	"strings"
 
 	"github.com/pysandbox/pysandbox/internal/bench"
@@ -23,6 +25,8 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&cfg.Network, "network", false, "print only the network proxy's throughput and added latency against a direct download")
 	fs.BoolVar(&cfg.Tools, "tools", false, "print only the round trip of an upstream MCP tool call made from Python, next to the same call made directly by a Go MCP client")
 	fs.BoolVar(&cfg.Sessions, "sessions", false, "print only the pause and resume of a session holding a 100 MB pandas DataFrame and 1 000 small objects, next to pickle.dump and pickle.load of them, and the cost of --checkpoint every-run on a trivial session call")
+	var cpuprofile string
+	fs.StringVar(&cpuprofile, "cpuprofile", "", "write a Go CPU profile of this process (the server's side: engine, pool, bench) to this file, for go tool pprof")
 	fs.BoolVar(&cfg.Cache, "cache", false, "print only the time to copy a 200 MB environment into the cache (--cache-dir), next to cp -a of the same tree")
 	// --python alone asks for the managed Python measurement; with a
 	// value (--python=3.12) it is the interpreter, as everywhere else.
@@ -47,6 +51,17 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	cfg.Defaults = bench.Variant{PoolSize: o.poolSize, Preload: o.preload, Learn: o.learnPreload}
 	cfg.ServeArgs = filterBenchFlags(args)
 	cfg.Engine = o.benchEngine(log)
+	if cpuprofile != "" {
+		f, err := os.Create(cpuprofile)
+		if err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	return bench.Run(context.Background(), cfg)
 }
 
@@ -86,13 +101,13 @@ func filterBenchFlags(args []string) []string {
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		switch a {
-		case "-n", "--n", "-concurrency", "--concurrency", "-baseline", "--baseline":
+		case "-n", "--n", "-concurrency", "--concurrency", "-baseline", "--baseline", "-cpuprofile", "--cpuprofile":
 			i++
 			continue
 		case "-phases", "--phases", "-network", "--network", "-tools", "--tools", "-cache", "--cache", "-python", "--python", "-sessions", "--sessions":
 			continue
 		}
-		if hasPrefixAny(a, "-n=", "--n=", "-concurrency=", "--concurrency=", "-baseline=", "--baseline=") {
+		if hasPrefixAny(a, "-n=", "--n=", "-concurrency=", "--concurrency=", "-baseline=", "--baseline=", "-cpuprofile=", "--cpuprofile=") {
 			continue
 		}
 		out = append(out, a)

@@ -17,6 +17,7 @@ func TestFilterBenchFlags(t *testing.T) {
 		{[]string{"--phases", "-network", "--tools", "-cache", "--preload", "numpy"}, []string{"--preload", "numpy"}},
 		{[]string{"--allow-net", "a.example", "--baseline", "/x", "--allow-net=b.example"}, []string{"--allow-net", "a.example", "--allow-net=b.example"}},
 		{[]string{"--network-x", "--no-index"}, []string{"--network-x", "--no-index"}},
+		{[]string{"--cpuprofile", "/tmp/p", "-cpuprofile=/tmp/q", "--cpus", "2"}, []string{"--cpus", "2"}},
 	} {
 		if got := filterBenchFlags(tc.args); !slices.Equal(got, tc.want) {
 			t.Errorf("%q: %q, want %q", tc.args, got, tc.want)

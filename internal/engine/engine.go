@@ -392,6 +392,7 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 		// it now (the worker is exiting already); the rest of the
 		// teardown happens after the caller has its answer.
 		sb.(sandbox.Finisher).Stop()
+		teardown = []func(){}
 	} else {
 		// The one-shot worker exits after replying. Anything it left
 		// running dies with it (pid 1 of its namespace); wait for that, but

@@ -162,6 +162,39 @@ func (c *child) Kill() {
 	}
 }
 
+// stopGrace is how long Close waits for the run to end by the death of
+// its pid 1 before it kills the cgroup's processes one by one.
+const stopGrace = time.Second
+
+// end makes sure every process of the run is gone. SIGKILL to pid 1 is
+// enough: the kernel kills every other process of its pid namespace, and
+// pid 1's exit completes (its pidfd turns readable, and reap closes
+// c.ended) only once they are all reaped, so the cgroup is empty then.
+// Kill's loop over the cgroup (read every pid, freeze, signal, thaw,
+// sleep, again) cost a run 6 ms of wall time and ~1 ms of the server's
+// CPU for nothing in that case; it stays the fallback for a child
+// without a pidfd, or one whose pid 1 does not die in time (a task stuck
+// in uninterruptible sleep).
+func (c *child) end() {
+	select {
+	case <-c.ended:
+		return
+	default:
+	}
+	if c.pidfd > 0 {
+		c.Stop()
+		t := time.NewTimer(stopGrace)
+		defer t.Stop()
+		select {
+		case <-c.ended:
+			return
+		case <-t.C:
+		}
+	}
+	c.Kill()
+	<-c.ended
+}
+
 // Stop SIGKILLs pid 1 of the run's namespace, which takes every process
 // in it; unlike Kill it does not wait for the cgroup to be empty.
 func (c *child) Stop() {
@@ -174,12 +207,7 @@ func (c *child) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
 		c.stamp("closing")
-		select {
-		case <-c.ended:
-		default:
-			c.Kill()
-		}
-		<-c.ended
+		c.end()
 		c.ctrl.Close()
 		if c.proxy != nil {
 			c.proxy.Close()

@@ -4,9 +4,12 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/sandbox"
 	"github.com/pysandbox/pysandbox/internal/testutil/afterlife"
+	"github.com/pysandbox/pysandbox/internal/testutil/enginetest"
 )
 
 // TestOneshotAnswersBeforeTeardown covers the engine's early answer for
@@ -83,5 +86,105 @@ func TestOneshotWaitsForThreads(t *testing.T) {
 	r, err := e.Run(context.Background(), engine.RunRequest{Code: afterlife.Threads})
 	if err != nil || r.Status != engine.StatusSuccess || r.Stdout != afterlife.ThreadsOut {
 		t.Fatalf("%v %+v", err, r)
+	}
+}
+
+// TestEndLeavesNoProcess: a pooled run ends by the death of its pid 1
+// alone (no walk of its cgroup), so every process it left behind must
+// die with it: daemons in sessions of their own that ignore SIGTERM and
+// SIGHUP, forking while the run ends. None is left in its pid namespace,
+// and its cgroup goes back to the pool, which takes only an empty one.
+func TestEndLeavesNoProcess(t *testing.T) {
+	e, p := newPooledEngine(t, 1, nil)
+	if !p.cgroups.Memory && !p.cgroups.Pids && !p.cgroups.CPU {
+		t.Skip("no cgroups here: the pool has none to take back")
+	}
+	r, err := e.Run(context.Background(), engine.RunRequest{Code: `
+import os, signal, time
+ns = os.readlink('/proc/self/ns/pid')
+for i in range(8):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            while True:
+                try:
+                    if os.fork() == 0:
+                        time.sleep(600)
+                except OSError:
+                    pass
+                time.sleep(0.01)
+        os._exit(0)
+time.sleep(0.1)
+print(ns)
+`})
+	if err != nil || r.Status != engine.StatusSuccess || !strings.HasPrefix(r.Stdout, "pid:[") {
+		t.Fatalf("%v %+v", err, r)
+	}
+	ns := strings.TrimSpace(r.Stdout)
+	waitFor(t, func() bool { return len(p.cgFree) > 0 })
+	if processesIn(ns) {
+		t.Errorf("a process of the run outlived it, in %s", ns)
+	}
+	g := <-p.cgFree
+	if err := g.Reset(); err != nil {
+		t.Errorf("the cgroup the pool took back: %v", err)
+	}
+	p.recycle(g)
+}
+
+// gatedPool hands out the pool's children with a Close that waits for
+// gate: a run whose answer waits for its sandbox's teardown hangs.
+type gatedPool struct {
+	*Pool
+	gate chan struct{}
+}
+
+type gatedChild struct {
+	*child
+	gate chan struct{}
+}
+
+func (g gatedChild) Close() error { <-g.gate; return g.child.Close() }
+
+func (g gatedPool) Start(ctx context.Context, spec *sandbox.Spec) (sandbox.Sandbox, error) {
+	sb, err := g.Pool.Start(ctx, spec)
+	if c, ok := sb.(*child); ok && err == nil {
+		return gatedChild{c, g.gate}, nil
+	}
+	return sb, err
+}
+
+// TestAnswerBeforeClose: the caller has a pooled run's answer while its
+// sandbox's teardown (the end of its processes, the cgroup's reset) has
+// not even begun. It once ran on the caller's path after a refactor lost
+// the hand-off, which cost every run 6 ms.
+func TestAnswerBeforeClose(t *testing.T) {
+	_, p := newPooledEngine(t, 1, nil)
+	gate := make(chan struct{})
+	defer close(gate)
+	cfg := enginetest.Config(t)
+	cfg.Backend = gatedPool{p, gate}
+	e, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		r   *engine.Result
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		r, err := e.Run(context.Background(), engine.RunRequest{Code: "print('hi')"})
+		done <- answer{r, err}
+	}()
+	select {
+	case a := <-done:
+		if a.err != nil || a.r.Status != engine.StatusSuccess || a.r.Stdout != "hi\n" {
+			t.Fatalf("%v %+v", a.err, a.r)
+		}
+	case <-time.After(2 * time.Minute): // a guard against a hang only
+		t.Fatal("the answer waited for the sandbox's Close")
 	}
 }
