@@ -42,6 +42,7 @@ type child struct {
 	trace       *Trace              // nil unless Config.Trace is set
 	traceMu     sync.Mutex
 	onTrace     func(*Trace)
+	early       atomic.Pointer[sandbox.Exit] // the figures Figures read for the run's answer
 
 	outputDone chan struct{} // both output streams copied to their end
 	ended      chan struct{} // every process gone, output copied, figures read
@@ -112,7 +113,14 @@ func (c *child) reap() {
 		<-waited
 	}
 	var e sandbox.Exit
-	sandbox.FinalFigures(c.cg, &e)
+	if early := c.early.Load(); early != nil {
+		// The run took its figures when it answered, and they are what it
+		// reports; reading the cgroup again would cost every run for
+		// nothing.
+		e = *early
+	} else {
+		sandbox.FinalFigures(c.cg, &e)
+	}
 	// WaitEnded's copy: c.exit is still written below, after ended.
 	c.endedExit = e
 	c.exit = e
@@ -141,6 +149,7 @@ func (c *child) OutputDone() <-chan struct{} { return c.outputDone }
 func (c *child) Figures() sandbox.Exit {
 	var e sandbox.Exit
 	sandbox.FinalFigures(c.cg, &e)
+	c.early.Store(&e)
 	return e
 }
 

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -124,9 +125,12 @@ print(ns)
 	}
 	ns := strings.TrimSpace(r.Stdout)
 	waitFor(t, func() bool { return len(p.cgFree) > 0 })
-	if processesIn(ns) {
-		t.Errorf("a process of the run outlived it, in %s", ns)
+	// By then only the run's pid 1 may be left, as a zombie its parent
+	// (the zygote) has yet to reap; nothing of the run runs.
+	if live := liveProcessesIn(ns); len(live) > 0 {
+		t.Errorf("processes of the run outlived it, in %s: %v", ns, live)
 	}
+	waitFor(t, func() bool { return !processesIn(ns) })
 	g := <-p.cgFree
 	if err := g.Reset(); err != nil {
 		t.Errorf("the cgroup the pool took back: %v", err)
@@ -187,4 +191,26 @@ func TestAnswerBeforeClose(t *testing.T) {
 	case <-time.After(2 * time.Minute): // a guard against a hang only
 		t.Fatal("the answer waited for the sandbox's Close")
 	}
+}
+
+// liveProcessesIn lists the processes in the pid namespace pidNS that
+// are not zombies, as "pid state".
+func liveProcessesIn(pidNS string) []string {
+	var live []string
+	ents, _ := os.ReadDir("/proc")
+	for _, d := range ents {
+		if ns, err := os.Readlink("/proc/" + d.Name() + "/ns/pid"); err != nil || ns != pidNS {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + d.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		i := strings.LastIndexByte(string(stat), ')')
+		if i < 0 || i+2 >= len(stat) || stat[i+2] == 'Z' || stat[i+2] == 'X' {
+			continue
+		}
+		live = append(live, d.Name()+" "+string(stat[i+2]))
+	}
+	return live
 }

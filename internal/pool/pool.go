@@ -543,10 +543,8 @@ func (p *Pool) memoryUsed() int64 {
 		// Sample one idle child rather than walk the channel.
 		select {
 		case c := <-f.ready:
-			if c.cg != nil {
-				if st, err := c.cg.Stats(); err == nil && st.MemoryCurrentBytes > 0 {
-					perChild = st.MemoryCurrentBytes
-				}
+			if m := c.MemoryCurrent(); m > 0 {
+				perChild = m
 			}
 			select {
 			case f.ready <- c:

@@ -64,15 +64,17 @@ func FinalFigures(cg *cgroup.Group, e *Exit) {
 	if cg == nil {
 		return
 	}
-	if st, err := cg.Stats(); err == nil {
-		if st.MemoryPeakBytes > 0 {
-			e.PeakMemoryBytes = st.MemoryPeakBytes
+	if f, err := cg.Figures(); err == nil {
+		if f.MemoryPeakBytes > 0 {
+			e.PeakMemoryBytes = f.MemoryPeakBytes
 		}
-		if st.CPUUsage > 0 {
-			e.CPUTime = st.CPUUsage
+		if f.CPUUsage > 0 {
+			e.CPUTime = f.CPUUsage
 		}
+		e.OOMKilled = f.OOMKills > 0
+	} else {
+		e.OOMKilled = cg.OOMKilled()
 	}
-	e.OOMKilled = cg.OOMKilled()
 }
 
 // OpenWorkspace opens /work of the sandbox whose pid 1 is pid, through
@@ -90,19 +92,21 @@ func OpenWorkspace(pid int) (*os.File, error) {
 }
 
 // MemoryCurrent reads a cgroup's memory usage, 0 when there is none.
-func MemoryCurrent(cg *cgroup.Group) int64 { return stats(cg).MemoryCurrentBytes }
+func MemoryCurrent(cg *cgroup.Group) int64 {
+	if cg == nil {
+		return 0
+	}
+	n, _ := cg.MemoryCurrent()
+	return n
+}
 
 // CPUUsage reads a cgroup's CPU time so far, 0 when there is none.
-func CPUUsage(cg *cgroup.Group) time.Duration { return stats(cg).CPUUsage }
-
-// stats reads a cgroup's counters, all zero when there is none or it
-// cannot be read.
-func stats(cg *cgroup.Group) cgroup.Stats {
+func CPUUsage(cg *cgroup.Group) time.Duration {
 	if cg == nil {
-		return cgroup.Stats{}
+		return 0
 	}
-	st, _ := cg.Stats()
-	return st
+	d, _ := cg.CPUUsage()
+	return d
 }
 
 // Idle sets a cgroup idle or not (ErrNoCPUControl when there is none);

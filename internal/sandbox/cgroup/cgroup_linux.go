@@ -361,6 +361,85 @@ func (g *Group) Stats() (Stats, error) {
 	return st, nil
 }
 
+// Figures are what a run reports of itself when it ends: its peak
+// memory, its CPU time and its OOM kills. Reading only these (three
+// files on v1) rather than every counter matters: the pool reads them
+// for every run.
+type Figures struct {
+	MemoryPeakBytes int64
+	CPUUsage        time.Duration
+	OOMKills        int64
+}
+
+// Figures reads the group's figures (see Stats for each one's source).
+func (g *Group) Figures() (Figures, error) {
+	if err := g.live(); err != nil {
+		return Figures{}, err
+	}
+	var (
+		f   Figures
+		err error
+	)
+	if g.v2 != nil {
+		var st Stats
+		if st, err = g.v2.stats(); err == nil {
+			f = Figures{MemoryPeakBytes: st.MemoryPeakBytes, CPUUsage: st.CPUUsage, OOMKills: st.OOMKills}
+		}
+	} else {
+		f, err = g.v1.figures()
+	}
+	if err != nil {
+		return Figures{}, fmt.Errorf("cgroup: figures %s: %w", g.Path(), err)
+	}
+	f.OOMKills -= g.oomBase.Load()
+	return f, nil
+}
+
+// MemoryCurrent reads the group's memory usage now (RAM and swap where
+// swap is accounted), from one file.
+func (g *Group) MemoryCurrent() (int64, error) {
+	if err := g.live(); err != nil {
+		return 0, err
+	}
+	var (
+		n   int64
+		err error
+	)
+	if g.v2 != nil {
+		n, err = readInt(filepath.Join(g.v2.dir, "memory.current"))
+	} else {
+		n, err = g.v1.memoryCurrent()
+	}
+	if err != nil {
+		return 0, fmt.Errorf("cgroup: memory %s: %w", g.Path(), err)
+	}
+	return n, nil
+}
+
+// CPUUsage reads the group's CPU time so far, from one file; 0 without a
+// CPU accounting controller.
+func (g *Group) CPUUsage() (time.Duration, error) {
+	if err := g.live(); err != nil {
+		return 0, err
+	}
+	var (
+		d   time.Duration
+		err error
+	)
+	if g.v2 != nil {
+		var us int64
+		if us, _, err = readKey(filepath.Join(g.v2.dir, "cpu.stat"), "usage_usec"); err == nil {
+			d = time.Duration(us) * time.Microsecond
+		}
+	} else {
+		d, err = g.v1.cpuUsage()
+	}
+	if err != nil {
+		return 0, fmt.Errorf("cgroup: cpu %s: %w", g.Path(), err)
+	}
+	return d, nil
+}
+
 // OOMKilled reports whether the kernel OOM killer killed a process in this
 // group (v1: memory.oom_control oom_kill > 0; v2: memory.events oom_kill >
 // 0). On old v1 kernels without that counter it reports false; the caller

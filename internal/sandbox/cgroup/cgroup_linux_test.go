@@ -380,6 +380,17 @@ print("survived", len(b))
 	if st.MemoryPeakBytes > mem || st.MemoryPeakBytes < mem/2 {
 		t.Errorf("MemoryPeakBytes = %d, want close to the %d limit", st.MemoryPeakBytes, mem)
 	}
+	// The cheap readers the pool uses for every run agree with Stats.
+	f, err := g.Figures()
+	if err != nil || f.MemoryPeakBytes != st.MemoryPeakBytes || f.OOMKills != st.OOMKills || f.CPUUsage != st.CPUUsage || f.CPUUsage <= 0 {
+		t.Errorf("Figures %+v (%v), Stats %+v", f, err, st)
+	}
+	if m, err := g.MemoryCurrent(); err != nil || m != st.MemoryCurrentBytes {
+		t.Errorf("MemoryCurrent %d (%v), Stats %d", m, err, st.MemoryCurrentBytes)
+	}
+	if c, err := g.CPUUsage(); err != nil || c != st.CPUUsage {
+		t.Errorf("CPUUsage %v (%v), Stats %v", c, err, st.CPUUsage)
+	}
 
 	// Reset makes the group as good as new for the next run: no OOM kill,
 	// no peak, no CPU time carried over, and the limits still hold.
@@ -395,6 +406,9 @@ print("survived", len(b))
 	}
 	if st.OOMKills != 0 || st.MemoryPeakBytes > mem/4 || st.CPUUsage > 10*time.Millisecond {
 		t.Errorf("after Reset: %+v", st)
+	}
+	if f, err := g.Figures(); err != nil || f.OOMKills != 0 || f.MemoryPeakBytes > mem/4 || f.CPUUsage > 10*time.Millisecond {
+		t.Errorf("Figures after Reset: %+v (%v)", f, err)
 	}
 	out.Reset()
 	cmd = startIn(t, g, &out, &out, "/usr/bin/python3", "-c", "b = bytearray(200 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('survived')")
@@ -607,6 +621,12 @@ func TestV2OnUnifiedHierarchy(t *testing.T) {
 	t.Logf("Stats: %+v", st)
 	if st.CPUUsage <= 0 {
 		t.Errorf("CPUUsage = %v, want > 0 from cpu.stat", st.CPUUsage)
+	}
+	if c, err := g.CPUUsage(); err != nil || c < st.CPUUsage {
+		t.Errorf("CPUUsage() = %v (%v), Stats %v", c, err, st.CPUUsage)
+	}
+	if f, err := g.Figures(); err != nil || f.CPUUsage < st.CPUUsage || f.OOMKills != 0 {
+		t.Errorf("Figures = %+v (%v), Stats %+v", f, err, st)
 	}
 	if g.OOMKilled() {
 		t.Error("OOMKilled without a memory controller")

@@ -215,11 +215,7 @@ func (g *v1Group) stats() (Stats, error) {
 	var st Stats
 	var err error
 	if d, ok := g.dirs[cgroup1.Memory]; ok {
-		// memsw counts RAM+swap, which is what the limit bounds.
-		pre := "memory."
-		if g.memsw {
-			pre = "memory.memsw."
-		}
+		pre := g.memoryPrefix()
 		if st.MemoryCurrentBytes, err = g.f.readInt(filepath.Join(d, pre+"usage_in_bytes")); err != nil {
 			return Stats{}, err
 		}
@@ -238,14 +234,57 @@ func (g *v1Group) stats() (Stats, error) {
 			return Stats{}, err
 		}
 	}
-	if d, ok := g.dirs[cgroup1.Cpuacct]; ok {
-		ns, err := g.f.readInt(filepath.Join(d, "cpuacct.usage"))
-		if err != nil {
-			return Stats{}, err
-		}
-		st.CPUUsage = time.Duration(ns)
+	if st.CPUUsage, err = g.cpuUsage(); err != nil {
+		return Stats{}, err
 	}
 	return st, nil
+}
+
+// figures reads what Figures reports.
+func (g *v1Group) figures() (Figures, error) {
+	var f Figures
+	var err error
+	if d, ok := g.dirs[cgroup1.Memory]; ok {
+		if f.MemoryPeakBytes, err = g.f.readInt(filepath.Join(d, g.memoryPrefix()+"max_usage_in_bytes")); err != nil {
+			return Figures{}, err
+		}
+		if f.OOMKills, err = g.readOOMKills(d); err != nil {
+			return Figures{}, err
+		}
+	}
+	if f.CPUUsage, err = g.cpuUsage(); err != nil {
+		return Figures{}, err
+	}
+	return f, nil
+}
+
+// memoryPrefix is the prefix of the memory files the limit bounds: memsw
+// counts RAM+swap.
+func (g *v1Group) memoryPrefix() string {
+	if g.memsw {
+		return "memory.memsw."
+	}
+	return "memory."
+}
+
+// memoryCurrent reads the memory the limit bounds, 0 without a memory
+// hierarchy.
+func (g *v1Group) memoryCurrent() (int64, error) {
+	d, ok := g.dirs[cgroup1.Memory]
+	if !ok {
+		return 0, nil
+	}
+	return g.f.readInt(filepath.Join(d, g.memoryPrefix()+"usage_in_bytes"))
+}
+
+// cpuUsage reads cpuacct.usage, 0 without that hierarchy.
+func (g *v1Group) cpuUsage() (time.Duration, error) {
+	d, ok := g.dirs[cgroup1.Cpuacct]
+	if !ok {
+		return 0, nil
+	}
+	ns, err := g.f.readInt(filepath.Join(d, "cpuacct.usage"))
+	return time.Duration(ns), err
 }
 
 // oomKills is the oom_kill counter of memory.oom_control, 0 when it cannot
