@@ -53,7 +53,7 @@ func TestPhasesNeverNegative(t *testing.T) {
 		tr.traces = append(tr.traces, r.t)
 	}
 	b.Reset()
-	writeCPU(&b, tr.cpu(tr.match(), 3))
+	writeCPU(&b, tr.cpu(tr.match(), 3), floorResult{}, false)
 	if out := b.String(); strings.Contains(out, "-") || !strings.Contains(out, "kernel threads ended meanwhile") {
 		t.Errorf("kernel threads:\n%s", out)
 	}

@@ -108,7 +108,7 @@ func TestPhasesReport(t *testing.T) {
 	tr.ru1.Stime.Usec = 7300 * 3 / 2
 	var b bytes.Buffer
 	writePhases(&b, tr.match())
-	writeCPU(&b, tr.cpu(tr.match(), 3))
+	writeCPU(&b, tr.cpu(tr.match(), 3), floorResult{process: 2100 * time.Microsecond, kernel: 1200 * time.Microsecond}, true)
 	testutil.Golden(t, filepath.Join("testdata", "phases.golden"), b.Bytes(), *update)
 }
 
@@ -125,7 +125,8 @@ func TestPhasesOnAPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := b.String()
-	if !strings.Contains(out, "One pooled print('hi') by phase (median of 3 runs") || !strings.Contains(out, "CPU per pooled run: ") {
+	if !strings.Contains(out, "One pooled print('hi') by phase (median of 3 runs") || !strings.Contains(out, "CPU per pooled run: ") ||
+		!strings.Contains(out, "  the floor, measured now: ") {
 		t.Fatalf("no breakdown:\n%s", out)
 	}
 	for _, phases := range [][]phase{setupPhases, runPhases, teardownPhases} {
