@@ -31,7 +31,7 @@ type child struct {
 	stdout      switchWriter
 	stderr      switchWriter
 	pipes       []*os.File
-	copies      sync.WaitGroup
+	copying     atomic.Int32 // output copies still running
 	handed      atomic.Bool // given to a caller (not idle any more)
 	onIdleDeath func()
 	recycle     func(*cgroup.Group) // hands the empty cgroup back to the pool
@@ -100,18 +100,18 @@ func (c *child) reap() {
 		st, gotStatus = <-c.exitc, true
 	}
 	c.stamp("exited")
-	waited := make(chan struct{})
-	go func() { c.copies.Wait(); close(waited) }()
+	t := time.NewTimer(2 * time.Second)
 	select {
-	case <-waited:
-	case <-time.After(2 * time.Second):
+	case <-c.outputDone:
+	case <-t.C:
 		// Every process of the run is dead (its pid 1 is); a pipe still
 		// open can only be ours. Stop copying.
 		for _, p := range c.pipes {
 			p.Close()
 		}
-		<-waited
+		<-c.outputDone
 	}
+	t.Stop()
 	var e sandbox.Exit
 	if early := c.early.Load(); early != nil {
 		// The run took its figures when it answered, and they are what it

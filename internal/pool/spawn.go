@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -103,14 +104,22 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot, ahead bool) (*chil
 		}
 		childFiles = append(childFiles, wr)
 		c.pipes = append(c.pipes, r)
-		c.copies.Add(1)
+		// The last copy to end closes outputDone (no goroutine per child
+		// waits for them): the write ends stay ours until the zygote has
+		// the child's, so no copy can end before both have begun.
+		c.copying.Add(1)
 		go func() {
-			defer c.copies.Done()
-			buf := make([]byte, 32<<10)
+			defer func() {
+				if c.copying.Add(-1) == 0 {
+					close(c.outputDone)
+				}
+			}()
+			bp := copyBufs.Get().(*[32 << 10]byte)
+			defer copyBufs.Put(bp)
 			for {
-				n, err := r.Read(buf)
+				n, err := r.Read(bp[:])
 				if n > 0 {
-					w.Write(buf[:n])
+					w.Write(bp[:n])
 				}
 				if err != nil {
 					return
@@ -118,7 +127,6 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot, ahead bool) (*chil
 			}
 		}()
 	}
-	go func() { c.copies.Wait(); close(c.outputDone) }()
 	req := spawnRequest{TmpBytes: lim.TmpBytes, Rlimits: p.rlimits, Env: p.env, Oneshot: oneshot, Trace: c.trace != nil}
 	if p.cfg.Spec.Proxy {
 		req.ProxyPort = sandbox.ProxyPort
@@ -204,6 +212,10 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot, ahead bool) (*chil
 	c.stamp("ready")
 	return c, nil
 }
+
+// copyBufs are the buffers the output copies read into: a run's output
+// is copied through a buffer from here, not one allocated per child.
+var copyBufs = sync.Pool{New: func() any { return new([32 << 10]byte) }}
 
 // recycle keeps an empty cgroup for the next run, or deletes it.
 func (p *Pool) recycle(g *cgroup.Group) {
