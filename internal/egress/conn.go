@@ -66,6 +66,7 @@ func (g *Grant) handle(c net.Conn, headerDone func()) {
 			rec.Reason = "the proxy could not read a request: " + shortErr(err)
 		}
 		writeRefusal(c, &refusal{status: http.StatusBadRequest, msg: rec.Reason})
+		c.Close()
 		rec.Duration = time.Since(rec.Start)
 		if g.noteRefusal(rec.Decision) {
 			g.p.record(rec)
@@ -80,6 +81,12 @@ func (g *Grant) handle(c net.Conn, headerDone func()) {
 	} else {
 		g.plain(c, br, req, &rec)
 	}
+	// The client's connection ends before the record is delivered: a
+	// recorder may wait for the audit log's disk sync, and a client
+	// that reads a response to the end of the connection (one without a
+	// length) would wait for it too. Serve's untrack closes it again,
+	// harmlessly.
+	c.Close()
 	rec.Duration = time.Since(rec.Start)
 	if rec.Decision != Allowed && rec.Decision != Approved && !g.noteRefusal(rec.Decision) {
 		return
