@@ -34,6 +34,8 @@ type Config struct {
 	Python bool
 	// Sessions asks for the session snapshot measurement only.
 	Sessions bool
+	// Replicas asks for the call through another replica only.
+	Replicas bool
 	// Sandbox is the --sandbox backend, for the report.
 	Sandbox string
 	// Defaults are the command line's warm pool.
@@ -114,6 +116,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return managedPython(ctx, cfg)
 	case cfg.Sessions:
 		return sessionSnapshots(ctx, cfg)
+	case cfg.Replicas:
+		return replicaCalls(ctx, cfg)
 	}
 	return everything(ctx, cfg, hasPandas)
 }
@@ -133,6 +137,8 @@ func sections(cfg Config) string {
 		return "--python"
 	case cfg.Sessions:
 		return "--sessions"
+	case cfg.Replicas:
+		return "--replicas"
 	}
 	return "every section"
 }
@@ -160,6 +166,8 @@ func Estimate(cfg Config, hasPandas bool) time.Duration {
 		return time.Duration(max(cfg.N/10, 3))*8*time.Second + n*200*time.Millisecond
 	case cfg.Sessions:
 		return 10*time.Second + time.Duration(max(cfg.N/10, 3))*6*time.Second + 2*n*50*time.Millisecond
+	case cfg.Replicas:
+		return 5*time.Second + 2*n*5*time.Millisecond
 	}
 	calls := max(4*cfg.N, 200)
 	d := n*50*time.Millisecond + // python3 -c pass

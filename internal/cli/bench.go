@@ -16,7 +16,7 @@ import (
 
 // benchCmd is `pysandbox bench`: its flags, then internal/bench measures.
 func benchCmd(args []string, stdout, stderr io.Writer) error {
-	fs, o := newFlagSet("bench", "bench [-n N] [--concurrency C] [--phases] [--network] [--tools] [--cache] [--python] [--sessions] [flags]", stderr)
+	fs, o := newFlagSet("bench", "bench [-n N] [--concurrency C] [--phases] [--network] [--tools] [--cache] [--python] [--sessions] [--replicas] [flags]", stderr)
 	cfg := bench.Config{Out: stdout, Log: stderr, Version: version}
 	fs.IntVar(&cfg.N, "n", 50, "iterations per measurement")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 16, "calls in flight for the throughput measurement")
@@ -25,6 +25,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&cfg.Network, "network", false, "print only the network proxy's throughput and added latency against a direct download")
 	fs.BoolVar(&cfg.Tools, "tools", false, "print only the round trip of an upstream MCP tool call made from Python, next to the same call made directly by a Go MCP client")
 	fs.BoolVar(&cfg.Sessions, "sessions", false, "print only the pause and resume of a session holding a 100 MB pandas DataFrame and 1 000 small objects, next to pickle.dump and pickle.load of them, and the cost of --checkpoint every-run on a trivial session call")
+	fs.BoolVar(&cfg.Replicas, "replicas", false, "print only a trivial session call (x += 1) at the replica that owns the session and through another one, which forwards it: two replicas of serve --http --internal-http on a Redis of their own (needs redis-server on PATH: apt-get install redis-server)")
 	var cpuprofile string
 	fs.StringVar(&cpuprofile, "cpuprofile", "", "write a Go CPU profile of this process (the server's side: engine, pool, bench) to this file, for go tool pprof")
 	fs.BoolVar(&cfg.Cache, "cache", false, "print only the time to copy a 200 MB environment into the cache (--cache-dir), next to cp -a of the same tree")
@@ -104,7 +105,7 @@ func filterBenchFlags(args []string) []string {
 		case "-n", "--n", "-concurrency", "--concurrency", "-baseline", "--baseline", "-cpuprofile", "--cpuprofile":
 			i++
 			continue
-		case "-phases", "--phases", "-network", "--network", "-tools", "--tools", "-cache", "--cache", "-python", "--python", "-sessions", "--sessions":
+		case "-phases", "--phases", "-network", "--network", "-tools", "--tools", "-cache", "--cache", "-python", "--python", "-sessions", "--sessions", "-replicas", "--replicas":
 			continue
 		}
 		if hasPrefixAny(a, "-n=", "--n=", "-concurrency=", "--concurrency=", "-baseline=", "--baseline=", "-cpuprofile=", "--cpuprofile=") {

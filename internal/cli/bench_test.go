@@ -15,6 +15,7 @@ func TestFilterBenchFlags(t *testing.T) {
 		{[]string{"-n", "5", "--pool-size", "2"}, []string{"--pool-size", "2"}},
 		{[]string{"--n=5", "-concurrency", "4", "--baseline=/usr/bin/python3.12", "--memory", "1GiB"}, []string{"--memory", "1GiB"}},
 		{[]string{"--phases", "-network", "--tools", "-cache", "--preload", "numpy"}, []string{"--preload", "numpy"}},
+		{[]string{"--replicas", "-replicas", "--pool-size", "1"}, []string{"--pool-size", "1"}},
 		{[]string{"--allow-net", "a.example", "--baseline", "/x", "--allow-net=b.example"}, []string{"--allow-net", "a.example", "--allow-net=b.example"}},
 		{[]string{"--network-x", "--no-index"}, []string{"--network-x", "--no-index"}},
 		{[]string{"--cpuprofile", "/tmp/p", "-cpuprofile=/tmp/q", "--cpus", "2"}, []string{"--cpus", "2"}},
