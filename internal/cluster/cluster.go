@@ -161,6 +161,16 @@ type Cluster struct {
 	// another replica (by id: the holder's name).
 	snapshots bool
 	handed    map[string]string
+	// routes are the live owners Route found lately (by their tag), each
+	// remembered for routeFor.
+	routes   map[string]route
+	routeFor time.Duration
+}
+
+// route is a live owner as the store listed it, and when it was read.
+type route struct {
+	m  Member
+	at time.Time
 }
 
 // Errors of Owner lookups.
@@ -187,6 +197,7 @@ func Join(ctx context.Context, dir Directory, replica, mcpURL, internalURL strin
 	c := &Cluster{
 		self: Member{Name: replica, Incarnation: hex.EncodeToString(b[:]), MCP: strings.TrimRight(mcpURL, "/"), Internal: strings.TrimRight(internalURL, "/")},
 		dir:  dir, log: log, stop: make(chan struct{}), done: make(chan struct{}), key: key, missing: map[string]time.Time{}, warned: map[string]time.Time{}, handed: map[string]string{},
+		routes: map[string]route{}, routeFor: routeFor,
 	}
 	if !c.self.signed(key, EntryTTL).valid(key) {
 		return nil, fmt.Errorf("cluster: %q is not an address the other replicas can reach this one at", internalURL)
@@ -321,6 +332,92 @@ func (c *Cluster) Owner(ctx context.Context, id string, mcpSession bool) (m Memb
 		return m, false, nil
 	}
 	return Member{}, false, c.missingFor(tag)
+}
+
+// Bounds of Route's memory: an owner found live is taken as live for
+// routeFor without asking the store again (its heartbeat's period). Only
+// owners listed live are remembered, one entry each, so made-up ids add
+// none; maxRoutes bounds it whatever the store lists.
+const (
+	routeFor  = HeartbeatEvery
+	maxRoutes = 256
+)
+
+// Route is Owner for a call on pysandbox session id that is made at once,
+// without the store's two round trips for each call: an owner the store
+// listed live, under the incarnation that made id and not gone, is
+// remembered for routeFor and answered from memory, its entry verified
+// again (signature and expiry). Only where a session is sent is
+// remembered, by owner, never by session or caller: whether the session is
+// the caller's is decided by the owner, for each call. Every other answer
+// (this replica's, a handoff, another incarnation, lost, missing) is
+// Owner's, asked each time.
+//
+// An owner that leaves within routeFor still gets calls from memory; it
+// closes its internal endpoint before it leaves, so they fail as
+// unreachable, and the caller is told to retry (Unroute makes the next
+// call ask the store).
+func (c *Cluster) Route(ctx context.Context, id string) (m Member, local bool, err error) {
+	name, inc, ok := tagOf(id, false)
+	tag := name + "." + inc
+	if !ok || tag == c.self.Tag() {
+		return c.Owner(ctx, id, false)
+	}
+	c.mu.Lock()
+	r, found := c.routes[tag]
+	fresh := found && time.Since(r.at) < c.routeFor
+	c.mu.Unlock()
+	if fresh && r.m.valid(c.key) {
+		return r.m, false, nil
+	}
+	now := time.Now()
+	m, local, err = c.Owner(ctx, id, false)
+	if err == nil && !local && m.Tag() == tag {
+		c.remember(tag, m, now)
+	}
+	return m, local, err
+}
+
+// remember notes m, read at, as the live owner of tag.
+func (c *Cluster) remember(tag string, m Member, at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, found := c.routes[tag]; !found && len(c.routes) >= maxRoutes {
+		// Forget the stale first, else the oldest.
+		var oldest string
+		for k, r := range c.routes {
+			if time.Since(r.at) >= c.routeFor {
+				delete(c.routes, k)
+				continue
+			}
+			if oldest == "" || r.at.Before(c.routes[oldest].at) {
+				oldest = k
+			}
+		}
+		if len(c.routes) >= maxRoutes {
+			delete(c.routes, oldest)
+		}
+	}
+	c.routes[tag] = route{m: m, at: at}
+}
+
+// Serves reports whether this replica is where calls on its session id
+// are made: not once it began to leave, nor for a session it handed to
+// another as it stops. A replica that routed a call here from memory
+// (Route), or looked the owner up a moment before, is then answered so,
+// rather than served a session that is another's now.
+func (c *Cluster) Serves(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.stopped && c.handed[id] == ""
+}
+
+// Unroute forgets the route to m: a call sent there failed, and the next
+// asks the store.
+func (c *Cluster) Unroute(m Member) {
+	c.mu.Lock()
+	delete(c.routes, m.Tag())
+	c.mu.Unlock()
 }
 
 // missingFor is the answer for an owner tag that is not listed: retry

@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/pysandbox/pysandbox/internal/cluster"
 	"github.com/pysandbox/pysandbox/internal/sharedstate"
@@ -166,5 +169,129 @@ func TestProxy(t *testing.T) {
 	}
 	if err != nil || resp.StatusCode != http.StatusNotFound || !strings.Contains(string(body), "lost when its server stopped") {
 		t.Errorf("after its owner left: %v %d %s", err, resp.StatusCode, body)
+	}
+}
+
+// TestRoute: Route answers as Owner does, and remembers only live owners,
+// by owner: a call through a remembered route still carries its own
+// caller, and the owner, which decides whose a session is, refuses
+// another caller's call on it. The memory is bounded whatever the store
+// lists, is not used once forgotten (Unroute), and ids a forged entry
+// names are not routed. An owner stops serving a session it handed over,
+// and every session once it leaves (Serves), so a call routed from memory
+// is not served there then.
+func TestRoute(t *testing.T) {
+	const token = "0123456789abcdef0123456789abcdef-replicas"
+	r := redisserver.Start(t)
+	st := store(t, r)
+	// The owner's internal endpoint: a real MCP server that, as a
+	// replica's does, serves a session to the caller who made it only.
+	owner := mcp.NewServer(&mcp.Implementation{Name: "pysandbox-internal", Version: "1"}, nil)
+	owner.AddTool(&mcp.Tool{Name: "run_python", InputSchema: map[string]any{"type": "object"}}, func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		if id, _ := req.Params.GetMeta()[cluster.MetaIdentity].(string); id != "alice" {
+			return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "Unknown session"}}}, nil
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "42"}}}, nil
+	})
+	mux := http.NewServeMux()
+	mux.Handle(cluster.InternalPath, cluster.InternalAuth(token, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return owner }, &mcp.StreamableHTTPOptions{Stateless: true})))
+	hs := httptest.NewServer(mux)
+	t.Cleanup(hs.Close)
+	a := join(t, st, "replica-a", hs.URL)
+	b := join(t, st, "replica-b", "http://127.0.0.1:2")
+	// Remembered routes stay for the whole test, however slow the machine.
+	b.RouteFor(time.Hour)
+	f := b.NewForwarder(token)
+	t.Cleanup(f.Close)
+	ctx := context.Background()
+	sid := "s-0011" + a.SessionSuffix()
+
+	if _, local, err := a.Route(ctx, sid); !local || err != nil {
+		t.Errorf("its own session: %v %v", local, err)
+	}
+	call := func(who string) string {
+		t.Helper()
+		m, local, err := b.Route(ctx, sid)
+		if local || err != nil || m.Tag() != a.Self().Tag() {
+			t.Fatalf("a's session from b: %+v %v %v", m, local, err)
+		}
+		res, err := f.Call(ctx, m, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"session_id": sid}}, who, "call", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Content[0].(*mcp.TextContent).Text
+	}
+	if got := call("alice"); got != "42" {
+		t.Errorf("alice's call: %s", got)
+	}
+	if b.Routes() != 1 {
+		t.Errorf("%d routes remembered, want a's", b.Routes())
+	}
+	// Bob's call goes by the route alice's call left, as bob's.
+	if got := call("bob"); got != "Unknown session" {
+		t.Errorf("bob's call on alice's session through a remembered route: %s", got)
+	}
+
+	// Ids of no live owner are Owner's answers, and not remembered.
+	if _, _, err := b.Route(ctx, "s-0011.replica-a.deadbeef"); !errors.Is(err, cluster.ErrLost) {
+		t.Errorf("an old incarnation: %v", err)
+	}
+	forged := cluster.Member{Name: "evil", Incarnation: "12345678", MCP: "http://127.0.0.1:9", Internal: "http://127.0.0.1:9", Expires: time.Now().Add(time.Hour).UnixMilli(), Sig: strings.Repeat("0", 64)}
+	if err := st.Directory().Register(ctx, forged, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := b.Route(ctx, "s-00.evil.12345678"); err == nil {
+		t.Error("a forged owner was routed to")
+	}
+	if b.Routes() != 1 {
+		t.Errorf("%d routes remembered, want a's only", b.Routes())
+	}
+
+	// The owner serves its sessions until it hands one over, and none
+	// once it begins to leave.
+	handed := "s-0022" + a.SessionSuffix()
+	if !a.Serves(sid) || !a.Serves(handed) {
+		t.Error("a does not serve its own sessions")
+	}
+	a.HandedOver(handed, "replica-b")
+	if a.Serves(handed) || !a.Serves(sid) {
+		t.Errorf("after handing one over: serves it %v, serves the other %v", a.Serves(handed), a.Serves(sid))
+	}
+
+	// Forgotten, the route is asked of the store again: a left.
+	a.Leave()
+	if a.Serves(sid) {
+		t.Error("a serves a session after it left")
+	}
+	b.Unroute(a.Self())
+	if _, _, err := b.Route(ctx, sid); !errors.Is(err, cluster.ErrLost) {
+		t.Errorf("after its owner left and the route was forgotten: %v", err)
+	}
+
+	// Bounded: more live owners than it remembers.
+	for i := range cluster.MaxRoutes + 20 {
+		m := cluster.SignMember(key, cluster.Member{Name: fmt.Sprintf("replica-%d", i), Incarnation: "0badcafe", MCP: "http://127.0.0.1:3", Internal: "http://127.0.0.1:3"}, time.Minute)
+		if err := st.Directory().Register(ctx, m, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := b.Route(ctx, "s-00."+m.Tag()); err != nil {
+			t.Fatalf("a live owner: %v", err)
+		}
+	}
+	if n := b.Routes(); n > cluster.MaxRoutes {
+		t.Errorf("%d routes remembered, more than %d", n, cluster.MaxRoutes)
+	}
+
+	// A remembered route is answered without the store; forgotten, it
+	// needs the store again.
+	last := fmt.Sprintf("s-00.replica-%d.0badcafe", cluster.MaxRoutes+19)
+	r.Stop()
+	m, _, err := b.Route(ctx, last)
+	if err != nil {
+		t.Fatalf("a remembered route with the store down: %v", err)
+	}
+	b.Unroute(m)
+	if _, _, err := b.Route(ctx, last); err == nil || errors.Is(err, cluster.ErrLost) {
+		t.Errorf("a forgotten route with the store down: %v", err)
 	}
 }

@@ -156,3 +156,54 @@ func TestForwarderShare(t *testing.T) {
 		}
 	}
 }
+
+// TestForwarderInAServedCall: a call forwarded while this replica serves
+// a client's call (its context carries that request's) reaches the owner
+// as a request of the forwarder's own, in the forwarder's protocol
+// version, whatever the client's (the sessionless 2026-07-28 one here).
+func TestForwarderInAServedCall(t *testing.T) {
+	const token = "0123456789abcdef0123456789abcdef-replicas"
+	owner := mcp.NewServer(&mcp.Implementation{Name: "pysandbox-internal", Version: "1"}, nil)
+	owner.AddTool(&mcp.Tool{Name: "version", InputSchema: map[string]any{"type": "object"}}, func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		id, _ := req.Params.GetMeta()[cluster.MetaIdentity].(string)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: id + " " + req.Session.InitializeParams().ProtocolVersion}}}, nil
+	})
+	mux := http.NewServeMux()
+	mux.Handle(cluster.InternalPath, cluster.InternalAuth(token, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return owner }, &mcp.StreamableHTTPOptions{Stateless: true})))
+	internal := httptest.NewServer(mux)
+	t.Cleanup(internal.Close)
+	a, err := cluster.Join(context.Background(), store(t, redisserver.Start(t)).Directory(), "replica-a", "http://127.0.0.1:1", "http://127.0.0.1:1", key, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Leave)
+	f := a.NewForwarder(token)
+	t.Cleanup(f.Close)
+	m := cluster.Member{Name: "replica-b", Incarnation: "0000abcd", Internal: internal.URL}
+
+	// This replica's public server: its tool forwards the call.
+	public := mcp.NewServer(&mcp.Implementation{Name: "pysandbox", Version: "1"}, nil)
+	public.AddTool(&mcp.Tool{Name: "relay", InputSchema: map[string]any{"type": "object"}}, func(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return f.Call(ctx, m, &mcp.CallToolParams{Name: "version", Arguments: map[string]any{}}, "alice", "call-1", 1)
+	})
+	front := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return public }, &mcp.StreamableHTTPOptions{Stateless: true}))
+	t.Cleanup(front.Close)
+	ctx := context.Background()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: front.URL}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	if v := cs.InitializeResult().ProtocolVersion; v != "2026-07-28" {
+		t.Logf("the client speaks %s, not the sessionless protocol this test is about", v)
+	}
+	for i := range 2 {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "relay", Arguments: map[string]any{}})
+		if err != nil || res.IsError || len(res.Content) != 1 {
+			t.Fatalf("%d: a call forwarded while serving one: %v %+v", i, err, res)
+		}
+		if got := res.Content[0].(*mcp.TextContent).Text; got != "alice 2025-11-25" {
+			t.Errorf("%d: the owner saw %q, want alice's call in 2025-11-25", i, got)
+		}
+	}
+}

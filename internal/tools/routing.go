@@ -53,7 +53,7 @@ func routed[In, Out any](s *server, tool string, h mcp.ToolHandlerFor[In, Out]) 
 		if s.cl == nil {
 			return h(ctx, req, in)
 		}
-		m, local, err := s.cl.Owner(ctx, ref.sessionRef(), false)
+		m, local, err := s.cl.Route(ctx, ref.sessionRef())
 		switch {
 		case local:
 			return h(ctx, req, in)
@@ -73,7 +73,9 @@ func routed[In, Out any](s *server, tool string, h mcp.ToolHandlerFor[In, Out]) 
 			if ctx.Err() != nil {
 				return nil, zero, refusal(govern.StatusCancelled, "The call was cancelled.")
 			}
-			// The owner may have stopped between the lookup and the call.
+			// The owner may have stopped between the lookup (or the route
+			// remembered) and the call: the store says.
+			s.cl.Unroute(m)
 			if _, _, again := s.cl.Owner(ctx, ref.sessionRef(), false); errors.Is(again, cluster.ErrLost) {
 				return nil, zero, errorResult(fmt.Sprintf("session %q: %v.", ref.sessionRef(), again))
 			}
@@ -100,9 +102,14 @@ func forwardedResult[Out any](res *mcp.CallToolResult) (*mcp.CallToolResult, Out
 	return res, out, nil
 }
 
+// errNotHere answers a call forwarded for a session this replica no
+// longer serves (cluster.Cluster.Serves): the forwarding replica takes it
+// for unreachable, forgets its route and asks the store.
+var errNotHere = errors.New("this replica no longer serves the session: it is stopping, or handed the session to another")
+
 // internalCall serves a call another replica forwarded: its identity and
 // call id come with it.
-func internalCall[In, Out any](h mcp.ToolHandlerFor[In, Out]) mcp.ToolHandlerFor[In, Out] {
+func internalCall[In, Out any](cl *cluster.Cluster, h mcp.ToolHandlerFor[In, Out]) mcp.ToolHandlerFor[In, Out] {
 	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
 		meta := req.Params.GetMeta()
 		id, _ := meta[cluster.MetaIdentity].(string)
@@ -116,6 +123,8 @@ func internalCall[In, Out any](h mcp.ToolHandlerFor[In, Out]) mcp.ToolHandlerFor
 		// governance.
 		if ref, ok := any(in).(sessionRef); ok && ref.sessionRef() == "" {
 			return nil, zero, errorResult("a forwarded call must name a session of this replica")
+		} else if ok && cl != nil && !cl.Serves(ref.sessionRef()) {
+			return nil, zero, errNotHere
 		}
 		if req.Extra == nil {
 			req.Extra = &mcp.RequestExtra{}
@@ -132,15 +141,15 @@ func (s *server) registerInternal(srv *mcp.Server) {
 	add := func(name string) *mcp.Tool {
 		return &mcp.Tool{Name: name, Description: "internal: forwarded by another replica"}
 	}
-	addInternal(srv, add("run_python"), internalCall(s.runPython))
-	addInternal(srv, add("close_session"), internalCall(s.closeSession))
-	addInternal(srv, add("pause_session"), internalCall(s.pauseSession))
-	addInternal(srv, add("resume_session"), internalCall(s.resumeSession))
-	addInternal(srv, add("list_sessions"), internalCall(s.listSessions))
-	addInternal(srv, add("install_package"), internalCall(s.installPackage))
-	addInternal(srv, add("upload_file"), internalCall(s.uploadFile))
-	addInternal(srv, add("list_files"), internalCall(s.listFiles))
-	addInternal(srv, add("download_file"), internalCall(s.downloadFile))
+	addInternal(srv, add("run_python"), internalCall(s.cl, s.runPython))
+	addInternal(srv, add("close_session"), internalCall(s.cl, s.closeSession))
+	addInternal(srv, add("pause_session"), internalCall(s.cl, s.pauseSession))
+	addInternal(srv, add("resume_session"), internalCall(s.cl, s.resumeSession))
+	addInternal(srv, add("list_sessions"), internalCall(s.cl, s.listSessions))
+	addInternal(srv, add("install_package"), internalCall(s.cl, s.installPackage))
+	addInternal(srv, add("upload_file"), internalCall(s.cl, s.uploadFile))
+	addInternal(srv, add("list_files"), internalCall(s.cl, s.listFiles))
+	addInternal(srv, add("download_file"), internalCall(s.cl, s.downloadFile))
 	// Reads of this replica's session files and figures, which only it
 	// holds.
 	srv.AddResourceTemplate(&mcp.ResourceTemplate{Name: "session-file", URITemplate: FileTemplate, Description: "internal: forwarded by another replica"}, internalResource(s.readFileResource))
@@ -169,7 +178,7 @@ func routedResource(s *server, ref func(uri string) string, h mcp.ResourceHandle
 		if !plausibleID(id) {
 			return nil, mcp.ResourceNotFoundError(uri)
 		}
-		m, local, err := s.cl.Owner(ctx, id, false)
+		m, local, err := s.cl.Route(ctx, id)
 		if local {
 			return h(ctx, req)
 		}
@@ -180,7 +189,9 @@ func routedResource(s *server, ref func(uri string) string, h mcp.ResourceHandle
 			if err == nil || errors.As(err, &answered) || ctx.Err() != nil {
 				return res, err
 			}
-			// The owner may have stopped between the lookup and the read.
+			// The owner may have stopped between the lookup (or the route
+			// remembered) and the read: the store says.
+			s.cl.Unroute(m)
 			if _, _, again := s.cl.Owner(ctx, id, false); errors.Is(again, cluster.ErrLost) {
 				err = again
 			}
