@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/pysandbox/pysandbox/internal/pool"
 )
 
 // floorCode is the physical floor of an isolated run on this machine: a
@@ -124,7 +126,8 @@ func measureFloor(ctx context.Context, python string, n int) (floorResult, error
 	}
 	// The last forks' namespaces are torn down by now, or nearly.
 	time.Sleep(20 * time.Millisecond)
-	k0 := kernelThreadsCPU()
+	rest := measureRest(restWindow)
+	k0, w0 := kernelThreadsCPU(), pool.Monotonic()
 	io.WriteString(stdin, "\n")
 	s, err := line()
 	if err != nil {
@@ -135,11 +138,11 @@ func measureFloor(ctx context.Context, python string, n int) (floorResult, error
 		return floorResult{}, fmt.Errorf("bench: floor printed %q", s)
 	}
 	time.Sleep(20 * time.Millisecond)
-	k1 := kernelThreadsCPU()
+	k1, w1 := kernelThreadsCPU(), pool.Monotonic()
 	io.WriteString(stdin, "\n")
 	return floorResult{
 		process:    time.Duration(ns) / time.Duration(n),
-		kernel:     max(k1-k0, 0) / time.Duration(n),
+		kernel:     max(k1-k0-time.Duration(rest.kernel*float64(w1-w0)), 0) / time.Duration(n),
 		kernelGone: k1 < k0,
 	}, nil
 }

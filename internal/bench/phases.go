@@ -104,6 +104,45 @@ type tracedRuns struct {
 	ru0, ru1 syscall.Rusage
 	k0, k1   time.Duration
 	busy     time.Duration
+	// w0 and w1 bound the measurement (CLOCK_MONOTONIC, ns); rest is
+	// what this process and the kernel threads use while nothing runs,
+	// which is not the runs' to pay.
+	w0, w1 int64
+	rest   atRest
+}
+
+// atRest is the CPU this process and the kernel's threads use per
+// second of wall time while the pool is full and nothing runs: the Go
+// runtime's timers, and kernel threads that have nothing to do with the
+// runs (DAMON's kdamond, RCU's grace periods, the writeback of other
+// processes). On a quiet machine it is a few ms per second; on a busy one
+// much more, all of it counted against the runs unless taken out.
+type atRest struct{ server, kernel float64 } // CPU ns per wall ns
+
+// restWindow is how long measureRest watches.
+const restWindow = 500 * time.Millisecond
+
+// measureRest watches this process and the kernel threads for d.
+func measureRest(d time.Duration) atRest {
+	var r0, r1 syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &r0)
+	k0, w0 := kernelThreadsCPU(), pool.Monotonic()
+	time.Sleep(d)
+	syscall.Getrusage(syscall.RUSAGE_SELF, &r1)
+	k1, w1 := kernelThreadsCPU(), pool.Monotonic()
+	wall := float64(w1 - w0)
+	if wall <= 0 {
+		return atRest{}
+	}
+	return atRest{
+		server: max(float64(rusageCPU(r1)-rusageCPU(r0)), 0) / wall,
+		kernel: max(float64(k1-k0), 0) / wall,
+	}
+}
+
+// rusageCPU is user plus system time.
+func rusageCPU(r syscall.Rusage) time.Duration {
+	return time.Duration(r.Utime.Nano() + r.Stime.Nano())
 }
 
 // phases runs n traced print('hi') runs one at a time, each on a child
@@ -160,7 +199,8 @@ func runTraced(ctx context.Context, eng *Engine, n int, traces <-chan *pool.Trac
 	if err := runOK(ctx, eng.Engine, hello); err != nil {
 		return nil, err
 	}
-	tr := &tracedRuns{}
+	tr := &tracedRuns{rest: measureRest(restWindow)}
+	tr.w0 = pool.Monotonic()
 	tr.k0 = kernelThreadsCPU()
 	syscall.Getrusage(syscall.RUSAGE_SELF, &tr.ru0)
 	for range n {
@@ -176,6 +216,7 @@ func runTraced(ctx context.Context, eng *Engine, n int, traces <-chan *pool.Trac
 	waitFull()
 	syscall.Getrusage(syscall.RUSAGE_SELF, &tr.ru1)
 	tr.k1 = kernelThreadsCPU()
+	tr.w1 = pool.Monotonic()
 	deadline := time.After(10 * time.Second)
 collect:
 	for len(tr.traces) < n+size+1 {
@@ -275,6 +316,8 @@ type cpuPerRun struct {
 	// kernelGone: kernel threads ended during the measurement, so their
 	// CPU could not be counted (kernel is 0).
 	kernelGone bool
+	// rest is what was taken out of server and kernel (see atRest).
+	rest atRest
 }
 
 // cpu is the CPU per run of n runs, wherever it was spent.
@@ -307,12 +350,14 @@ func (tr *tracedRuns) cpu(matched []tracedRun, n int) cpuPerRun {
 	if len(zyg) > 0 {
 		c.zygote = zyg[len(zyg)/2]
 	}
-	c.server = time.Duration((tr.ru1.Utime.Nano()+tr.ru1.Stime.Nano())-(tr.ru0.Utime.Nano()+tr.ru0.Stime.Nano())) / time.Duration(n)
+	window := float64(tr.w1 - tr.w0)
+	c.server = max(rusageCPU(tr.ru1)-rusageCPU(tr.ru0)-time.Duration(tr.rest.server*window), 0) / time.Duration(n)
 	// The kernel threads' CPU is summed over the live ones: one that
 	// ended meanwhile takes its time with it, which can make the
 	// difference negative. None is counted then.
-	c.kernel = max(tr.k1-tr.k0, 0) / time.Duration(n)
+	c.kernel = max(tr.k1-tr.k0-time.Duration(tr.rest.kernel*window), 0) / time.Duration(n)
 	c.kernelGone = tr.k1 < tr.k0
+	c.rest = tr.rest
 	c.wall = tr.busy / time.Duration(n)
 	flt := make([]int64, 0, len(matched))
 	for _, r := range matched {
@@ -343,6 +388,10 @@ func writeCPU(w io.Writer, c cpuPerRun, fl floorResult, hasFloor bool) {
 		fmt.Fprintf(w, "  %-44s %9s\n", "kernel threads (deferred namespace cleanup)", msd(c.kernel))
 	}
 	fmt.Fprintf(w, "  (wall time per run, for comparison: %s; the child's minor page faults: %d)\n", msd(c.wall), c.minflt)
+	if c.rest != (atRest{}) {
+		fmt.Fprintf(w, "  (not counted: what this process and the kernel threads use at rest, %.1f and %.1f ms per second, measured before the runs)\n",
+			c.rest.server*1e3, c.rest.kernel*1e3)
+	}
 }
 
 // kernelThreadsCPU is the CPU time of every kernel thread so far (from
