@@ -16,7 +16,7 @@ import (
 
 // benchCmd is `pysandbox bench`: its flags, then internal/bench measures.
 func benchCmd(args []string, stdout, stderr io.Writer) error {
-	fs, o := newFlagSet("bench", "bench [-n N] [--concurrency C] [--phases] [--network] [--tools] [--cache] [--python] [--sessions] [--replicas] [flags]", stderr)
+	fs, o := newFlagSet("bench", "bench [-n N] [--concurrency C] [--phases] [--network] [--tools] [--cache] [--python] [--sessions] [--replicas] [--cpuprofile FILE] [flags]", stderr)
 	cfg := bench.Config{Out: stdout, Log: stderr, Version: version}
 	fs.IntVar(&cfg.N, "n", 50, "iterations per measurement")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 16, "calls in flight for the throughput measurement")

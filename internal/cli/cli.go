@@ -128,7 +128,7 @@ var commands = []struct{ name, synopsis string }{
 	{"serve", "serve [flags]"},
 	{"run", "run [flags] FILE|-"},
 	{"check", "check [--json] [flags]"},
-	{"bench", "bench [-n N] [--concurrency C] [--phases] [--network] [--tools] [--cache] [--python] [flags]"},
+	{"bench", "bench [-n N] [--concurrency C] [--phases] [--network] [--tools] [--cache] [--python] [--sessions] [--replicas] [--cpuprofile FILE] [flags]"},
 	{"cache", "cache ls|prune [flags]"},
 	{"cache ls", "cache ls [flags]"},
 	{"cache prune", "cache prune [--all] [--max-size SIZE] [flags]"},
