@@ -1805,14 +1805,17 @@ def _warm_up():
     finally:
         sys.stdout, sys.stderr = saved
         linecache.cache.pop("<warm-up>", None)
-    try:
-        # Gated runs parse their code with it: loaded once, here.
-        _facts_module()
-    except BaseException:
-        pass
         sys.modules["__main__"] = _THIS_MODULE
         a.close()
         b.close()
+    try:
+        # Gated runs parse their code with it: loaded once, here, and
+        # used once, so that what its first use sets up (the ast and
+        # warnings modules, its regular expressions) is shared with every
+        # child instead of costing each gated run half a millisecond.
+        _facts_module().codefacts_line("import os\nprint('warm', 'https://example.com')\n")
+    except BaseException:
+        pass
 
 
 def _recv_with_fds(sock, ctx):
