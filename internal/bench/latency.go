@@ -133,8 +133,10 @@ func (s *suite) mcpCalls() (err error) {
 		return err
 	}
 	// The policy language at work: five conditions on the arguments, and
-	// a rule on the code's facts (derived by Python's parser in a pooled
-	// sandbox before the run).
+	// a rule on the code's facts: derived by Python's parser in the first
+	// run's own sandbox before its code runs, then kept for this caller
+	// and this code (govern's facts cache), so that the calls timed here,
+	// all of the same code, are decided before their run.
 	rulesFile := filepath.Join(govDir, "rules.json")
 	if err := os.WriteFile(rulesFile, []byte(rulesPolicy), 0o600); err != nil {
 		return err

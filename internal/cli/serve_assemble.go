@@ -22,6 +22,7 @@ import (
 	"github.com/pysandbox/pysandbox/internal/audit"
 	"github.com/pysandbox/pysandbox/internal/console"
 	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/govern"
 	"github.com/pysandbox/pysandbox/internal/httpserver"
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/metrics"
@@ -349,7 +350,8 @@ func (s *server) buildGovernance() error {
 // added to it afterwards.
 func newGovernance(pol *policy.Policy, sessions *engine.Sessions, eng *engine.Engine, sh *shared) tools.Governance {
 	gov := tools.Governance{
-		Policy: pol,
+		Policy:     pol,
+		FactsCache: govern.DefaultFactsCache,
 		Metrics: metrics.New(metrics.Gauges{
 			Sessions: func() int { return len(sessions.List()) },
 			Queued:   eng.Waiting,

@@ -122,7 +122,15 @@ func (t *Ticket) Check(ctx context.Context, s Subject, ap Approver) Verdict {
 			return Verdict{Refusal: t.PackageRefusal(err)}
 		}
 	}
-	if pol.HasRules(t.call.Tool) && pol.NeedsCode(t.call.Tool) && s.Kind == KindRun && s.Code != "" && s.Session == "" && t.g.sandbox.FromRun != nil {
+	// Facts a parser gave for the same code of the same caller before
+	// (see factsCache): then nothing is left for a gate to decide.
+	var known *knownFacts
+	if t.g.facts != nil && pol.HasRules(t.call.Tool) && pol.NeedsCode(t.call.Tool) && s.Code != "" {
+		if facts, summary, ok := t.g.facts.get(t.factKey(s)); ok {
+			known = &knownFacts{facts: facts, summary: summary}
+		}
+	}
+	if known == nil && pol.HasRules(t.call.Tool) && pol.NeedsCode(t.call.Tool) && s.Kind == KindRun && s.Code != "" && s.Session == "" && t.g.sandbox.FromRun != nil {
 		// The facts come from the run's own sandbox, before its code
 		// runs: the rest is decided then (see Gate). Only a fresh one:
 		// a session's worker has run the caller's code before, which can
@@ -159,7 +167,7 @@ func (t *Ticket) Check(ctx context.Context, s Subject, ap Approver) Verdict {
 	summary := ""
 	if pol.HasRules(t.call.Tool) {
 		var ref *Refusal
-		if f, summary, ref = t.facts(ctx, pol, s); ref != nil {
+		if f, summary, ref = t.facts(ctx, pol, s, known); ref != nil {
 			return Verdict{Refusal: ref}
 		}
 	}
@@ -276,6 +284,12 @@ func (t *Ticket) runGate(ctx context.Context, raw json.RawMessage) string {
 			fmt.Sprintf("The server's policy looks at the code of %s calls, and the code could not be analysed (%v). Nothing was run; retry, or tell the server's operator if it persists.", t.call.Tool, err))}
 		return gt.verdict.Refusal.Message
 	}
+	if t.g.facts != nil && len(gt.subject.Packages) == 0 && facts["dependencies"] == nil {
+		// From a sandbox no code had run in, and no package either (one
+		// can run code as the interpreter starts, before the worker's
+		// parser): what a parser says of this code, worth keeping.
+		t.g.facts.put(t.factKey(gt.subject), facts, summary)
+	}
 	pol := t.g.Policy()
 	var f policy.Facts
 	dec := json.NewDecoder(bytes.NewReader(t.call.Args))
@@ -336,9 +350,23 @@ func (t *Ticket) note(key, value string) {
 	t.rec.Detail[key] = value
 }
 
+// knownFacts are facts of a call's code kept from an earlier call (see
+// factsCache), and their summary.
+type knownFacts struct {
+	facts   map[string]any
+	summary string
+}
+
+// factKey is the key of the facts of s's code in the cache: this caller's,
+// on the interpreter s asks for.
+func (t *Ticket) factKey(s Subject) factKey {
+	return newFactKey(t.call.Identity, s.PythonVersion, s.Code)
+}
+
 // facts are what the tool's rules look at: the arguments, as sent (with
-// exact numbers), and the code's facts when a rule names them.
-func (t *Ticket) facts(ctx context.Context, pol *policy.Policy, s Subject) (policy.Facts, string, *Refusal) {
+// exact numbers), and the code's facts when a rule names them: known
+// ones when given, else derived in a sandbox of their own.
+func (t *Ticket) facts(ctx context.Context, pol *policy.Policy, s Subject, known *knownFacts) (policy.Facts, string, *Refusal) {
 	var f policy.Facts
 	dec := json.NewDecoder(bytes.NewReader(t.call.Args))
 	dec.UseNumber()
@@ -347,6 +375,10 @@ func (t *Ticket) facts(ctx context.Context, pol *policy.Policy, s Subject) (poli
 	}
 	if !pol.NeedsCode(t.call.Tool) || s.Code == "" {
 		return f, "", nil
+	}
+	if known != nil {
+		f.Code = known.facts
+		return f, known.summary, nil
 	}
 	if t.g.sandbox.Facts == nil {
 		return f, "", t.deny("the policy's rules name facts of code, and this server cannot derive them", "rule",
@@ -366,6 +398,10 @@ func (t *Ticket) facts(ctx context.Context, pol *policy.Policy, s Subject) (poli
 		}
 		return f, "", t.deny("the code's facts could not be derived: "+err.Error(), "rule",
 			fmt.Sprintf("The server's policy looks at the code of %s calls, and the code could not be analysed (%v). Nothing was run; %s.", t.call.Tool, err, next))
+	}
+	if t.g.facts != nil {
+		// A sandbox of their own, no code run in it: worth keeping.
+		t.g.facts.put(t.factKey(s), facts, summary)
 	}
 	f.Code = facts
 	return f, summary, nil

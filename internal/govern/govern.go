@@ -58,7 +58,16 @@ type Config struct {
 	// Activity, when set, is told of every call in flight (and can stop
 	// it) and every call that ended: the operator console's live view.
 	Activity *activity.Registry
+	// FactsCache is how many programs' code facts are kept, per caller,
+	// interpreter and code (SHA-256), so that the same code sent again is
+	// decided without parsing it again; 0: none. Only facts from a parser
+	// no code had run before are kept, never a decision (see factsCache).
+	FactsCache int
 }
+
+// DefaultFactsCache is the FactsCache a server keeps: a few agents'
+// recent programs.
+const DefaultFactsCache = 1024
 
 // Sandbox is what the governor tells a human about where code runs,
 // given by the layer that runs it.
@@ -91,6 +100,7 @@ type Governor struct {
 	activity *activity.Registry
 	log      *slog.Logger
 	sandbox  Sandbox
+	facts    *factsCache // nil: none
 
 	// broken is set once the audit log failed: from then on every call is
 	// refused, because it could not be recorded.
@@ -132,7 +142,8 @@ func New(cfg Config, sb Sandbox, log *slog.Logger) *Governor {
 	if sb.Limits == nil {
 		sb.Limits = func(time.Duration) string { return "the server's limits" }
 	}
-	g := &Governor{limiter: limiter, sealer: sealer, activity: cfg.Activity, audit: cfg.Audit, metrics: cfg.Metrics, log: log, sandbox: sb}
+	g := &Governor{limiter: limiter, sealer: sealer, activity: cfg.Activity, audit: cfg.Audit, metrics: cfg.Metrics, log: log, sandbox: sb,
+		facts: newFactsCache(cfg.FactsCache)}
 	g.pol.Store(pol)
 	return g
 }
