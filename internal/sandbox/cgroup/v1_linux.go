@@ -513,12 +513,35 @@ func v1Advice(ctrl string, err error) string {
 	}
 }
 
+// maxResidue is what may stay charged to an emptied group that is
+// reused: the kernel objects of the last run that reclaim cannot free
+// at once. More, and the group is deleted rather than reused.
+const maxResidue = 1 << 20
+
 // reset zeroes the counters a new run must not inherit. Writing 0 to a
 // max_usage file sets it to the current usage; to failcnt and
 // cpuacct.usage, to zero.
+//
+// So the current usage must be near zero first. On v1 the page cache a
+// run read or wrote stays charged to its group after its processes are
+// gone: left there, the next run's peak would start at it (an attack
+// read 500 MB of files and the next run, a print, reported a 517 MB
+// peak), and the next run would pay the CPU of reclaiming it. Writing
+// memory.force_empty reclaims it now, in the server's time; a group that
+// still holds more than maxResidue is not reused.
 func (g *v1Group) reset() error {
 	var files []string
 	if d, ok := g.dirs[cgroup1.Memory]; ok {
+		if err := g.f.write(filepath.Join(d, "memory.force_empty"), "0"); err != nil {
+			return err
+		}
+		used, err := g.memoryCurrent()
+		if err != nil {
+			return err
+		}
+		if used > maxResidue {
+			return fmt.Errorf("%d bytes still charged after memory.force_empty", used)
+		}
 		files = append(files, filepath.Join(d, "memory.max_usage_in_bytes"), filepath.Join(d, "memory.failcnt"))
 		if g.memsw {
 			files = append(files, filepath.Join(d, "memory.memsw.max_usage_in_bytes"), filepath.Join(d, "memory.memsw.failcnt"))
