@@ -113,6 +113,9 @@ type Pool struct {
 	// cgFree holds empty cgroups of finished runs, reset for the next one:
 	// creating and deleting a memory cgroup costs more than a whole run.
 	cgFree chan *cgroup.Group
+	// cgDropped counts groups recycle deleted rather than kept: not
+	// empty enough to reuse, or no room.
+	cgDropped atomic.Int64
 
 	defaultKey string
 

@@ -226,5 +226,6 @@ func (p *Pool) recycle(g *cgroup.Group) {
 		default:
 		}
 	}
+	p.cgDropped.Add(1)
 	go g.Delete()
 }

@@ -532,15 +532,24 @@ const maxResidue = 1 << 20
 func (g *v1Group) reset() error {
 	var files []string
 	if d, ok := g.dirs[cgroup1.Memory]; ok {
-		if err := g.f.write(filepath.Join(d, "memory.force_empty"), "0"); err != nil {
-			return err
-		}
-		used, err := g.memoryCurrent()
-		if err != nil {
-			return err
-		}
-		if used > maxResidue {
-			return fmt.Errorf("%d bytes still charged after memory.force_empty", used)
+		// The kernel objects of the last run's processes (page tables,
+		// task structures) are freed a little after them, after an RCU
+		// grace period: a few tries, then give up on this group.
+		for i := 0; ; i++ {
+			if err := g.f.write(filepath.Join(d, "memory.force_empty"), "0"); err != nil {
+				return err
+			}
+			used, err := g.memoryCurrent()
+			if err != nil {
+				return err
+			}
+			if used <= maxResidue {
+				break
+			}
+			if i == 4 {
+				return fmt.Errorf("%d bytes still charged after memory.force_empty", used)
+			}
+			time.Sleep(time.Duration(i+1) * 5 * time.Millisecond)
 		}
 		files = append(files, filepath.Join(d, "memory.max_usage_in_bytes"), filepath.Join(d, "memory.failcnt"))
 		if g.memsw {
