@@ -176,7 +176,7 @@ func Estimate(cfg Config, hasPandas bool) time.Duration {
 		n*200*time.Millisecond + // under a flood
 		n*time.Millisecond + // a session
 		time.Duration(calls)*60*time.Millisecond/time.Duration(max(cfg.Concurrency, 1))*2 + // throughput
-		network + tools + phases
+		network + tools + phases + 5*time.Second + 2*n*5*time.Millisecond // replicas
 	if hasPandas {
 		d += 10*time.Second + time.Duration(max(cfg.N/5, 3))*600*time.Millisecond + 2*n*200*time.Millisecond
 	}

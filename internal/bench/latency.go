@@ -32,7 +32,7 @@ type suite struct {
 var hello = engine.RunRequest{Code: "print('hi')"}
 
 // everything is the full bench: latency, throughput, then the network,
-// tools and phase measurements.
+// tools, replicas (with a redis-server) and phase measurements.
 func everything(ctx context.Context, cfg Config, hasPandas bool) error {
 	eng, err := cfg.Engine(ctx, cfg.Defaults)
 	if err != nil {
@@ -44,6 +44,7 @@ func everything(ctx context.Context, cfg Config, hasPandas bool) error {
 		s.baseline, s.engineCalls, s.mcpCalls, s.flood, s.pandas, s.session, s.throughput,
 		func() error { return network(ctx, cfg) },
 		func() error { return upstreamTools(ctx, cfg) },
+		func() error { return replicasIfRedis(ctx, cfg) },
 		func() error { return phases(ctx, cfg) },
 	} {
 		if err := step(); err != nil {

@@ -44,6 +44,16 @@ func replicaCalls(ctx context.Context, cfg Config) error {
 	return nil
 }
 
+// replicasIfRedis is the full bench's replicas section: measured when
+// redis-server is on PATH, else a line says how to get it.
+func replicasIfRedis(ctx context.Context, cfg Config) error {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		fmt.Fprintln(cfg.Out, "\n(no redis-server on PATH: the call through another replica is not measured; apt-get install redis-server)")
+		return nil
+	}
+	return replicaCalls(ctx, cfg)
+}
+
 // replicaDurations starts the Redis and the two replicas of binary self,
 // and times the calls at the owner and through the other, sorted.
 func replicaDurations(ctx context.Context, cfg Config, self string) (at, through []time.Duration, err error) {
