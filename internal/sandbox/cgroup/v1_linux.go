@@ -535,12 +535,21 @@ func (g *v1Group) reset() error {
 		// The kernel objects of the last run's processes (page tables,
 		// task structures) are freed a little after them, after an RCU
 		// grace period: a few tries, then give up on this group.
+		// force_empty is not cheap (it drains every CPU's page lists
+		// first): only when more than maxResidue is charged, which a run
+		// that read no files does not leave.
 		for i := 0; ; i++ {
+			used, err := g.memoryCurrent()
+			if err != nil {
+				return err
+			}
+			if used <= maxResidue {
+				break
+			}
 			if err := g.f.write(filepath.Join(d, "memory.force_empty"), "0"); err != nil {
 				return err
 			}
-			used, err := g.memoryCurrent()
-			if err != nil {
+			if used, err = g.memoryCurrent(); err != nil {
 				return err
 			}
 			if used <= maxResidue {
