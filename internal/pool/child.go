@@ -32,7 +32,7 @@ type child struct {
 	stderr      switchWriter
 	pipes       []*os.File
 	copying     atomic.Int32 // output copies still running
-	handed      atomic.Bool // given to a caller (not idle any more)
+	handed      atomic.Bool  // given to a caller (not idle any more)
 	onIdleDeath func()
 	recycle     func(*cgroup.Group) // hands the empty cgroup back to the pool
 	onClose     func()              // asks the pool to prepare a replacement
