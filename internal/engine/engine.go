@@ -381,10 +381,17 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 	rspan.End()
 	var exit sandbox.Exit
 	var early bool
-	if err != nil {
+	// A reply that came after the run's deadline (the code waited on a
+	// tool call the deadline cancelled, and answered with that) does not
+	// decide how the run ended either: it ran out of time. Without this,
+	// whether such a run was a timeout or an error was a coin toss
+	// between the reply and the deadline in finishEarly's select.
+	late := err == nil && runCtx.Err() != nil && ctx.Err() == nil
+	if err != nil || late {
 		// The worker died or the deadline passed: make sure everything in
 		// the sandbox is dead before looking at how it ended.
 		sb.Kill()
+		deadlineKill = late
 	} else if exit, early = finishEarly(runCtx, sb); early {
 		// The reply and all of the output are in: the run is over, and
 		// nothing of it may go on after the slot is free, when it is no

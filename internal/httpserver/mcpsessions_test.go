@@ -242,8 +242,13 @@ func TestSessionKeptByEventStream(t *testing.T) {
 // in flight are bounded per caller as sessions are; others still pass.
 func TestSessionlessRequestsBounded(t *testing.T) {
 	release := make(chan struct{})
+	entered := make(chan struct{}, 16)
 	srv := testServer()
 	mcp.AddTool(srv, &mcp.Tool{Name: "wait"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
 		select {
 		case <-release:
 		case <-ctx.Done():
@@ -284,6 +289,15 @@ func TestSessionlessRequestsBounded(t *testing.T) {
 		}()
 	}
 	defer func() { close(release); wg.Wait() }()
+	// Both are in flight before a third is tried: otherwise a third could
+	// take one's place, and the count would drop when it gave up.
+	for range 2 {
+		select {
+		case <-entered:
+		case <-time.After(time.Minute): // a hang guard only
+			t.Fatal("the two waits never reached the server")
+		}
+	}
 	// Once both wait, a third is refused (a hang guard only).
 	deadline := time.Now().Add(time.Minute)
 	for {
