@@ -89,13 +89,7 @@ func (c *child) reap() {
 	gotStatus := false
 	<-c.pidfdSet
 	if c.pidfd > 0 {
-		fds := []unix.PollFd{{Fd: int32(c.pidfd), Events: unix.POLLIN}}
-		for {
-			n, err := unix.Poll(fds, -1)
-			if n > 0 || (err != nil && err != unix.EINTR) {
-				break
-			}
-		}
+		waitPidfd(c.pidfd)
 	} else {
 		st, gotStatus = <-c.exitc, true
 	}
@@ -377,3 +371,39 @@ func (c *child) Idle(idle bool) error { return sandbox.Idle(c.cg, idle) }
 
 // CPUUsage is the CPU time the child used so far (0 without a cgroup).
 func (c *child) CPUUsage() time.Duration { return sandbox.CPUUsage(c.cg) }
+
+// waitPidfd returns once the process of pidfd has exited. It waits in
+// Go's netpoller on a duplicate of the descriptor (a pidfd turns readable
+// when its process exits), rather than in a blocking poll(2) that would
+// hold an OS thread per live child; when the duplicate cannot be polled
+// that way, it falls back to poll(2).
+func waitPidfd(pidfd int) {
+	exited := func(fd int) bool {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		return n > 0 || (err != nil && err != unix.EINTR)
+	}
+	if fd, err := unix.FcntlInt(uintptr(pidfd), unix.F_DUPFD_CLOEXEC, 0); err == nil {
+		if unix.SetNonblock(fd, true) == nil {
+			f := os.NewFile(uintptr(fd), "pidfd")
+			if rc, err := f.SyscallConn(); err == nil {
+				err = rc.Read(func(fd uintptr) bool { return exited(int(fd)) })
+				f.Close()
+				if err == nil {
+					return
+				}
+			} else {
+				f.Close()
+			}
+		} else {
+			unix.Close(fd)
+		}
+	}
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, -1)
+		if n > 0 || (err != nil && err != unix.EINTR) {
+			return
+		}
+	}
+}
