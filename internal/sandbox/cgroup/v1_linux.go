@@ -212,19 +212,13 @@ func (g *v1Group) path() string {
 // per-CPU usage...): at full pool throughput that was a fifth of the
 // server's CPU time, for five numbers.
 func (g *v1Group) stats() (Stats, error) {
-	var st Stats
-	var err error
-	if d, ok := g.dirs[cgroup1.Memory]; ok {
-		pre := g.memoryPrefix()
-		if st.MemoryCurrentBytes, err = g.f.readInt(filepath.Join(d, pre+"usage_in_bytes")); err != nil {
-			return Stats{}, err
-		}
-		if st.MemoryPeakBytes, err = g.f.readInt(filepath.Join(d, pre+"max_usage_in_bytes")); err != nil {
-			return Stats{}, err
-		}
-		if st.OOMKills, err = g.readOOMKills(d); err != nil {
-			return Stats{}, err
-		}
+	f, err := g.figures()
+	if err != nil {
+		return Stats{}, err
+	}
+	st := Stats{MemoryPeakBytes: f.MemoryPeakBytes, OOMKills: f.OOMKills, CPUUsage: f.CPUUsage}
+	if st.MemoryCurrentBytes, err = g.memoryCurrent(); err != nil {
+		return Stats{}, err
 	}
 	if d, ok := g.dirs[cgroup1.Pids]; ok {
 		if st.PidsCurrent, err = g.f.readInt(filepath.Join(d, "pids.current")); err != nil {
@@ -233,9 +227,6 @@ func (g *v1Group) stats() (Stats, error) {
 		if st.PidsMax, err = g.f.readInt(filepath.Join(d, "pids.max")); err != nil {
 			return Stats{}, err
 		}
-	}
-	if st.CPUUsage, err = g.cpuUsage(); err != nil {
-		return Stats{}, err
 	}
 	return st, nil
 }
