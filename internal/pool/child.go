@@ -378,32 +378,37 @@ func (c *child) CPUUsage() time.Duration { return sandbox.CPUUsage(c.cg) }
 // hold an OS thread per live child; when the duplicate cannot be polled
 // that way, it falls back to poll(2).
 func waitPidfd(pidfd int) {
-	exited := func(fd int) bool {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, 0)
-		return n > 0 || (err != nil && err != unix.EINTR)
+	if netpollPidfd(pidfd) == nil {
+		return
 	}
-	if fd, err := unix.FcntlInt(uintptr(pidfd), unix.F_DUPFD_CLOEXEC, 0); err == nil {
-		if unix.SetNonblock(fd, true) == nil {
-			f := os.NewFile(uintptr(fd), "pidfd")
-			if rc, err := f.SyscallConn(); err == nil {
-				err = rc.Read(func(fd uintptr) bool { return exited(int(fd)) })
-				f.Close()
-				if err == nil {
-					return
-				}
-			} else {
-				f.Close()
-			}
-		} else {
-			unix.Close(fd)
-		}
+	for !pidfdExited(pidfd, -1) {
 	}
-	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
-	for {
-		n, err := unix.Poll(fds, -1)
-		if n > 0 || (err != nil && err != unix.EINTR) {
-			return
-		}
+}
+
+// netpollPidfd waits in the netpoller until pidfd's process has exited.
+func netpollPidfd(pidfd int) error {
+	fd, err := unix.FcntlInt(uintptr(pidfd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return err
 	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return rc.Read(func(fd uintptr) bool { return pidfdExited(int(fd), 0) })
+}
+
+// pidfdExited polls fd for up to timeout ms (-1: without a limit) and
+// reports whether its process has exited. A failure other than EINTR
+// counts as exited: there is nothing left to wait for on fd.
+func pidfdExited(fd, timeout int) bool {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, timeout)
+	return n > 0 || (err != nil && err != unix.EINTR)
 }
