@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -107,19 +108,14 @@ func measureFloor(ctx context.Context, python string, n int) (floorResult, error
 	}
 	defer cmd.Wait()
 	defer stdin.Close()
+	// Its lines are short: a longer one fails as bufio.ErrBufferFull.
+	out := bufio.NewReaderSize(stdout, 64)
 	line := func() (string, error) {
-		var b []byte
-		one := make([]byte, 1)
-		for len(b) < 64 {
-			if _, err := io.ReadFull(stdout, one); err != nil {
-				return "", fmt.Errorf("bench: floor: %w (%s)", err, strings.TrimSpace(stderr.String()))
-			}
-			if one[0] == '\n' {
-				return string(b), nil
-			}
-			b = append(b, one[0])
+		b, err := out.ReadSlice('\n')
+		if err != nil {
+			return "", fmt.Errorf("bench: floor: %w (%s)", err, strings.TrimSpace(stderr.String()))
 		}
-		return "", fmt.Errorf("bench: floor: a line too long")
+		return string(b[:len(b)-1]), nil
 	}
 	if s, err := line(); err != nil || s != "ready" {
 		return floorResult{}, fmt.Errorf("bench: floor did not start: %q %v", s, err)
@@ -142,7 +138,7 @@ func measureFloor(ctx context.Context, python string, n int) (floorResult, error
 	io.WriteString(stdin, "\n")
 	return floorResult{
 		process:    time.Duration(ns) / time.Duration(n),
-		kernel:     max(k1-k0-time.Duration(rest.kernel*float64(w1-w0)), 0) / time.Duration(n),
+		kernel:     beyond(k1-k0, rest.kernel, w1-w0) / time.Duration(n),
 		kernelGone: k1 < k0,
 	}, nil
 }

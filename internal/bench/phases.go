@@ -140,6 +140,12 @@ func measureRest(d time.Duration) atRest {
 	}
 }
 
+// beyond is what of used, measured over wall ns, was not spent at rate
+// (CPU ns per wall ns) as at rest; never less than 0.
+func beyond(used time.Duration, rate float64, wall int64) time.Duration {
+	return max(used-time.Duration(rate*float64(wall)), 0)
+}
+
 // rusageCPU is user plus system time.
 func rusageCPU(r syscall.Rusage) time.Duration {
 	return time.Duration(r.Utime.Nano() + r.Stime.Nano())
@@ -350,12 +356,12 @@ func (tr *tracedRuns) cpu(matched []tracedRun, n int) cpuPerRun {
 	if len(zyg) > 0 {
 		c.zygote = zyg[len(zyg)/2]
 	}
-	window := float64(tr.w1 - tr.w0)
-	c.server = max(rusageCPU(tr.ru1)-rusageCPU(tr.ru0)-time.Duration(tr.rest.server*window), 0) / time.Duration(n)
+	window := tr.w1 - tr.w0
+	c.server = beyond(rusageCPU(tr.ru1)-rusageCPU(tr.ru0), tr.rest.server, window) / time.Duration(n)
 	// The kernel threads' CPU is summed over the live ones: one that
 	// ended meanwhile takes its time with it, which can make the
 	// difference negative. None is counted then.
-	c.kernel = max(tr.k1-tr.k0-time.Duration(tr.rest.kernel*window), 0) / time.Duration(n)
+	c.kernel = beyond(tr.k1-tr.k0, tr.rest.kernel, window) / time.Duration(n)
 	c.kernelGone = tr.k1 < tr.k0
 	c.rest = tr.rest
 	c.wall = tr.busy / time.Duration(n)
@@ -375,8 +381,8 @@ func writeCPU(w io.Writer, c cpuPerRun, fl floorResult, hasFloor bool) {
 		if fl.kernelGone {
 			kernel = "?"
 		}
-		fmt.Fprintf(w, "  the floor, measured now: %s (a warm %s forked into a new pid namespace, unsharing the same namespaces, exiting: %s in it, %s in kernel threads); the run is %.2fx of it\n",
-			msd(fl.total()), "python3", msd(fl.process), kernel, ratio(total, fl.total()))
+		fmt.Fprintf(w, "  the floor, measured now: %s (a warm python3 forked into a new pid namespace, unsharing the same namespaces, exiting: %s in it, %s in kernel threads); the run is %.2fx of it\n",
+			msd(fl.total()), msd(fl.process), kernel, ratio(total, fl.total()))
 	}
 	fmt.Fprintf(w, "  %-44s %9s\n", "server (engine, pool, this bench)", msd(c.server))
 	fmt.Fprintf(w, "  %-44s %9s\n", "zygote (fork, and its pages copied after)", msd(c.zygote))
