@@ -125,12 +125,13 @@ func (t *Ticket) Check(ctx context.Context, s Subject, ap Approver) Verdict {
 	// Facts a parser gave for the same code of the same caller before
 	// (see factsCache): then nothing is left for a gate to decide.
 	var known *knownFacts
-	if t.g.facts != nil && pol.HasRules(t.call.Tool) && pol.NeedsCode(t.call.Tool) && s.Code != "" {
+	codeRules := pol.HasRules(t.call.Tool) && pol.NeedsCode(t.call.Tool) && s.Code != ""
+	if t.g.facts != nil && codeRules {
 		if facts, summary, ok := t.g.facts.get(t.factKey(s)); ok {
 			known = &knownFacts{facts: facts, summary: summary}
 		}
 	}
-	if known == nil && pol.HasRules(t.call.Tool) && pol.NeedsCode(t.call.Tool) && s.Kind == KindRun && s.Code != "" && s.Session == "" && t.g.sandbox.FromRun != nil {
+	if known == nil && codeRules && s.Kind == KindRun && s.Session == "" && t.g.sandbox.FromRun != nil {
 		// The facts come from the run's own sandbox, before its code
 		// runs: the rest is decided then (see Gate). Only a fresh one:
 		// a session's worker has run the caller's code before, which can
