@@ -291,6 +291,20 @@ type CreateOptions struct {
 	Network NetAttach
 }
 
+// liveFor is how many sessions live, and why owner may not have another
+// (its quota), nil when it may.
+func (s *Sessions) liveFor(owner string) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.live), s.ownerQuota(owner)
+}
+
+// full reports whether n live sessions leave no room for one more: by
+// their number, or by the memory budget.
+func (s *Sessions) full(n int) bool {
+	return n >= s.cfg.MaxSessions || int64(n+1)*s.e.cfg.Limits.MemoryBytes > s.cfg.MemoryBudget
+}
+
 // Create starts a session. ttl 0 means the default.
 func (s *Sessions) Create(ctx context.Context, ttl time.Duration, opts ...CreateOptions) (*SessionInfo, error) {
 	var o CreateOptions
@@ -301,17 +315,11 @@ func (s *Sessions) Create(ctx context.Context, ttl time.Duration, opts ...Create
 		ttl = s.cfg.DefaultTTL
 	}
 	ttl = min(ttl, s.cfg.MaxTTL)
-	s.mu.Lock()
-	n := len(s.live)
-	qerr := s.ownerQuota(o.Owner)
-	s.mu.Unlock()
+	n, qerr := s.liveFor(o.Owner)
 	if qerr != nil {
 		return nil, qerr
 	}
-	full := func(n int) bool {
-		return n >= s.cfg.MaxSessions || int64(n+1)*s.e.cfg.Limits.MemoryBytes > s.cfg.MemoryBudget
-	}
-	if full(n) && s.evictDetached() {
+	if s.full(n) && s.evictDetached() {
 		s.mu.Lock()
 		n = len(s.live)
 		s.mu.Unlock()

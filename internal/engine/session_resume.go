@@ -138,14 +138,11 @@ func (s *Sessions) resume(ctx context.Context, info snapshot.Info, o ResumeOptio
 		return nil, noSession(id)
 	}
 	// Room for it to run, as a create needs.
-	s.mu.Lock()
-	n := len(s.live)
-	qerr := s.ownerQuota(o.Owner)
-	s.mu.Unlock()
+	n, qerr := s.liveFor(o.Owner)
 	if qerr != nil {
 		return nil, qerr
 	}
-	if n >= s.cfg.MaxSessions || int64(n+1)*s.e.cfg.Limits.MemoryBytes > s.cfg.MemoryBudget {
+	if s.full(n) {
 		if !s.evictDetached() {
 			return nil, &NoRoomError{ID: id, Max: s.cfg.MaxSessions}
 		}
