@@ -202,12 +202,8 @@ func TestAnswerBeforeClose(t *testing.T) {
 // are not zombies, as "pid state".
 func liveProcessesIn(pidNS string) []string {
 	var live []string
-	ents, _ := os.ReadDir("/proc")
-	for _, d := range ents {
-		if ns, err := os.Readlink("/proc/" + d.Name() + "/ns/pid"); err != nil || ns != pidNS {
-			continue
-		}
-		stat, err := os.ReadFile("/proc/" + d.Name() + "/stat")
+	for _, pid := range pidsIn(pidNS) {
+		stat, err := os.ReadFile("/proc/" + pid + "/stat")
 		if err != nil {
 			continue
 		}
@@ -215,7 +211,7 @@ func liveProcessesIn(pidNS string) []string {
 		if i < 0 || i+2 >= len(stat) || stat[i+2] == 'Z' || stat[i+2] == 'X' {
 			continue
 		}
-		live = append(live, d.Name()+" "+string(stat[i+2]))
+		live = append(live, pid+" "+string(stat[i+2]))
 	}
 	return live
 }

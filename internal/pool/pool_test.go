@@ -283,14 +283,19 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-func processesIn(pidNS string) bool {
+func processesIn(pidNS string) bool { return len(pidsIn(pidNS)) > 0 }
+
+// pidsIn lists the host pids of the processes in the pid namespace pidNS
+// (zombies included).
+func pidsIn(pidNS string) []string {
+	var pids []string
 	ents, _ := os.ReadDir("/proc")
 	for _, d := range ents {
 		if ns, err := os.Readlink("/proc/" + d.Name() + "/ns/pid"); err == nil && ns == pidNS {
-			return true
+			pids = append(pids, d.Name())
 		}
 	}
-	return false
+	return pids
 }
 
 // ready0HostPID returns the host pid of one idle child, leaving it idle.
