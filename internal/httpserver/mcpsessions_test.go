@@ -285,7 +285,16 @@ func TestSessionlessRequestsBounded(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			alice.CallTool(context.Background(), &mcp.CallToolParams{Name: "wait"})
+			// A request's slot is freed after its answer is written, so
+			// the client can send the next one first: a call refused
+			// for that moment's overlap is sent again.
+			for {
+				_, err := alice.CallTool(context.Background(), &mcp.CallToolParams{Name: "wait"})
+				if err == nil || !strings.Contains(err.Error(), "too many requests in flight") {
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
 		}()
 	}
 	defer func() { close(release); wg.Wait() }()
