@@ -40,7 +40,7 @@ type RunRequest struct {
 	// Python's parser in the run's own sandbox, before any of it runs)
 	// whether it may run; see worker.Request.Gate. A refused run ends
 	// with an error of type PolicyRefusal.
-	Gate func(ctx context.Context, facts json.RawMessage) string
+	Gate func(ctx context.Context, code string, facts json.RawMessage) string
 }
 
 // The bounds of a request.

@@ -24,6 +24,13 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	if err := req.Validate(); err != nil {
 		return nil, err
 	}
+	if req.Gate != nil {
+		// A session's worker has run the caller's code, which can change
+		// the facts it reports: a gated call's facts must come from a
+		// sandbox no code ran in. Its caller should have had the facts
+		// derived apart (as a session's run has) and passed no gate.
+		return nil, errors.New("engine: a run gated on its code's facts cannot run in a session: its worker has run the caller's code, so its facts cannot be trusted")
+	}
 	sess, err := s.get(id)
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -46,6 +47,25 @@ func srun(t *testing.T, s *Sessions, id, code string) *Result {
 		t.Fatalf("run %q: %v", code, err)
 	}
 	return r
+}
+
+// TestSessionRefusesAGate: a session's worker has run the caller's code,
+// which can change the facts it reports, so a run gated on its code's
+// facts is refused before anything of it runs, the gate never asked.
+func TestSessionRefusesAGate(t *testing.T) {
+	s := newSessions(t, nil, SessionConfig{})
+	id := create(t, s)
+	asked := false
+	r, err := s.Run(context.Background(), id, RunRequest{Code: "open('ran', 'w').write('x')", Gate: func(context.Context, string, json.RawMessage) string {
+		asked = true
+		return ""
+	}})
+	if err == nil || !strings.Contains(err.Error(), "cannot run in a session") || asked {
+		t.Fatalf("a gated run in a session: %+v %v (gate asked: %v)", r, err, asked)
+	}
+	if r := srun(t, s, id, "import os\nos.path.exists('ran')"); r.ReturnValue != false {
+		t.Errorf("the refused run's code ran: %+v", r)
+	}
 }
 
 func TestSessionStatePersists(t *testing.T) {

@@ -57,6 +57,11 @@ type Call struct {
 	// NoAsk says nobody can be asked to approve this call (a resource
 	// read): a rule that asks refuses instead.
 	NoAsk bool
+	// Shared says Identity stands for callers the server cannot tell
+	// apart (HTTP without a token): what one call's code taught the
+	// server (its facts) is not kept for the next, or how soon a call is
+	// decided would tell one of them what code another sent.
+	Shared bool
 }
 
 // Ticket is an admitted call, until it ends.

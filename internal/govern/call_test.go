@@ -235,7 +235,7 @@ func TestArgumentRulesBeforeTheGate(t *testing.T) {
 		refused := verdict.Refusal
 		if verdict.Gate != nil {
 			// The run's worker reports its facts: socket, refused.
-			msg := verdict.Gate(ctx, json.RawMessage(`{}`))
+			msg := verdict.Gate(ctx, "import socket", json.RawMessage(`{}`))
 			if msg == "" {
 				t.Fatalf("%s: the gate let the run through", args)
 			}

@@ -55,7 +55,7 @@ type Verdict struct {
 	// facts come from its own sandbox, and the call is decided there,
 	// before any of its code runs. After the run, AfterRun says what was
 	// decided.
-	Gate func(ctx context.Context, facts json.RawMessage) string
+	Gate func(ctx context.Context, code string, facts json.RawMessage) string
 	// Rerun (from AfterRun) says to run the call again: an operator
 	// approved it.
 	Rerun bool
@@ -126,7 +126,7 @@ func (t *Ticket) Check(ctx context.Context, s Subject, ap Approver) Verdict {
 	// (see factsCache): then nothing is left for a gate to decide.
 	var known *knownFacts
 	codeRules := pol.HasRules(t.call.Tool) && pol.NeedsCode(t.call.Tool) && s.Code != ""
-	if t.g.facts != nil && codeRules {
+	if t.keepsFacts() && codeRules {
 		if facts, summary, ok := t.g.facts.get(t.factKey(s)); ok {
 			known = &knownFacts{facts: facts, summary: summary}
 		}
@@ -273,19 +273,27 @@ type gate struct {
 // runGate decides a gated call from its code's facts, as its run sent
 // them: "" lets the code run, anything else is why not (the refusal is
 // the ticket's, see AfterRun).
-func (t *Ticket) runGate(ctx context.Context, raw json.RawMessage) string {
+func (t *Ticket) runGate(ctx context.Context, code string, raw json.RawMessage) string {
 	gt := t.gate
 	if gt == nil || gt.asked {
 		return "this call's code was already decided"
 	}
 	gt.asked = true
+	if code != gt.subject.Code {
+		// A run of other code than the call's (a tool that runs a program
+		// of its own for the call, say): its facts say nothing of the
+		// call's code, so they neither decide it nor are kept for it.
+		gt.verdict = Verdict{Refusal: t.deny("the run's code is not the code the policy was asked about", "rule",
+			fmt.Sprintf("The server's policy looks at the code of %s calls, and this call ran other code than the code it was asked to decide, so nothing was run. This is a fault of the tool, not of your code: tell the server's operator.", t.call.Tool))}
+		return gt.verdict.Refusal.Message
+	}
 	facts, summary, err := t.g.sandbox.FromRun(raw, gt.subject.Code)
 	if err != nil {
 		gt.verdict = Verdict{Refusal: t.deny("the code's facts could not be derived: "+err.Error(), "rule",
 			fmt.Sprintf("The server's policy looks at the code of %s calls, and the code could not be analysed (%v). Nothing was run; retry, or tell the server's operator if it persists.", t.call.Tool, err))}
 		return gt.verdict.Refusal.Message
 	}
-	if t.g.facts != nil && len(gt.subject.Packages) == 0 && facts["dependencies"] == nil {
+	if t.keepsFacts() && len(gt.subject.Packages) == 0 && facts["dependencies"] == nil {
 		// From a sandbox no code had run in, and no package either (one
 		// can run code as the interpreter starts, before the worker's
 		// parser): what a parser says of this code, worth keeping.
@@ -360,6 +368,10 @@ type knownFacts struct {
 
 // factKey is the key of the facts of s's code in the cache: this caller's,
 // on the interpreter s asks for.
+// keepsFacts says the facts of this call's code are looked up and kept:
+// with a cache, for a caller the server tells apart from others.
+func (t *Ticket) keepsFacts() bool { return t.g.facts != nil && !t.call.Shared }
+
 func (t *Ticket) factKey(s Subject) factKey {
 	return newFactKey(t.call.Identity, s.PythonVersion, s.Code)
 }
@@ -400,7 +412,7 @@ func (t *Ticket) facts(ctx context.Context, pol *policy.Policy, s Subject, known
 		return f, "", t.deny("the code's facts could not be derived: "+err.Error(), "rule",
 			fmt.Sprintf("The server's policy looks at the code of %s calls, and the code could not be analysed (%v). Nothing was run; %s.", t.call.Tool, err, next))
 	}
-	if t.g.facts != nil {
+	if t.keepsFacts() {
 		// A sandbox of their own, no code run in it: worth keeping.
 		t.g.facts.put(t.factKey(s), facts, summary)
 	}

@@ -42,7 +42,9 @@ func newFactKey(identity, python, code string) factKey {
 // on the policy, the limits and the arguments, which change.
 //
 // Entries are per identity: facts are a function of the code alone, but
-// one caller's hit would tell another that someone sent that code. It
+// one caller's hit would tell another that someone sent that code. So an
+// identity that stands for callers the server cannot tell apart (Call.
+// Shared) has none. It
 // holds at most max entries and factsCacheBytes in all, least recently
 // used first out, each for at most factsCacheTTL. What it returns is a
 // copy: nothing a caller does with it changes what the next one gets.

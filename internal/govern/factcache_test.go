@@ -221,6 +221,47 @@ func TestFactsCacheWithRealSandboxes(t *testing.T) {
 	if g.facts.len() != 0 {
 		t.Errorf("the facts of a run with packages were kept")
 	}
+	// A run of other code than the call's (a tool running a program of
+	// its own for it): its facts neither decide the call nor are kept
+	// for the call's code.
+	args, _ := json.Marshal(map[string]any{"code": sock})
+	ctx, tk, ref := g.Admit(context.Background(), Call{Tool: "run_python", Identity: "dave", Args: args})
+	if ref != nil {
+		t.Fatal(ref)
+	}
+	v := tk.Check(ctx, Subject{Kind: KindRun, Code: sock}, Approver{})
+	if v.Gate == nil {
+		t.Fatalf("dave's call: %+v", v)
+	}
+	if res, err := eng.Run(ctx, engine.RunRequest{Code: "print('other code')", Gate: v.Gate}); err == nil && (res.Status == engine.StatusSuccess || res.Stdout != "") {
+		t.Errorf("a gated call ran other code than its own: %+v", res)
+	}
+	if a := tk.AfterRun(ctx, true); a == nil || a.Refusal == nil || !strings.Contains(a.Refusal.Message, "ran other code than the code it was asked to decide") {
+		t.Errorf("after a run of other code: %+v", a)
+	}
+	tk.End(Outcome{})
+	if g.facts.len() != 0 {
+		t.Errorf("the facts of other code were kept for the call's code")
+	}
+	// Callers the server cannot tell apart (one shared identity) keep
+	// nothing: how soon a call is decided would tell one of them what
+	// code another sent.
+	for i := range 2 {
+		ctx, tk, ref := g.Admit(context.Background(), Call{Tool: "run_python", Identity: "http:anonymous", Args: args, Shared: true})
+		if ref != nil {
+			t.Fatal(ref)
+		}
+		if v := tk.Check(ctx, Subject{Kind: KindRun, Code: sock}, Approver{}); v.Gate == nil {
+			t.Fatalf("shared identity, call %d: %+v", i, v)
+		} else if _, err := eng.Run(ctx, engine.RunRequest{Code: sock, Gate: v.Gate}); err != nil {
+			t.Fatal(err)
+		}
+		tk.AfterRun(ctx, true)
+		tk.End(Outcome{})
+	}
+	if g.facts.len() != 0 {
+		t.Errorf("a shared identity's facts were kept")
+	}
 }
 
 func newTestEngine(t *testing.T) *engine.Engine {

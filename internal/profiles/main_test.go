@@ -39,6 +39,7 @@ type serverOpts struct {
 	timeout time.Duration // the default timeout; 0: 20 s
 	audit   string        // an audit log to write, "" for none
 	output  int           // bytes kept per stream; 0: 16 KiB
+	facts   int           // code facts kept (govern.Config.FactsCache); 0: none
 }
 
 // connect serves spec's profiles on the real native sandbox and returns a
@@ -74,7 +75,7 @@ func connect(t testing.TB, spec string, so serverOpts) *mcp.ClientSession {
 	}
 	sessions := eng.NewSessions(engine.SessionConfig{MaxSessions: 4})
 	t.Cleanup(sessions.Shutdown)
-	gov := tools.Governance{Policy: pol}
+	gov := tools.Governance{Policy: pol, FactsCache: so.facts}
 	if so.audit != "" {
 		w, err := audit.Open(so.audit, audit.Options{})
 		if err != nil {

@@ -37,8 +37,18 @@ type SaveAndRunInput struct {
 	Overwrite        *bool   `json:"overwrite,omitempty" jsonschema:"overwrite the file when it exists (default true)"`
 }
 
-// Governed: a run of this code.
-func (in SaveAndRunInput) Governed() any { return tools.RunPythonInput{Code: in.Code} }
+// workspaceSubject stands for the caller's workspace session, whose id is
+// known only once the call runs, as the session a run is governed in.
+// It matters: the policy then derives the code's facts in a sandbox of
+// their own before the call, as for any session's run, rather than taking
+// them from the run (whose code is runFileCode, not the caller's, and
+// whose worker has run the caller's code before).
+const workspaceSubject = "(your workspace)"
+
+// Governed: a run of this code, in the caller's workspace.
+func (in SaveAndRunInput) Governed() any {
+	return tools.RunPythonInput{Code: in.Code, SessionID: workspaceSubject}
+}
 
 // RunFileInput is run_python_file's input.
 type RunFileInput struct {
@@ -46,9 +56,9 @@ type RunFileInput struct {
 	VariableToReturn *string `json:"variable_to_return,omitempty" jsonschema:"a global variable whose value (str) is returned"`
 }
 
-// Governed: a run (of a file already there).
+// Governed: a run (of a file already there), in the caller's workspace.
 func (in RunFileInput) Governed() any {
-	return tools.RunPythonInput{Code: "# runs the file " + in.FileName + " of the caller's workspace"}
+	return tools.RunPythonInput{Code: "# runs the file " + in.FileName + " of the caller's workspace", SessionID: workspaceSubject}
 }
 
 // PipInstallInput is pip_install_package's input.

@@ -407,7 +407,7 @@ type inflight struct {
 	ticket *govern.Ticket
 	// gate decides the call's code from its facts, in its run's sandbox
 	// (engine.RunRequest.Gate); nil: decided already.
-	gate    func(ctx context.Context, facts json.RawMessage) string
+	gate    func(ctx context.Context, code string, facts json.RawMessage) string
 	mu      sync.Mutex
 	run     *engine.Result
 	refused *govern.Refusal
@@ -432,7 +432,7 @@ func (c *inflight) reset() {
 }
 
 // gateOf is the gate of the call req is, for its run (nil: none).
-func (s *server) gateOf(req *mcp.CallToolRequest) func(ctx context.Context, facts json.RawMessage) string {
+func (s *server) gateOf(req *mcp.CallToolRequest) func(ctx context.Context, code string, facts json.RawMessage) string {
 	if c, ok := s.inflight.Load(req); ok {
 		return c.(*inflight).gate
 	}

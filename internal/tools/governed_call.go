@@ -31,6 +31,7 @@ func callOf(req *mcp.CallToolRequest) govern.Call {
 		// identity's share of the operators' queue.
 		c.Group = "unauthenticated"
 	}
+	c.Shared = callerOf(req).anonymous()
 	return c
 }
 

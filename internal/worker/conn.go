@@ -765,7 +765,7 @@ func (c *Conn) gate(ctx context.Context, line []byte, env envelope, req *Request
 		if err := json.Unmarshal(line, &m); err != nil {
 			return violationError{fmt.Errorf("worker: bad code facts: %w", err)}
 		}
-		if why := req.Gate(ctx, m.Arguments); why != "" {
+		if why := req.Gate(ctx, req.Code, m.Arguments); why != "" {
 			data = failureLine(OpToolResult, env.ID, ToolFailDenied, why)
 		} else {
 			id, _ := json.Marshal(env.ID)

@@ -272,8 +272,11 @@ type Request struct {
 	// facts as the worker's parser derived them (codefacts.py), before
 	// any of it ran: "" lets it run, anything else is why not (the run
 	// then ends with an error of type PolicyRefusal, nothing of its code
-	// having run). The facts are hostile JSON, bounded by MaxFactsBytes.
-	Gate func(ctx context.Context, facts json.RawMessage) string `json:"-"`
+	// having run). It is given Code, the code those facts are of, so
+	// that it can tell them from the facts of another program than the
+	// one it was asked about. The facts are hostile JSON, bounded by
+	// MaxFactsBytes.
+	Gate func(ctx context.Context, code string, facts json.RawMessage) string `json:"-"`
 	// MaxBytes bounds the stream of an OpSnapshot; Bytes is the length
 	// of the raw stream that follows an OpRestore (see Snapshot and
 	// Restore, which set them).
