@@ -37,12 +37,16 @@ type Writer struct {
 	path string
 	opts Options
 
-	mu   sync.Mutex
-	f    *os.File
-	size int64  // bytes in f
-	seq  int64  // seq of the last record written, 0 if none
-	hash string // hash of the last record written
-	err  error  // set once a write failed or Close was called: no more appends
+	mu sync.Mutex
+	// fileMu keeps f open through a background sync, which holds it
+	// shared; rotate and Close hold it to close f (after mu). The sync
+	// then never holds mu: appends go on while the disk syncs.
+	fileMu sync.RWMutex
+	f      *os.File
+	size   int64  // bytes in f
+	seq    int64  // seq of the last record written, 0 if none
+	hash   string // hash of the last record written
+	err    error  // set once a write failed or Close was called: no more appends
 
 	// The background sync (without Options.SyncEach): a record written
 	// asks for one on syncReq; quit stops the goroutine, done says it has.
@@ -84,6 +88,9 @@ func Open(path string, opts Options) (*Writer, error) {
 	return w, nil
 }
 
+// backgroundSync is the background sync's call (a test holds it up).
+var backgroundSync = datasync
+
 // syncLoop makes written records durable off the callers' path. One sync
 // covers every record written before it starts.
 func (w *Writer) syncLoop() {
@@ -95,12 +102,24 @@ func (w *Writer) syncLoop() {
 		case <-w.syncReq:
 		}
 		w.mu.Lock()
-		if w.f != nil && w.err == nil {
-			if err := datasync(w.f); err != nil {
+		broken := w.err != nil
+		w.mu.Unlock()
+		if broken {
+			continue
+		}
+		w.fileMu.RLock()
+		var err error
+		if w.f != nil {
+			err = backgroundSync(w.f)
+		}
+		w.fileMu.RUnlock()
+		if err != nil {
+			w.mu.Lock()
+			if w.err == nil {
 				w.fail(fmt.Errorf("audit: sync: %w", err))
 			}
+			w.mu.Unlock()
 		}
-		w.mu.Unlock()
 	}
 }
 
@@ -304,13 +323,17 @@ func (w *Writer) rotate(now time.Time) error {
 	if err := datasync(w.f); err != nil {
 		return err
 	}
+	w.fileMu.Lock()
 	w.f.Close()
 	w.f = nil
+	w.fileMu.Unlock()
 	f, err := openLocked(w.path)
 	if err != nil {
 		return err
 	}
+	w.fileMu.Lock()
 	w.f, w.size = f, 0
+	w.fileMu.Unlock()
 	return w.appendRotate(old, now)
 }
 
@@ -353,11 +376,13 @@ func (w *Writer) Close() error {
 	if serr != nil && w.err == nil {
 		w.fail(fmt.Errorf("audit: sync: %w", serr))
 	}
+	w.fileMu.Lock()
 	err := w.f.Close()
+	w.f = nil
+	w.fileMu.Unlock()
 	if err == nil {
 		err = serr
 	}
-	w.f = nil
 	if w.err == nil {
 		w.err = errClosed
 	}
