@@ -130,9 +130,6 @@ func (s *suite) mcpCalls() (err error) {
 		return err
 	}
 	governed := append(args[:len(args):len(args)], "--policy", polFile, "--audit-log", filepath.Join(govDir, "audit.log"))
-	if s.r.mcpGoverned, _, _, err = mcpLatency(s.ctx, s.cfg, governed, pause); err != nil {
-		return err
-	}
 	// The policy language at work: five conditions on the arguments, and
 	// a rule on the code's facts: derived by Python's parser in the first
 	// run's own sandbox before its code runs, then kept for this caller
@@ -143,9 +140,12 @@ func (s *suite) mcpCalls() (err error) {
 		return err
 	}
 	ruled := append(args[:len(args):len(args)], "--policy", rulesFile, "--audit-log", filepath.Join(govDir, "rules-audit.log"))
-	if s.r.mcpRules, _, _, err = mcpLatency(s.ctx, s.cfg, ruled, pause); err != nil {
+	// Against an ungoverned server timed in the same turns.
+	alt, err := mcpAlternating(s.ctx, s.cfg, [][]string{args, governed, ruled}, pause)
+	if err != nil {
 		return err
 	}
+	s.r.mcpUngoverned, s.r.mcpGoverned, s.r.mcpRules = alt[0], alt[1], alt[2]
 	s.r.writeCalls(s.cfg.Out)
 	return nil
 }

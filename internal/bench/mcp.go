@@ -85,3 +85,63 @@ func mcpLatency(ctx context.Context, cfg Config, args []string, between func() e
 	slices.Sort(tokened)
 	return plain, backToBack, tokened, nil
 }
+
+// mcpAlternating times print('hi') on several `serve` processes over
+// stdio, one call on each in turn (a different one first each round), so that every server sees the same
+// machine: the governed servers' ratios to an ungoverned one are then not
+// the drift of a busy machine between two blocks of calls. Each server
+// has one untimed call first (a gated policy's first call derives the
+// code's facts, which later calls find kept). The durations come back
+// sorted, one slice per server.
+func mcpAlternating(ctx context.Context, cfg Config, servers [][]string, between func() error) ([][]time.Duration, error) {
+	var clients []*mcp.ClientSession
+	defer func() {
+		for _, cs := range clients {
+			cs.Close()
+		}
+	}()
+	for _, args := range servers {
+		cs, err := serveStdio(ctx, cfg, args)
+		if err != nil {
+			return nil, err
+		}
+		clients = append(clients, cs)
+	}
+	call := func(cs *mcp.ClientSession) error {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "print('hi')"}})
+		if err != nil {
+			return err
+		}
+		if res.IsError {
+			return fmt.Errorf("run_python failed: %v", res.Content)
+		}
+		return nil
+	}
+	// Let their pools fill before anything is timed.
+	time.Sleep(1500 * time.Millisecond)
+	for _, cs := range clients {
+		if err := call(cs); err != nil {
+			return nil, err
+		}
+	}
+	out := make([][]time.Duration, len(clients))
+	for round := range cfg.N {
+		// Each round starts at the next server, so none is always first
+		// (or last) after the pause.
+		for k := range clients {
+			i := (round + k) % len(clients)
+			if err := between(); err != nil {
+				return nil, err
+			}
+			start := time.Now()
+			if err := call(clients[i]); err != nil {
+				return nil, err
+			}
+			out[i] = append(out[i], time.Since(start))
+		}
+	}
+	for _, d := range out {
+		slices.Sort(d)
+	}
+	return out, nil
+}

@@ -19,6 +19,7 @@ func fullReport() latencyReport {
 		engB2B:          durations(20.5, 22.0, 23.1, 25.0, 31.0),
 		mcpStdio:        durations(6.1, 6.5, 6.9, 7.2, 11.9),
 		mcpB2B:          durations(21.0, 22.2, 23.0, 24.0, 30.0),
+		mcpUngoverned:   durations(6.0, 6.4, 6.8, 7.1, 11.5),
 		mcpGoverned:     durations(6.3, 6.8, 7.1, 7.5, 12.5),
 		mcpRules:        durations(15.1, 16.0, 16.4, 17.2, 21.9),
 		mcpProgress:     durations(6.4, 6.9, 7.3, 7.7, 13.0),
