@@ -263,9 +263,11 @@ func TestBrokenWriterRefusesAppends(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The descriptor goes bad underneath, as when the disk goes away
-	// (under the writer's lock: its background sync reads w.f).
+	// (under the writer's locks: its background sync reads w.f).
 	w.mu.Lock()
+	w.fileMu.Lock()
 	w.f.Close()
+	w.fileMu.Unlock()
 	w.mu.Unlock()
 	if err := w.Append(call(1)); err == nil {
 		t.Fatal("append to a closed file succeeded")
@@ -277,7 +279,9 @@ func TestBrokenWriterRefusesAppends(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.mu.Lock()
+	w.fileMu.Lock()
 	w.f = f
+	w.fileMu.Unlock()
 	w.mu.Unlock()
 	err = w.Append(call(2))
 	if err == nil || !strings.Contains(err.Error(), "broken") {
