@@ -366,12 +366,12 @@ type knownFacts struct {
 	summary string
 }
 
-// factKey is the key of the facts of s's code in the cache: this caller's,
-// on the interpreter s asks for.
 // keepsFacts says the facts of this call's code are looked up and kept:
 // with a cache, for a caller the server tells apart from others.
 func (t *Ticket) keepsFacts() bool { return t.g.facts != nil && !t.call.Shared }
 
+// factKey is the key of the facts of s's code in the cache: this caller's,
+// on the interpreter s asks for.
 func (t *Ticket) factKey(s Subject) factKey {
 	return newFactKey(t.call.Identity, s.PythonVersion, s.Code)
 }
