@@ -108,9 +108,10 @@ const rulesPolicy = `{"version": "1", "default": "deny", "tools": {"run_python":
     {"conditions": [{"path": "code.imports", "op": "contains", "value": "socket"}]}
   ]}}}`
 
-// mcpCalls times this binary's `serve` over stdio: as the command line
-// gives it, then governed by a policy with a rate limit and an audit log
-// that is fsynced before every result.
+// mcpCalls times this binary's `serve` over stdio as the command line
+// gives it, then, in turn with another such server, one governed by a
+// policy with a rate limit and an audit log, and one whose policy has
+// argument conditions and a rule on the code's facts.
 func (s *suite) mcpCalls() (err error) {
 	args := s.cfg.ServeArgs
 	if s.hasPandas && s.cfg.Defaults.PoolSize > 0 {

@@ -87,12 +87,12 @@ func mcpLatency(ctx context.Context, cfg Config, args []string, between func() e
 }
 
 // mcpAlternating times print('hi') on several `serve` processes over
-// stdio, one call on each in turn (a different one first each round), so that every server sees the same
-// machine: the governed servers' ratios to an ungoverned one are then not
-// the drift of a busy machine between two blocks of calls. Each server
-// has one untimed call first (a gated policy's first call derives the
-// code's facts, which later calls find kept). The durations come back
-// sorted, one slice per server.
+// stdio, one call on each in turn (a different one first each round), so
+// that every server sees the same machine: the governed servers' ratios to
+// an ungoverned one are then not the drift of a busy machine between two
+// blocks of calls. Each server has one untimed call first (a gated
+// policy's first call derives the code's facts, which later calls find
+// kept). The durations come back sorted, one slice per server.
 func mcpAlternating(ctx context.Context, cfg Config, servers [][]string, between func() error) ([][]time.Duration, error) {
 	var clients []*mcp.ClientSession
 	defer func() {
