@@ -40,21 +40,14 @@ func mcpLatency(ctx context.Context, cfg Config, args []string, between func() e
 	calls := 0
 	call := func(progress bool) func() error {
 		return func() error {
-			params := &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "print('hi')"}}
+			var meta mcp.Meta
 			if progress {
 				// With a token, the server watches the call (heartbeat
 				// and live output): what that costs.
 				calls++
-				params.Meta = mcp.Meta{"progressToken": fmt.Sprint("bench-", calls)}
+				meta = mcp.Meta{"progressToken": fmt.Sprint("bench-", calls)}
 			}
-			res, err := cs.CallTool(ctx, params)
-			if err != nil {
-				return err
-			}
-			if res.IsError {
-				return fmt.Errorf("run_python failed: %v", res.Content)
-			}
-			return nil
+			return mcpHello(ctx, cs, meta)
 		}
 	}
 	// Let its pool fill before anything is timed.
@@ -107,20 +100,10 @@ func mcpAlternating(ctx context.Context, cfg Config, servers [][]string, between
 		}
 		clients = append(clients, cs)
 	}
-	call := func(cs *mcp.ClientSession) error {
-		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "print('hi')"}})
-		if err != nil {
-			return err
-		}
-		if res.IsError {
-			return fmt.Errorf("run_python failed: %v", res.Content)
-		}
-		return nil
-	}
 	// Let their pools fill before anything is timed.
 	time.Sleep(1500 * time.Millisecond)
 	for _, cs := range clients {
-		if err := call(cs); err != nil {
+		if err := mcpHello(ctx, cs, nil); err != nil {
 			return nil, err
 		}
 	}
@@ -134,7 +117,7 @@ func mcpAlternating(ctx context.Context, cfg Config, servers [][]string, between
 				return nil, err
 			}
 			start := time.Now()
-			if err := call(clients[i]); err != nil {
+			if err := mcpHello(ctx, clients[i], nil); err != nil {
 				return nil, err
 			}
 			out[i] = append(out[i], time.Since(start))
@@ -144,4 +127,17 @@ func mcpAlternating(ctx context.Context, cfg Config, servers [][]string, between
 		slices.Sort(d)
 	}
 	return out, nil
+}
+
+// mcpHello is one run_python print('hi') call, with meta (a progress
+// token) when set.
+func mcpHello(ctx context.Context, cs *mcp.ClientSession, meta mcp.Meta) error {
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "print('hi')"}, Meta: meta})
+	if err != nil {
+		return err
+	}
+	if res.IsError {
+		return fmt.Errorf("run_python failed: %v", res.Content)
+	}
+	return nil
 }
