@@ -381,10 +381,7 @@ func (g *Group) Figures() (Figures, error) {
 		err error
 	)
 	if g.v2 != nil {
-		var st Stats
-		if st, err = g.v2.stats(); err == nil {
-			f = Figures{MemoryPeakBytes: st.MemoryPeakBytes, CPUUsage: st.CPUUsage, OOMKills: st.OOMKills}
-		}
+		f, err = g.v2.figures()
 	} else {
 		f, err = g.v1.figures()
 	}
@@ -406,7 +403,7 @@ func (g *Group) MemoryCurrent() (int64, error) {
 		err error
 	)
 	if g.v2 != nil {
-		n, err = readInt(filepath.Join(g.v2.dir, "memory.current"))
+		n, err = g.v2.memoryCurrent()
 	} else {
 		n, err = g.v1.memoryCurrent()
 	}
@@ -427,10 +424,7 @@ func (g *Group) CPUUsage() (time.Duration, error) {
 		err error
 	)
 	if g.v2 != nil {
-		var us int64
-		if us, _, err = readKey(filepath.Join(g.v2.dir, "cpu.stat"), "usage_usec"); err == nil {
-			d = time.Duration(us) * time.Microsecond
-		}
+		d, err = g.v2.cpuUsage()
 	} else {
 		d, err = g.v1.cpuUsage()
 	}

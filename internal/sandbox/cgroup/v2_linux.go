@@ -254,6 +254,26 @@ func (g *v2Group) stats() (Stats, error) {
 	return st, nil
 }
 
+// figures reads what Figures reports: from the same counters as stats.
+func (g *v2Group) figures() (Figures, error) {
+	st, err := g.stats()
+	if err != nil {
+		return Figures{}, err
+	}
+	return Figures{MemoryPeakBytes: st.MemoryPeakBytes, CPUUsage: st.CPUUsage, OOMKills: st.OOMKills}, nil
+}
+
+// memoryCurrent reads memory.current.
+func (g *v2Group) memoryCurrent() (int64, error) {
+	return readInt(filepath.Join(g.dir, "memory.current"))
+}
+
+// cpuUsage reads cpu.stat's usage_usec.
+func (g *v2Group) cpuUsage() (time.Duration, error) {
+	us, _, err := readKey(filepath.Join(g.dir, "cpu.stat"), "usage_usec")
+	return time.Duration(us) * time.Microsecond, err
+}
+
 func (g *v2Group) oomKills() int64 {
 	m, err := g.m.StatFiltered(cgroup2.StatMemoryEvents)
 	if err != nil {
