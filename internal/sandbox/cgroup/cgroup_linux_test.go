@@ -447,14 +447,14 @@ print("survived", len(b))
 // next run in the group neither starts its peak there nor pays for its
 // reclaim (an attack read 500 MB and the next run, a print, reported a
 // 517 MB peak).
-func TestResetForgetsPageCacheV1(t *testing.T) {
-	requireV1(t)
-	const size = 64 << 20
+// uncachedFile writes a file of size bytes and drops it from the page
+// cache, so that reading it charges the reader's group.
+func uncachedFile(t *testing.T, size int) string {
+	t.Helper()
 	file := filepath.Join(t.TempDir(), "cached")
 	if err := os.WriteFile(file, bytes.Repeat([]byte{'x'}, size), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// Out of the cache, so that reading it charges the group.
 	f, err := os.Open(file)
 	if err != nil {
 		t.Fatal(err)
@@ -462,6 +462,13 @@ func TestResetForgetsPageCacheV1(t *testing.T) {
 	f.Sync()
 	unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
 	f.Close()
+	return file
+}
+
+func TestResetForgetsPageCacheV1(t *testing.T) {
+	requireV1(t)
+	const size = 64 << 20
+	file := uncachedFile(t, size)
 	g := newGroup(t, Limits{MemoryBytes: 512 << 20, Pids: 64})
 	cmd := startIn(t, g, io.Discard, io.Discard, "cat", file)
 	if err := waitTimeout(t, cmd, 60*time.Second); err != nil {
@@ -813,12 +820,20 @@ func TestKeptFilesV1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The first use leaves page cache charged, so that its reset opens
+	// every file a group keeps (memory.force_empty only when needed):
+	// later uses, which may need it or not, open nothing more.
+	file := uncachedFile(t, 8<<20)
 	var afterOne int
 	for i := range 20 {
 		if i == 1 {
 			afterOne = fds()
 		}
-		cmd := startIn(t, g, io.Discard, io.Discard, "/bin/true")
+		argv := []string{"/bin/true"}
+		if i == 0 {
+			argv = []string{"cat", file}
+		}
+		cmd := startIn(t, g, io.Discard, io.Discard, argv...)
 		cmd.Wait()
 		if _, err := g.Stats(); err != nil {
 			t.Fatal(err)
