@@ -333,17 +333,7 @@ func TestLimits(t *testing.T) {
 }
 
 func TestSlowClientAndClose(t *testing.T) {
-	echo, _ := net.Listen("tcp", "127.0.0.1:0")
-	defer echo.Close()
-	go func() {
-		for {
-			c, err := echo.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(c, c); c.Close() }()
-		}
-	}()
+	echo := host(t, func(c net.Conn) { io.Copy(c, c) })
 	p := New(Config{Rules: func() *policy.NetworkRules { return rules(t, echo.Addr().String()) }, HeaderTimeout: 300 * time.Millisecond})
 	g, purl := serve(t, p, GrantConfig{})
 	// A slow loris: a header that never ends is cut off.
