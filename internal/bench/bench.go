@@ -153,6 +153,7 @@ func Estimate(cfg Config, hasPandas bool) time.Duration {
 	network := 15 * time.Second
 	tools := 10*time.Second + n*10*time.Millisecond
 	cache := 5*time.Second + time.Duration(max(cfg.N/10, 3))*3*time.Second
+	replicas := 5*time.Second + 2*n*5*time.Millisecond
 	switch {
 	case cfg.Phases:
 		return phases
@@ -167,7 +168,7 @@ func Estimate(cfg Config, hasPandas bool) time.Duration {
 	case cfg.Sessions:
 		return 10*time.Second + time.Duration(max(cfg.N/10, 3))*6*time.Second + 2*n*50*time.Millisecond
 	case cfg.Replicas:
-		return 5*time.Second + 2*n*5*time.Millisecond
+		return replicas
 	}
 	calls := max(4*cfg.N, 200)
 	d := n*50*time.Millisecond + // python3 -c pass
@@ -176,7 +177,7 @@ func Estimate(cfg Config, hasPandas bool) time.Duration {
 		n*200*time.Millisecond + // under a flood
 		n*time.Millisecond + // a session
 		time.Duration(calls)*60*time.Millisecond/time.Duration(max(cfg.Concurrency, 1))*2 + // throughput
-		network + tools + phases + 5*time.Second + 2*n*5*time.Millisecond // replicas
+		network + tools + phases + replicas
 	if hasPandas {
 		d += 10*time.Second + time.Duration(max(cfg.N/5, 3))*600*time.Millisecond + 2*n*200*time.Millisecond
 	}
