@@ -1,8 +1,9 @@
 // Package worker holds the Python worker program that runs inside every
 // sandbox, and the Go side of the small protocol used to drive it.
 //
-// The worker is started as `python3 -I -B worker.py` (embedded in the binary
-// and placed read-only inside the sandbox). File descriptor 3 is a Unix
+// The worker is started as `python3 -I -B -c BOOTSTRAP worker.py` (see
+// Command; worker.py is embedded in the binary and placed read-only inside
+// the sandbox). File descriptor 3 is a Unix
 // stream socket: the control channel. File descriptors 1 and 2 are the user
 // code's stdout and stderr and are never used for protocol traffic, so user
 // output cannot forge protocol messages. Stdin is /dev/null.

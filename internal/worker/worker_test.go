@@ -749,11 +749,63 @@ func TestMemoryErrorSmallObjects(t *testing.T) {
 }
 
 func TestCommand(t *testing.T) {
-	if got := strings.Join(Command("/py", "/w.py", false), " "); got != "/py -I -B /w.py" {
+	if got := strings.Join(Command("/py", "/w.py", false), " "); got != "/py -I -B -c "+bootstrap+" /w.py" {
 		t.Errorf("Command = %q", got)
 	}
-	if got := strings.Join(Command("/py", "/w.py", true), " "); got != "/py -I -B /w.py --oneshot" {
+	if got := strings.Join(Command("/py", "/w.py", true, "/s"), " "); got != "/py -I -B -c "+bootstrap+" /w.py --site /s --oneshot" {
 		t.Errorf("Command oneshot = %q", got)
+	}
+}
+
+// heapProbe prints the resident size of the worker's malloc heap, in KiB.
+const heapProbe = `kib = 0
+where = None
+for line in open("/proc/self/smaps"):
+    f = line.split()
+    if len(f) >= 5 and "-" in f[0] and ":" in f[3]:
+        where = f[5] if len(f) > 5 else ""
+    elif f and f[0] == "Rss:" and where == "[heap]":
+        kib += int(f[1])
+kib`
+
+// A worker started as Command starts it holds no syntax tree of worker.py:
+// its heap is megabytes smaller than one started as a plain script's,
+// whose tree Python keeps until the script returns. Every pooled run pays
+// for each page a zygote keeps, twice (its fork copies the page table
+// entry, its exit tears it down), so this is worth a test.
+func TestCommandFreesTheParseTree(t *testing.T) {
+	requirePython(t, systemPython)
+	heap := func(argv []string) int {
+		w := startWorker(t, argv)
+		res, _, _ := w.run(t, Request{Code: heapProbe})
+		wantSuccess(t, res)
+		var kib int
+		if err := json.Unmarshal(res.ReturnValue, &kib); err != nil || kib <= 0 {
+			t.Fatalf("heap = %s, %v", res.ReturnValue, err)
+		}
+		return kib
+	}
+	script := heap([]string{systemPython, "-I", "-B", "WORKER_PY"})
+	boot := heap(Command(systemPython, "WORKER_PY", false))
+	t.Logf("malloc heap: %d KiB as a script, %d KiB through the bootstrap", script, boot)
+	if script-boot < 512 {
+		t.Errorf("the bootstrap saved %d KiB of heap (%d as a script, %d through it); want at least 512 KiB", script-boot, script, boot)
+	}
+}
+
+// Through the bootstrap, the worker still sees what a script does:
+// the arguments a script would (none left once it has read them), the
+// working directory first on sys.path as in `python -c` (a zygote's has
+// none: see TestEscapeDependencyCode), and never its own directory.
+func TestCommandLooksLikeAScript(t *testing.T) {
+	for name, py := range toolPythons(t) {
+		t.Run(name, func(t *testing.T) {
+			w := startPython(t, py, false)
+			res, _, _ := w.run(t, Request{Code: `import sys, os
+[sys.argv, "" in sys.path, [p for p in sys.path if os.path.exists(os.path.join(p or ".", "worker.py"))]]`})
+			wantSuccess(t, res)
+			jsonEqual(t, res.ReturnValue, `[["<code>"], true, []]`)
+		})
 	}
 }
 
