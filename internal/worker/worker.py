@@ -2298,17 +2298,29 @@ def _landlock_enter(ctx):
 def _mask_proc(masks, mount):
     """Hide and freeze what /proc tells about the host (the Go side's
     DefaultProcMasks, as runc and Docker do)."""
-    for path in masks.get("files") or []:
-        if os.path.lexists(path):
-            mount("/dev/null", path, None, MS_BIND)
-    for path in masks.get("dirs") or []:
-        if os.path.lexists(path):
-            mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                  "size=4k,nr_inodes=1,mode=0555")
+    # Read-only copies first: a file masked below one of them (the boot
+    # id, under /proc/sys) is then masked once, on the copy, rather than
+    # below it and again in the copy. Each mount is copied at the fork and
+    # torn down at the exit of every pooled run.
     for path in masks.get("readonly") or []:
         if os.path.lexists(path):
             mount(path, path, None, MS_BIND | MS_REC)
             mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for path in masks.get("files") or []:
+        if os.path.lexists(path):
+            mount("/dev/null", path, None, MS_BIND)
+    # One empty read-only tmpfs for every masked directory: a bind mount
+    # keeps its read-only flags, and costs no superblock of its own.
+    empty = None
+    for path in masks.get("dirs") or []:
+        if not os.path.lexists(path):
+            continue
+        if empty is None:
+            mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  "size=4k,nr_inodes=1,mode=0555")
+            empty = path
+        else:
+            mount(empty, path, None, MS_BIND)
 
 
 def _loopback_up(struct, fcntl):
