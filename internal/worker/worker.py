@@ -112,13 +112,17 @@ def _release_reserve():
 # by accident.
 _dumps = json.dumps
 _loads = json.loads
+# The replies' encoder, made once: json.dumps with any argument builds a
+# new JSONEncoder per call, and every function a pooled run calls for
+# the first time costs it a page or two copied from the zygote.
+_compact = json.JSONEncoder(separators=(",", ":")).encode
 _JSONEncoder = json.JSONEncoder
 _marshal_dumps = marshal.dumps  # for snapshot.py (marshal is loaded anyway)
 _marshal_loads = marshal.loads
 
 
 def _send(sock, msg):
-    _send_bytes(sock, (_dumps(msg, separators=(",", ":")) + "\n").encode("ascii"))
+    _send_bytes(sock, (_compact(msg) + "\n").encode("ascii"))
 
 
 def _send_bytes(sock, data):
@@ -309,9 +313,12 @@ def _unshield_sigint(saved):
             signal.pthread_kill(_MAIN_THREAD, signal.SIGINT)
 
 
+# _signal's functions rather than signal's, here and below: signal's wrap
+# every handler and number in enums, which is most of the Python a
+# trivial run executes after its code (and pages a pooled run copies).
 def _install_sigint_handler():
     try:
-        signal.signal(signal.SIGINT, _on_sigint)
+        _signal.signal(_signal.SIGINT, _on_sigint)
     except Exception:  # not the main thread
         pass
 
@@ -322,8 +329,8 @@ def _restore_sigint_handler():
     # done, which behaves the same in user code. Any other handler, or
     # SIG_IGN, is the user's choice and stays for the session.
     try:
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, _on_sigint)
+        if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
+            _signal.signal(_signal.SIGINT, _on_sigint)
     except BaseException:
         pass
 
@@ -678,7 +685,7 @@ def _run(sock, req, rid, session=None):
                 reply["figures_omitted"] = omitted
             del figures
         exit_code = reply["exit_code"]
-        head = _dumps(reply, separators=(",", ":"))
+        head = _compact(reply)
         del reply
         data = (head[:-1] + ',"return_value":' + ret + "}\n").encode("ascii")
     except MemoryError:
@@ -2128,6 +2135,7 @@ def _prepare_child(ctx):
         "caps": list(range(last + 1)),
         "flags": ctypes.c_ulong,
         "joined": b'{"op":"joined"}\n',
+        "environ": dict(os.environ),
     })
 
 
@@ -2192,7 +2200,9 @@ def _become_sandbox(req, ctx):
         resource.setrlimit(res, (cur, mx))
     os.chdir("/work")
     env = req.get("env")
-    if isinstance(env, dict) and env != os.environ:
+    # Against the zygote's environment as a dict: comparing with
+    # os.environ itself decodes every variable in Python.
+    if isinstance(env, dict) and env != ctx["environ"]:
         # (The zygote's own environment is the run's, as a rule.)
         os.environ.clear()
         os.environ.update(env)
@@ -2883,6 +2893,12 @@ def _sync(sock, req, rid):
     _send(sock, {"op": "synced", "id": rid})
 
 
+# The ready message but for the pid, formatted once (by hand, as the
+# zygote's replies are: see _zygote_main).
+_READY = ('{"op":"ready","python":%s,"version":[%d,%d],"pid":%%d}\n' % (
+    _dumps(sys.version.split()[0]), sys.version_info[0], sys.version_info[1])).encode("ascii")
+
+
 def _serve(sock, oneshot):
     """Answer requests until the Go side hangs up (or, one-shot, until the
     first run is done). Returns the exit code."""
@@ -2892,9 +2908,7 @@ def _serve(sock, oneshot):
     _chan = _Channel(sock, _LineReader(sock))
     # A serving worker is a session: one __main__ for all its runs.
     session = None if oneshot else types.ModuleType("__main__")
-    v = sys.version_info
-    _send(sock, {"op": "ready", "python": sys.version.split()[0],
-                 "version": [v[0], v[1]], "pid": _PID})
+    _send_bytes(sock, _READY % _PID)
     while True:
         try:
             line = _chan.next_line()
