@@ -1,9 +1,11 @@
 package seccomp
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"runtime"
+	"slices"
 	"sort"
 
 	"golang.org/x/net/bpf"
@@ -197,41 +199,82 @@ func instructions(p Profile) ([]bpf.Instruction, error) {
 		)
 	}
 
-	// Each check below is self-contained: A still holds nr when it starts,
-	// and a block that loads an argument always ends in a return.
-	names := make([]string, 0, len(native.denied))
-	for name := range native.denied {
+	// Each rule below checks nr itself and falls through when it is
+	// another call: A still holds nr when it starts, and a block that
+	// loads an argument always ends in a return. They are reached by a
+	// binary search on nr, not one after another: an allowed call, the
+	// common case, then meets about a dozen comparisons instead of one
+	// per denied call, and so does the kernel, which runs the filter for
+	// every syscall number when it is installed (to cache the calls it
+	// always allows) and on every call the filter does not allow outright.
+	rules := make([]rule, 0, len(native.denied)+6)
+	for name, nr := range native.denied {
 		if p == Zygote && zygoteAllowed[name] {
 			continue
 		}
-		names = append(names, name)
-	}
-	sort.Strings(names) // same program every time
-	for _, name := range names {
-		prog = append(prog,
-			bpf.JumpIf{Cond: bpf.JumpEqual, Val: native.denied[name], SkipFalse: 1},
+		rules = append(rules, rule{nr, []bpf.Instruction{
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: nr, SkipFalse: 1},
 			bpf.RetConstant{Val: retEPERM},
-		)
+		}})
 	}
-
-	prog = append(prog,
-		bpf.JumpIf{Cond: bpf.JumpEqual, Val: native.clone3, SkipFalse: 1},
-		bpf.RetConstant{Val: retENOSYS},
-
+	rules = append(rules,
+		rule{native.clone3, []bpf.Instruction{
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: native.clone3, SkipFalse: 1},
+			bpf.RetConstant{Val: retENOSYS},
+		}},
 		// clone: flags are args[0] on both amd64 and arm64.
-		bpf.JumpIf{Cond: bpf.JumpEqual, Val: native.clone, SkipFalse: 4},
-		bpf.LoadAbsolute{Off: argLow(0), Size: 4},
-		bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: nsFlags, SkipFalse: 1},
-		bpf.RetConstant{Val: retEPERM},
-		bpf.RetConstant{Val: retAllow},
+		rule{native.clone, []bpf.Instruction{
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: native.clone, SkipFalse: 4},
+			bpf.LoadAbsolute{Off: argLow(0), Size: 4},
+			bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: nsFlags, SkipFalse: 1},
+			bpf.RetConstant{Val: retEPERM},
+			bpf.RetConstant{Val: retAllow},
+		}},
+		rule{native.ioctl, argIn(native.ioctl, 1, deniedIoctls, retEPERM, retAllow)},
+		rule{native.fcntl, argIn(native.fcntl, 1, deniedFcntls, retEPERM, retAllow)},
+		rule{native.socket, argIn(native.socket, 0, deniedSocketFamilies, retEPERM, retAllow)},
+		rule{native.personality, argIn(native.personality, 0, allowedPersonalities, retAllow, retEPERM)},
 	)
-	prog = append(prog, argIn(native.ioctl, 1, deniedIoctls, retEPERM, retAllow)...)
-	prog = append(prog, argIn(native.fcntl, 1, deniedFcntls, retEPERM, retAllow)...)
-	prog = append(prog, argIn(native.socket, 0, deniedSocketFamilies, retEPERM, retAllow)...)
-	prog = append(prog, argIn(native.personality, 0, allowedPersonalities, retAllow, retEPERM)...)
+	// Sorted, which also makes it the same program every time.
+	slices.SortFunc(rules, func(a, b rule) int { return cmp.Compare(a.nr, b.nr) })
+	for i := 1; i < len(rules); i++ {
+		if rules[i].nr == rules[i-1].nr {
+			return nil, fmt.Errorf("seccomp: two rules for syscall %d", rules[i].nr)
+		}
+	}
+	return append(prog, search(rules)...), nil
+}
 
-	prog = append(prog, bpf.RetConstant{Val: retAllow})
-	return prog, nil
+// rule is the check of one syscall number: a block that returns a verdict
+// for nr and falls through for any other number.
+type rule struct {
+	nr    uint32
+	block []bpf.Instruction
+}
+
+// leafRules is how many rules a search ends in, checked in turn.
+const leafRules = 4
+
+// search returns a binary search over rules (sorted by nr) that ends in
+// the rules of nr's leaf, then allows: each of their blocks returns for
+// its own number and falls through for the others. A conditional jump
+// reaches at most 255 instructions ahead; an unconditional one (ja) has
+// 32 bits, so the jump over the lower half is one of those.
+func search(rules []rule) []bpf.Instruction {
+	if len(rules) <= leafRules {
+		var out []bpf.Instruction
+		for _, r := range rules {
+			out = append(out, r.block...)
+		}
+		return append(out, bpf.RetConstant{Val: retAllow})
+	}
+	mid := len(rules) / 2
+	low, high := search(rules[:mid]), search(rules[mid:])
+	return slices.Concat([]bpf.Instruction{
+		// nr >= the upper half's first: on to the jump over the lower half.
+		bpf.JumpIf{Cond: bpf.JumpGreaterOrEqual, Val: rules[mid].nr, SkipFalse: 1},
+		bpf.Jump{Skip: uint32(len(low))},
+	}, low, high)
 }
 
 // argIn returns a block that, for syscall nr, returns match when the low 32

@@ -266,3 +266,112 @@ func TestX32(t *testing.T) {
 	}
 	expect(t, "nr -1", f.call(t, 0xffffffff), retAllow)
 }
+
+// linearProgram is the filter as it was before its rules were reached by
+// a binary search: every rule in turn. The search must decide every call
+// exactly as it does.
+func linearProgram(p Profile) []bpf.Instruction {
+	prog := []bpf.Instruction{
+		bpf.LoadAbsolute{Off: offArch, Size: 4},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: native.audit, SkipTrue: 1},
+		bpf.RetConstant{Val: retKill},
+		bpf.LoadAbsolute{Off: offNr, Size: 4},
+	}
+	if native.x32 {
+		prog = append(prog,
+			bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: x32Bit, SkipFalse: 2},
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0xffffffff, SkipTrue: 1},
+			bpf.RetConstant{Val: retKill},
+		)
+	}
+	for name, nr := range native.denied {
+		if p == Zygote && zygoteAllowed[name] {
+			continue
+		}
+		prog = append(prog,
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: nr, SkipFalse: 1},
+			bpf.RetConstant{Val: retEPERM},
+		)
+	}
+	prog = append(prog,
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: native.clone3, SkipFalse: 1},
+		bpf.RetConstant{Val: retENOSYS},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: native.clone, SkipFalse: 4},
+		bpf.LoadAbsolute{Off: argLow(0), Size: 4},
+		bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: nsFlags, SkipFalse: 1},
+		bpf.RetConstant{Val: retEPERM},
+		bpf.RetConstant{Val: retAllow},
+	)
+	prog = append(prog, argIn(native.ioctl, 1, deniedIoctls, retEPERM, retAllow)...)
+	prog = append(prog, argIn(native.fcntl, 1, deniedFcntls, retEPERM, retAllow)...)
+	prog = append(prog, argIn(native.socket, 0, deniedSocketFamilies, retEPERM, retAllow)...)
+	prog = append(prog, argIn(native.personality, 0, allowedPersonalities, retAllow, retEPERM)...)
+	return append(prog, bpf.RetConstant{Val: retAllow})
+}
+
+// vmOf assembles insns as the kernel would get them and loads them into
+// x/net/bpf's interpreter.
+func vmOf(t *testing.T, insns []bpf.Instruction) filterVM {
+	t.Helper()
+	raw, err := bpf.Assemble(insns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, ok := bpf.Disassemble(raw)
+	if !ok {
+		t.Fatal("program does not disassemble")
+	}
+	vm, err := bpf.NewVM(back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filterVM{vm}
+}
+
+// TestSearchMatchesLinear runs both profiles' filters and the linear
+// filter they replaced on every syscall number up to 2048, the x32 and
+// other high numbers, a foreign architecture, and arguments around every
+// value a rule looks at: every verdict must be the same.
+func TestSearchMatchesLinear(t *testing.T) {
+	var values []uint64
+	for _, list := range [][]uint32{deniedIoctls, deniedFcntls, deniedSocketFamilies, allowedPersonalities} {
+		for _, v := range list {
+			values = append(values, uint64(v), uint64(v)+1, uint64(v)-1, 1<<32|uint64(v))
+		}
+	}
+	for bit := range 32 {
+		if nsFlags&(1<<bit) != 0 {
+			values = append(values, 1<<bit, 1<<bit|uint64(unix.SIGCHLD), 0xdeadbeef_00000000|1<<bit)
+		}
+	}
+	values = append(values, 0, 1, uint64(unix.SIGCHLD), 0xffffffff, 0xffffffff_ffffffff)
+	argSets := [][]uint64{nil, {1, 2, 3, 4, 5, 6}}
+	for _, v := range values {
+		argSets = append(argSets, []uint64{v}, []uint64{0, v}, []uint64{v, v, v})
+	}
+	var nrs []uint32
+	for nr := range uint32(2048) {
+		nrs = append(nrs, nr)
+	}
+	for nr := range uint32(1024) {
+		nrs = append(nrs, x32Bit|nr)
+	}
+	nrs = append(nrs, 0x3fffffff, 0x7fffffff, 0x80000000, 0xfffffffe, 0xffffffff)
+	for _, p := range []Profile{Strict, Zygote} {
+		insns, err := instructions(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tree, linear := vmOf(t, insns), vmOf(t, linearProgram(p))
+		for _, arch := range []uint32{native.audit, unix.AUDIT_ARCH_I386} {
+			for _, nr := range nrs {
+				for _, args := range argSets {
+					data := seccompData(arch, nr, args...)
+					if got, want := tree.run(t, data), linear.run(t, data); got != want {
+						t.Fatalf("profile %d, arch %#x, nr %d, args %#x: search says %s, the linear filter %s", p, arch, nr, args, verdict(got), verdict(want))
+					}
+				}
+			}
+		}
+	}
+}
