@@ -31,6 +31,7 @@ for _stream in (sys.stdout, sys.stderr):
 del _stream
 
 import _signal
+import _socket
 import _thread
 import ast
 import binascii
@@ -2034,9 +2035,10 @@ def _child(req, fds, ctx):
         ctrl, out, err = fds
         # fd 3 is the zygote's own channel in the zygote; dup2 replaces it,
         # so the child never holds it, and everything else is closed below.
+        # Programs started by user code must not inherit the channel.
         os.dup2(out, 1)
         os.dup2(err, 2)
-        os.dup2(ctrl, CONTROL_FD)
+        os.dup2(ctrl, CONTROL_FD, inheritable=False)
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
         os.closerange(CONTROL_FD + 1, 1 << 16)
@@ -2075,7 +2077,8 @@ def _child(req, fds, ctx):
     code = 1
     oneshot = req.get("oneshot", True) is not False
     try:
-        code = _serve(socket.socket(fileno=CONTROL_FD), oneshot)
+        # Family and type given, so that the socket need not ask the kernel.
+        code = _serve(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, CONTROL_FD), oneshot)
         if not oneshot:
             # A session's end: its atexit handlers run now. A one-shot
             # run's ran before its reply, and nothing of the run may run
@@ -2144,8 +2147,9 @@ def _become_sandbox(req, ctx):
     ourselves, with the capabilities the zygote's user namespace gives us,
     then enter one of our own and drop every capability."""
     libc, ctypes, struct = ctx["libc"], ctx["ctypes"], ctx["struct"]
-    sock = socket.socket(fileno=CONTROL_FD)
-    sock.set_inheritable(False)
+    # _socket's type, not socket's subclass: only its system calls are
+    # needed here (the channel is not inheritable already: see _child).
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, 0, CONTROL_FD)
     # The kernel rewrites pid, uid and gid for the receiver's namespaces: Go
     # learns our host pid without trusting anything we say.
     creds = struct.pack("3i", os.getpid(), os.getuid(), os.getgid())
@@ -2354,7 +2358,7 @@ def _hand_over_listener(port, struct):
     try:
         s.bind(("127.0.0.1", port))
         s.listen(128)
-        ctrl = socket.socket(fileno=CONTROL_FD)
+        ctrl = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, CONTROL_FD)
         try:
             ctrl.sendmsg([b"L"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", s.fileno()))])
         finally:
