@@ -1638,13 +1638,12 @@ def _zygote_main():
     import site  # noqa: F401 (the child's _user_paths needs it)
     import struct
 
-    # Compiling this file (a script is never cached) left some 5 MiB of
-    # the parser's freed memory in the malloc heap, and whatever the
-    # zygote allocates next lands among it, so one trim at the end would
-    # find few whole pages free: give them back now, before anything
-    # else is allocated. Every page a zygote keeps is a page table entry
-    # each fork copies and each child's exit tears down (measured: the
-    # heap went from 6.7 to about 2 MiB).
+    # Compiling this file (see worker.Command's bootstrap) freed some
+    # 5 MiB of the parser's memory into the malloc heap, and whatever the
+    # zygote allocates next lands among it, so the trim at the end finds
+    # fewer whole pages free: give them back now too. Every page a zygote
+    # keeps is a page table entry each fork copies and each child's exit
+    # tears down.
     _malloc_trim(ctypes)
     global _TRACE, _RUSAGE
     _RUSAGE = resource.getrusage
