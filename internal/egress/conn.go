@@ -484,7 +484,15 @@ func (c *counted) copyOut(src net.Conn) error {
 
 func (c *counted) copyBudget(dst io.Writer, src io.Reader, budget, mine *atomic.Int64, limit int64, name string) error {
 	for {
+		// Near the limit a connection takes half of what is left, not all
+		// of it: a whole chunk would leave nothing to the grant's other
+		// connections, which would then end at once at a limit that was
+		// only held, not reached (two small requests at once, each waiting
+		// for the other's chunk).
 		want := int64(copyChunk)
+		if left := limit - budget.Load(); left < 2*want {
+			want = max(left/2, 1)
+		}
 		if over := budget.Add(want) - limit; over > 0 {
 			budget.Add(-min(over, want))
 			want -= over

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -326,9 +327,69 @@ func TestLimits(t *testing.T) {
 	if got := rawRequest(t, purl, "GET "+up.URL+"/ HTTP/1.1\r\n\r\n"); !strings.HasPrefix(got, "HTTP/1.1 429 pysandbox network proxy: this run has used its 3 connections") {
 		t.Errorf("4th connection: %q", got)
 	}
+	// The refusal is counted once the client's connection has ended, just
+	// before its record is delivered (the small requests' records may
+	// come after it): wait for that record.
+	refused := func(r Record) bool { return r.Decision == Limited }
+	for deadline := time.Now().Add(10 * time.Second); !slices.ContainsFunc(rec.all(), refused); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no record of the refusal: %+v", rec.all())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	u := g.Usage()
 	if u.Connections != 3 || u.Refused != 1 || len(u.LimitsHit) != 2 {
 		t.Errorf("usage %+v", u)
+	}
+}
+
+// Two connections of one grant near its bytes_in limit both get through:
+// the one whose answer is still coming holds part of what is left of the
+// budget, not all of it. (Holding all of it ended the other at once, as
+// if the limit had been reached: a small request beside a slow one.)
+func TestConcurrentConnectionsShareTheBudget(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			io.WriteString(w, "first part\n")
+			w.(http.Flusher).Flush()
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		io.WriteString(w, "small")
+	}))
+	defer up.Close()
+	defer close(release)
+	_, port := hostPort(t, up.URL)
+	p := New(Config{Rules: func() *policy.NetworkRules {
+		r := rules(t, "127.0.0.1:"+strconv.Itoa(port))
+		r.Limits = policy.NetLimits{BytesIn: 300 << 10, BytesOut: 300 << 10, Connections: 10, ConnTime: 10 * time.Minute}
+		return r
+	}})
+	g, purl := serve(t, p, GrantConfig{})
+	g.SetCall(Info{CallID: "c1"})
+	held, err := net.Dial("tcp", purl.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	held.SetDeadline(time.Now().Add(20 * time.Second))
+	io.WriteString(held, "GET "+up.URL+"/hold HTTP/1.1\r\n\r\n")
+	// Its status line is through: the proxy is copying its answer, and
+	// holds its part of the budget until the host ends it.
+	if line, err := bufio.NewReader(held).ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 200") {
+		t.Fatalf("the held request: %q, %v", line, err)
+	}
+	for i := range 3 {
+		if got := rawRequest(t, purl, "GET "+up.URL+"/small HTTP/1.1\r\n\r\n"); !strings.HasPrefix(got, "HTTP/1.1 200") {
+			t.Errorf("small request %d beside the held one: %q", i, got)
+		}
+	}
+	if u := g.Usage(); len(u.LimitsHit) != 0 {
+		t.Errorf("limits hit %v, well below them", u.LimitsHit)
 	}
 }
 
