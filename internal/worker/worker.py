@@ -1663,7 +1663,7 @@ def _zygote_main():
         "libc": ctypes.CDLL(None, use_errno=True),
         "seccomp": base64.b64decode(init["seccomp"]),
         "ctypes": ctypes, "resource": resource, "struct": struct, "fcntl": fcntl,
-        "proc_masks": init.get("proc_masks") or {},
+        "proc_masks": _existing_masks(init.get("proc_masks")),
     }
     # Landlock rules hold inodes, and /tmp, /work and /dev/shm are each
     # child's own: the child builds its ruleset itself, from what is
@@ -2308,6 +2308,16 @@ def _landlock_enter(ctx):
             os.close(fd)
 
 
+def _existing_masks(masks):
+    """The masks whose paths this kernel's /proc has, looked up once, in
+    the zygote: /proc's entries outside the pid directories are the same
+    in every pid namespace, so each child need not look them up again."""
+    if not isinstance(masks, dict):
+        return {}
+    return {kind: [p for p in paths if isinstance(p, str) and os.path.lexists(p)]
+            for kind, paths in masks.items() if isinstance(paths, list)}
+
+
 def _mask_proc(masks, mount):
     """Hide and freeze what /proc tells about the host (the Go side's
     DefaultProcMasks, as runc and Docker do)."""
@@ -2315,19 +2325,16 @@ def _mask_proc(masks, mount):
     # id, under /proc/sys) is then masked once, on the copy, rather than
     # below it and again in the copy. Each mount is copied at the fork and
     # torn down at the exit of every pooled run.
+    # Only paths this /proc has are here (see _existing_masks).
     for path in masks.get("readonly") or []:
-        if os.path.lexists(path):
-            mount(path, path, None, MS_BIND | MS_REC)
-            mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        mount(path, path, None, MS_BIND | MS_REC)
+        mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for path in masks.get("files") or []:
-        if os.path.lexists(path):
-            mount("/dev/null", path, None, MS_BIND)
+        mount("/dev/null", path, None, MS_BIND)
     # One empty read-only tmpfs for every masked directory: a bind mount
     # keeps its read-only flags, and costs no superblock of its own.
     empty = None
     for path in masks.get("dirs") or []:
-        if not os.path.lexists(path):
-            continue
         if empty is None:
             mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
                   "size=4k,nr_inodes=1,mode=0555")
