@@ -442,11 +442,6 @@ print("survived", len(b))
 	g.Kill()
 }
 
-// TestResetForgetsPageCacheV1: the page cache a run read stays charged to
-// its v1 group after its processes are gone; Reset reclaims it, so the
-// next run in the group neither starts its peak there nor pays for its
-// reclaim (an attack read 500 MB and the next run, a print, reported a
-// 517 MB peak).
 // uncachedFile writes a file of size bytes and drops it from the page
 // cache, so that reading it charges the reader's group.
 func uncachedFile(t *testing.T, size int) string {
@@ -465,6 +460,11 @@ func uncachedFile(t *testing.T, size int) string {
 	return file
 }
 
+// TestResetForgetsPageCacheV1: the page cache a run read stays charged to
+// its v1 group after its processes are gone; Reset reclaims it, so the
+// next run in the group neither starts its peak there nor pays for its
+// reclaim (an attack read 500 MB and the next run, a print, reported a
+// 517 MB peak).
 func TestResetForgetsPageCacheV1(t *testing.T) {
 	requireV1(t)
 	const size = 64 << 20
