@@ -181,23 +181,7 @@ func instructions(p Profile) ([]bpf.Instruction, error) {
 	if native.audit == 0 {
 		return nil, fmt.Errorf("seccomp: unsupported architecture %s", runtime.GOARCH)
 	}
-	prog := []bpf.Instruction{
-		// A syscall made through another ABI (int 0x80 on amd64, AArch32 on
-		// arm64) has different numbers, so nothing below would apply to it.
-		bpf.LoadAbsolute{Off: offArch, Size: 4},
-		bpf.JumpIf{Cond: bpf.JumpEqual, Val: native.audit, SkipTrue: 1},
-		bpf.RetConstant{Val: retKill},
-		bpf.LoadAbsolute{Off: offNr, Size: 4},
-	}
-	if native.x32 {
-		prog = append(prog,
-			bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: x32Bit, SkipFalse: 2},
-			// nr == -1 also has the bit set; it is what a tracer uses to skip
-			// a call and the kernel answers it with ENOSYS, so let it through.
-			bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0xffffffff, SkipTrue: 1},
-			bpf.RetConstant{Val: retKill},
-		)
-	}
+	prog := prelude()
 
 	// Each rule below checks nr itself and falls through when it is
 	// another call: A still holds nr when it starts, and a block that
@@ -243,6 +227,29 @@ func instructions(p Profile) ([]bpf.Instruction, error) {
 		}
 	}
 	return append(prog, search(rules)...), nil
+}
+
+// prelude kills a call made through another ABI, and leaves the syscall
+// number in A for the rules.
+func prelude() []bpf.Instruction {
+	prog := []bpf.Instruction{
+		// A syscall made through another ABI (int 0x80 on amd64, AArch32 on
+		// arm64) has different numbers, so nothing below would apply to it.
+		bpf.LoadAbsolute{Off: offArch, Size: 4},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: native.audit, SkipTrue: 1},
+		bpf.RetConstant{Val: retKill},
+		bpf.LoadAbsolute{Off: offNr, Size: 4},
+	}
+	if native.x32 {
+		prog = append(prog,
+			bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: x32Bit, SkipFalse: 2},
+			// nr == -1 also has the bit set; it is what a tracer uses to skip
+			// a call and the kernel answers it with ENOSYS, so let it through.
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0xffffffff, SkipTrue: 1},
+			bpf.RetConstant{Val: retKill},
+		)
+	}
+	return prog
 }
 
 // rule is the check of one syscall number: a block that returns a verdict

@@ -268,22 +268,10 @@ func TestX32(t *testing.T) {
 }
 
 // linearProgram is the filter as it was before its rules were reached by
-// a binary search: every rule in turn. The search must decide every call
-// exactly as it does.
+// a binary search: every rule in turn, after the same prelude. The search
+// must decide every call exactly as it does.
 func linearProgram(p Profile) []bpf.Instruction {
-	prog := []bpf.Instruction{
-		bpf.LoadAbsolute{Off: offArch, Size: 4},
-		bpf.JumpIf{Cond: bpf.JumpEqual, Val: native.audit, SkipTrue: 1},
-		bpf.RetConstant{Val: retKill},
-		bpf.LoadAbsolute{Off: offNr, Size: 4},
-	}
-	if native.x32 {
-		prog = append(prog,
-			bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: x32Bit, SkipFalse: 2},
-			bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0xffffffff, SkipTrue: 1},
-			bpf.RetConstant{Val: retKill},
-		)
-	}
+	prog := prelude()
 	for name, nr := range native.denied {
 		if p == Zygote && zygoteAllowed[name] {
 			continue
