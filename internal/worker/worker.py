@@ -1638,13 +1638,14 @@ def _zygote_main():
     import site  # noqa: F401 (the child's _user_paths needs it)
     import struct
 
+    libc = ctypes.CDLL(None, use_errno=True)
     # Compiling this file (see worker.Command's bootstrap) freed some
     # 5 MiB of the parser's memory into the malloc heap, and whatever the
     # zygote allocates next lands among it, so the trim at the end finds
     # fewer whole pages free: give them back now too. Every page a zygote
     # keeps is a page table entry each fork copies and each child's exit
     # tears down.
-    _malloc_trim(ctypes)
+    _malloc_trim(libc)
     global _TRACE, _RUSAGE
     _RUSAGE = resource.getrusage
     sock = _setup(zygote=True)
@@ -1660,7 +1661,7 @@ def _zygote_main():
         except BaseException as e:  # a broken module must not kill the pool
             failed[name] = "%s: %s" % (type(e).__name__, _safe_str(e))
     ctx = {
-        "libc": ctypes.CDLL(None, use_errno=True),
+        "libc": libc,
         "seccomp": base64.b64decode(init["seccomp"]),
         "ctypes": ctypes, "resource": resource, "struct": struct, "fcntl": fcntl,
         "proc_masks": _existing_masks(init.get("proc_masks")),
@@ -1705,7 +1706,7 @@ def _zygote_main():
     gc.collect()
     if hasattr(gc, "freeze"):
         gc.freeze()  # keeps the collector from dirtying shared pages in children
-    _malloc_trim(ctypes)
+    _malloc_trim(libc)
     # Children are reaped here and their ends reported: each has a pidfd
     # the loop polls, so the zygote needs no SIGCHLD handler (nor a wakeup
     # descriptor) that every child would have to undo.
@@ -1791,11 +1792,11 @@ _WARM_RECIPES = {
 }
 
 
-def _malloc_trim(ctypes):
+def _malloc_trim(libc):
     """Give the malloc heap's free pages back to the kernel (glibc only)."""
     try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (AttributeError, OSError):
+        libc.malloc_trim(0)
+    except AttributeError:
         pass  # not glibc
 
 
@@ -2324,8 +2325,8 @@ def _mask_proc(masks, mount):
     # Read-only copies first: a file masked below one of them (the boot
     # id, under /proc/sys) is then masked once, on the copy, rather than
     # below it and again in the copy. Each mount is copied at the fork and
-    # torn down at the exit of every pooled run.
-    # Only paths this /proc has are here (see _existing_masks).
+    # torn down at the exit of every pooled run. Only paths this /proc has
+    # are here (see _existing_masks).
     for path in masks.get("readonly") or []:
         mount(path, path, None, MS_BIND | MS_REC)
         mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
