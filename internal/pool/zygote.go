@@ -93,13 +93,16 @@ type exitStatus struct {
 
 // spawnRequest is sent to the zygote; the descriptors go alongside.
 type spawnRequest struct {
-	Op       string            `json:"op"`
-	ID       string            `json:"id"`
+	Op string `json:"op"`
+	ID string `json:"id"`
+	// UID is the child's own id in the zygote's namespace (root server).
+	// Right after the id: both change with every spawn, and the zygote
+	// parses the rest of the line only when it changes.
+	UID      int               `json:"uid,omitempty"`
 	TmpBytes int64             `json:"tmp_bytes"`
 	Rlimits  [][3]uint64       `json:"rlimits"`
 	Env      map[string]string `json:"env"`
 	Oneshot  bool              `json:"oneshot"`
-	UID      int               `json:"uid,omitempty"`   // the child's own id in the zygote's namespace (root server)
 	Trace    bool              `json:"trace,omitempty"` // send phase stamps (see Trace)
 	// ProxyPort: listen there on 127.0.0.1 once lo is up and hand the
 	// socket over (see sandbox.Proxied); 0: no network at all.
