@@ -591,6 +591,34 @@ func TestResetSeesDescendantGroupsV1(t *testing.T) {
 	}
 }
 
+// A process in the group itself keeps Reset from reusing it. This is the
+// case empty answers from the group's link count and its own cgroup.procs
+// alone (no group below): TestResetSeesDescendantGroupsV1 is the other.
+func TestResetSeesItsOwnProcessesV1(t *testing.T) {
+	requireV1(t)
+	g := newGroup(t, Limits{Pids: 64, MemoryBytes: 64 << 20})
+	var st unix.Stat_t
+	if err := unix.Stat(g.Path(), &st); err != nil || st.Nlink != 2 {
+		t.Fatalf("stat %s: nlink %d, %v; want 2 for a directory without subdirectories", g.Path(), st.Nlink, err)
+	}
+	cmd := startIn(t, g, io.Discard, io.Discard, "sleep", "30")
+	if err := g.Reset(); err == nil {
+		t.Error("Reset succeeded with a process in the group")
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for !g.v1.empty() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the group is not empty 10s after its process was reaped: %v", g.v1.pids())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := g.Reset(); err != nil {
+		t.Errorf("Reset of the emptied group: %v", err)
+	}
+}
+
 func TestNewRejectsBadNames(t *testing.T) {
 	for _, name := range []string{"", ".", "..", "a/b", "/abs", "../escape", "a..b", "x\ny", serverLeaf, probePfx + "1-1", strings.Repeat("x", 201)} {
 		if g, err := New(name, Limits{}); err == nil {
