@@ -149,7 +149,7 @@ func sections(cfg Config) string {
 // engines and files to set up).
 func Estimate(cfg Config, hasPandas bool) time.Duration {
 	n := time.Duration(max(cfg.N, 1))
-	phases := 3*time.Second + n*150*time.Millisecond
+	phases := 4*time.Second + n*200*time.Millisecond // traced runs, untraced runs, the floor
 	network := 15 * time.Second
 	tools := 10*time.Second + n*10*time.Millisecond
 	cache := 5*time.Second + time.Duration(max(cfg.N/10, 3))*3*time.Second

@@ -53,8 +53,9 @@ func TestPhasesNeverNegative(t *testing.T) {
 		tr.traces = append(tr.traces, r.t)
 	}
 	b.Reset()
-	writeCPU(&b, tr.cpu(tr.match(), 3), floorResult{}, false)
-	if out := b.String(); strings.Contains(out, "-") || !strings.Contains(out, "kernel threads ended meanwhile") {
+	writeCPU(&b, tr.cpu(tr.match(), 3), untraced{why: "kernel threads ended meanwhile, taking their CPU time with them"}, floorResult{}, false)
+	if out := b.String(); strings.Contains(out, "-") || !strings.Contains(out, "kernel threads ended meanwhile") ||
+		!strings.Contains(out, "without their stamps it could not be measured: kernel threads ended") {
 		t.Errorf("kernel threads:\n%s", out)
 	}
 }

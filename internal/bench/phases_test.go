@@ -111,7 +111,7 @@ func TestPhasesReport(t *testing.T) {
 	tr.ru1.Stime.Usec = 7300 * 3 / 2
 	var b bytes.Buffer
 	writePhases(&b, tr.match())
-	writeCPU(&b, tr.cpu(tr.match(), 3), floorResult{process: 2100 * time.Microsecond, kernel: 1200 * time.Microsecond}, true)
+	writeCPU(&b, tr.cpu(tr.match(), 3), untraced{perRun: 21 * time.Millisecond, n: 3}, floorResult{process: 2100 * time.Microsecond, kernel: 1200 * time.Microsecond}, true)
 	testutil.Golden(t, filepath.Join("testdata", "phases.golden"), b.Bytes(), *update)
 }
 
@@ -131,6 +131,11 @@ func TestPhasesOnAPool(t *testing.T) {
 	if !strings.Contains(out, "One pooled print('hi') by phase (median of 3 runs") || !strings.Contains(out, "CPU per pooled run: ") ||
 		!strings.Contains(out, "  the floor, measured now: ") {
 		t.Fatalf("no breakdown:\n%s", out)
+	}
+	// The total without the stamps: measured here when the pool's
+	// sandboxes have cgroups under a CPU counter, else the reason.
+	if !strings.Contains(out, "  (3 runs of a pool that traces nothing: ") && !strings.Contains(out, "without their stamps it could not be measured: ") {
+		t.Errorf("no line for the untraced total")
 	}
 	for _, phases := range [][]phase{setupPhases, runPhases, teardownPhases} {
 		for _, ph := range phases {
