@@ -21,7 +21,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.N, "n", 50, "iterations per measurement")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 16, "calls in flight for the throughput measurement")
 	fs.StringVar(&cfg.Baseline, "baseline", "/usr/bin/python3", "interpreter spawned directly for the baselines")
-	fs.BoolVar(&cfg.Phases, "phases", false, "print only where one pooled run's time and CPU go, phase by phase")
+	fs.BoolVar(&cfg.Phases, "phases", false, "print only where one pooled run's time and CPU go, phase by phase (traced runs), its CPU in all on untraced runs, and the floor: a warm python3's fork, namespaces and exit")
 	fs.BoolVar(&cfg.Network, "network", false, "print only the network proxy's throughput and added latency against a direct download")
 	fs.BoolVar(&cfg.Tools, "tools", false, "print only the round trip of an upstream MCP tool call made from Python, next to the same call made directly by a Go MCP client")
 	fs.BoolVar(&cfg.Sessions, "sessions", false, "print only the pause and resume of a session holding a 100 MB pandas DataFrame and 1 000 small objects, next to pickle.dump and pickle.load of them, and the cost of --checkpoint every-run on a trivial session call")
