@@ -425,7 +425,7 @@ func (s *Sessions) watch(sess *Session) {
 func describeExit(exit sandbox.Exit, memLimit int64) string {
 	switch {
 	case exit.OOMKilled:
-		return fmt.Sprintf("its worker was killed for exceeding the %d MiB memory limit", memLimit>>20)
+		return fmt.Sprintf("its worker was killed for exceeding the %d MiB memory limit (files in /tmp and /work count towards it: they are held in memory)", memLimit>>20)
 	case exit.Signal != 0:
 		return "its worker was killed by signal " + exit.Signal.String()
 	default:

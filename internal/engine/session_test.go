@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pysandbox/pysandbox/internal/sandbox"
+	"github.com/pysandbox/pysandbox/internal/sandbox/cgroup"
 	"github.com/pysandbox/pysandbox/internal/workspace"
 )
 
@@ -172,6 +173,24 @@ func TestSessionMemoryKill(t *testing.T) {
 	// what happened.
 	if _, err := s.Run(context.Background(), id, RunRequest{Code: "1"}); err != nil && !strings.Contains(err.Error(), "memory") {
 		t.Errorf("next call: %v", err)
+	}
+}
+
+// Files in /work are held in memory and count towards a session's memory
+// limit: a session that filled /work and then allocated past the limit
+// is told so, not only that it used too much memory.
+func TestSessionFilesCountTowardsMemory(t *testing.T) {
+	if !cgroup.Detect().Memory {
+		t.Skip("no cgroup memory limit here: RLIMIT_AS, the fallback, does not count files")
+	}
+	s := newSessions(t, func(c *Config) { c.Limits.MemoryBytes = 128 << 20; c.Limits.TmpBytes = 256 << 20 }, SessionConfig{})
+	id := create(t, s)
+	if r := srun(t, s, id, "with open('/work/big', 'wb') as f:\n    for _ in range(100):\n        f.write(b'x' * (1 << 20))"); r.Status != StatusSuccess {
+		t.Fatalf("writing 100 MiB into /work: %+v", r)
+	}
+	r := srun(t, s, id, "b = bytearray(60 << 20)")
+	if r.Status != StatusMemoryLimit || !strings.Contains(r.Message, "/work count towards it") {
+		t.Fatalf("60 MiB more after 100 MiB of files, with a 128 MiB limit: %+v", r)
 	}
 }
 
