@@ -48,7 +48,7 @@ func TestPhasesNeverNegative(t *testing.T) {
 	if !strings.Contains(out, "0.00ms") || !strings.Contains(out, "in 2 of 3 runs it was over before it began") {
 		t.Errorf("no 0 and note for the exit:\n%s", out)
 	}
-	tr := &tracedRuns{runs: runs, k0: 2 * time.Second, k1: time.Second, busy: 3 * time.Millisecond}
+	tr := &tracedRuns{runs: runs, cpuWindow: cpuWindow{k0: 2 * time.Second, k1: time.Second}, busy: 3 * time.Millisecond}
 	for _, r := range runs {
 		tr.traces = append(tr.traces, r.t)
 	}

@@ -99,17 +99,48 @@ func (r tracedRun) at(ref string) (stamp pool.Stamp, ok bool) {
 // tracedRuns is what phases measured: the runs, every trace the pool
 // sent meanwhile, and the CPU this process and the kernel's threads used.
 type tracedRuns struct {
-	runs     []tracedRun
-	traces   []*pool.Trace
+	runs   []tracedRun
+	traces []*pool.Trace
+	busy   time.Duration
+	cpuWindow
+}
+
+// cpuWindow is the CPU this process and the kernel's threads used between
+// begin and end, and what they use at rest.
+type cpuWindow struct {
 	ru0, ru1 syscall.Rusage
 	k0, k1   time.Duration
-	busy     time.Duration
 	// w0 and w1 bound the measurement (CLOCK_MONOTONIC, ns); rest is
 	// what this process and the kernel threads use while nothing runs,
 	// which is not the runs' to pay.
 	w0, w1 int64
 	rest   atRest
 }
+
+func (w *cpuWindow) begin() {
+	w.w0 = pool.Monotonic()
+	w.k0 = kernelThreadsCPU()
+	syscall.Getrusage(syscall.RUSAGE_SELF, &w.ru0)
+}
+
+func (w *cpuWindow) end() {
+	syscall.Getrusage(syscall.RUSAGE_SELF, &w.ru1)
+	w.k1 = kernelThreadsCPU()
+	w.w1 = pool.Monotonic()
+}
+
+// server is what this process used in the window beyond its rest.
+func (w *cpuWindow) server() time.Duration {
+	return beyond(rusageCPU(w.ru1)-rusageCPU(w.ru0), w.rest.server, w.w1-w.w0)
+}
+
+// kernel is what the kernel threads used in the window beyond their rest.
+// Their CPU is summed over the live ones: one that ended meanwhile takes
+// its time with it, which can make the difference negative (kernelGone);
+// none is counted then.
+func (w *cpuWindow) kernel() time.Duration { return beyond(w.k1-w.k0, w.rest.kernel, w.w1-w.w0) }
+
+func (w *cpuWindow) kernelGone() bool { return w.k1 < w.k0 }
 
 // atRest is the CPU this process and the kernel's threads use per
 // second of wall time while the pool is full and nothing runs: the Go
@@ -200,21 +231,14 @@ func phases(ctx context.Context, cfg Config) error {
 // the traces of the children.
 func runTraced(ctx context.Context, eng *Engine, n int, traces <-chan *pool.Trace) (*tracedRuns, error) {
 	size := eng.Pool.Info().Size
-	waitFull := func() {
-		waitPoolFull(eng.Pool, 30*time.Second)
-		// Let the kernel finish the last run's deferred cleanup too.
-		time.Sleep(20 * time.Millisecond)
-	}
-	waitFull()
+	settle(eng.Pool)
 	if err := runOK(ctx, eng.Engine, hello); err != nil {
 		return nil, err
 	}
-	tr := &tracedRuns{rest: measureRest(restWindow)}
-	tr.w0 = pool.Monotonic()
-	tr.k0 = kernelThreadsCPU()
-	syscall.Getrusage(syscall.RUSAGE_SELF, &tr.ru0)
+	tr := &tracedRuns{cpuWindow: cpuWindow{rest: measureRest(restWindow)}}
+	tr.begin()
 	for range n {
-		waitFull()
+		settle(eng.Pool)
 		start := pool.Monotonic()
 		if err := runOK(ctx, eng.Engine, hello); err != nil {
 			return nil, err
@@ -223,10 +247,8 @@ func runTraced(ctx context.Context, eng *Engine, n int, traces <-chan *pool.Trac
 		tr.busy += time.Duration(end - start)
 		tr.runs = append(tr.runs, tracedRun{start: start, end: end})
 	}
-	waitFull()
-	syscall.Getrusage(syscall.RUSAGE_SELF, &tr.ru1)
-	tr.k1 = kernelThreadsCPU()
-	tr.w1 = pool.Monotonic()
+	settle(eng.Pool)
+	tr.end()
 	deadline := time.After(10 * time.Second)
 collect:
 	for len(tr.traces) < n+size+1 {
@@ -240,6 +262,13 @@ collect:
 		}
 	}
 	return tr, nil
+}
+
+// settle waits for a full pool, then lets the kernel finish the last
+// run's deferred cleanup too: each measured run starts as the first would.
+func settle(p *pool.Pool) {
+	waitPoolFull(p, 30*time.Second)
+	time.Sleep(20 * time.Millisecond)
 }
 
 // match pairs each run with the child that served it: the one taken
@@ -360,13 +389,9 @@ func (tr *tracedRuns) cpu(matched []tracedRun, n int) cpuPerRun {
 	if len(zyg) > 0 {
 		c.zygote = zyg[len(zyg)/2]
 	}
-	window := tr.w1 - tr.w0
-	c.server = beyond(rusageCPU(tr.ru1)-rusageCPU(tr.ru0), tr.rest.server, window) / time.Duration(n)
-	// The kernel threads' CPU is summed over the live ones: one that
-	// ended meanwhile takes its time with it, which can make the
-	// difference negative. None is counted then.
-	c.kernel = beyond(tr.k1-tr.k0, tr.rest.kernel, window) / time.Duration(n)
-	c.kernelGone = tr.k1 < tr.k0
+	c.server = tr.server() / time.Duration(n)
+	c.kernel = tr.kernel() / time.Duration(n)
+	c.kernelGone = tr.kernelGone()
 	c.rest = tr.rest
 	c.wall = tr.busy / time.Duration(n)
 	flt := make([]int64, 0, len(matched))

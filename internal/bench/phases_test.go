@@ -102,8 +102,8 @@ func TestPhasesReport(t *testing.T) {
 	runs := []tracedRun{syntheticRun(0), syntheticRun(1), syntheticRun(2)}
 	// At rest, 1 ms of kernel threads and 0.5 ms of this process per
 	// second: over the 300 ms window, 0.3 and 0.15 ms are not the runs'.
-	tr := &tracedRuns{runs: runs, busy: 15 * time.Millisecond, k0: time.Second, k1: time.Second + 6900*time.Microsecond,
-		w0: int64(time.Second), w1: int64(time.Second + 300*time.Millisecond), rest: atRest{server: 0.0005, kernel: 0.001}}
+	tr := &tracedRuns{runs: runs, busy: 15 * time.Millisecond, cpuWindow: cpuWindow{k0: time.Second, k1: time.Second + 6900*time.Microsecond,
+		w0: int64(time.Second), w1: int64(time.Second + 300*time.Millisecond), rest: atRest{server: 0.0005, kernel: 0.001}}}
 	for _, r := range runs {
 		tr.traces = append(tr.traces, r.t)
 	}

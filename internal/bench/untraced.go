@@ -3,10 +3,8 @@ package bench
 import (
 	"context"
 	"fmt"
-	"syscall"
 	"time"
 
-	"github.com/pysandbox/pysandbox/internal/pool"
 	"github.com/pysandbox/pysandbox/internal/sandbox/cgroup"
 )
 
@@ -39,45 +37,37 @@ func measureUntraced(ctx context.Context, cfg Config, v Variant, n int) untraced
 	if eng.Pool == nil {
 		return untraced{why: "no warm pool"}
 	}
-	waitFull := func() {
-		waitPoolFull(eng.Pool, 30*time.Second)
-		time.Sleep(20 * time.Millisecond) // as runTraced: the kernel's deferred cleanup too
-	}
-	waitFull()
+	settle(eng.Pool)
 	if err := runOK(ctx, eng.Engine, hello); err != nil {
 		return untraced{why: err.Error()}
 	}
-	waitFull()
+	settle(eng.Pool)
 	if u, ok := cgroup.BaseUsage(); !ok || u.Ours == 0 {
 		// Without limits the pool makes no groups, and a CPU counter
 		// above them would miss its sandboxes.
 		return untraced{why: "no cgroup CPU counter covers the pool's sandboxes (no cgroups, cgroup v1 without cpuacct, or no limits that need a group)"}
 	}
-	rest := measureRest(restWindow)
-	var ru0, ru1 syscall.Rusage
+	w := cpuWindow{rest: measureRest(restWindow)}
 	b0, ok0 := cgroup.BaseUsage()
-	k0, w0 := kernelThreadsCPU(), pool.Monotonic()
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
-	// n runs take n ready children and, by the last waitFull, the pool
-	// has prepared n more: each run pays for one child's whole life.
+	w.begin()
+	// n runs take n ready children and, by the last settle, the pool has
+	// prepared n more: each run pays for one child's whole life.
 	for range n {
-		waitFull()
+		settle(eng.Pool)
 		if err := runOK(ctx, eng.Engine, hello); err != nil {
 			return untraced{why: err.Error()}
 		}
 	}
-	waitFull()
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
-	k1, w1 := kernelThreadsCPU(), pool.Monotonic()
+	settle(eng.Pool)
+	w.end()
 	b1, ok1 := cgroup.BaseUsage()
 	if !ok0 || !ok1 || b1.CPU < b0.CPU {
 		return untraced{why: "the sandboxes' cgroup CPU counter could not be read throughout"}
 	}
-	if k1 < k0 {
+	if w.kernelGone() {
 		return untraced{why: "kernel threads ended meanwhile, taking their CPU time with them"}
 	}
-	window := w1 - w0
-	total := beyond(rusageCPU(ru1)-rusageCPU(ru0), rest.server, window) + (b1.CPU - b0.CPU) + beyond(k1-k0, rest.kernel, window)
+	total := w.server() + (b1.CPU - b0.CPU) + w.kernel()
 	return untraced{perRun: total / time.Duration(n), n: n, others: b1.Others}
 }
 
