@@ -2028,7 +2028,7 @@ def _spawn(req, fds, ctx):
         os.waitpid(pid, 0)
         raise
     ctx["kids"][pidfd] = pid
-    if req.get("trace") is True:
+    if _TRACE is not None:  # the loop traces this spawn (see _reap)
         ctx["traced"].add(pid)
     ctx["poller"].register(pidfd, ctx["pollin"])
     return pid
