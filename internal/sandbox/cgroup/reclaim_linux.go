@@ -27,11 +27,7 @@ func Reclaim() (removed []string, err error) {
 	var dirs []string
 	switch hostMode() {
 	case ModeV1:
-		subs, err := v1Subsystems()
-		if err != nil {
-			return nil, err
-		}
-		ds, _, err := v1Dirs(subs, baseName)
+		ds, err := v1BaseDirs()
 		if err != nil {
 			return nil, err
 		}
@@ -39,11 +35,11 @@ func Reclaim() (removed []string, err error) {
 			dirs = append(dirs, d)
 		}
 	case ModeV2:
-		own, err := defaultV2.ownGroup()
+		d, err := defaultV2.baseDir()
 		if err != nil {
 			return nil, err
 		}
-		dirs = append(dirs, filepath.Join(defaultV2.mount, own, baseName))
+		dirs = append(dirs, d)
 	default:
 		return nil, nil
 	}

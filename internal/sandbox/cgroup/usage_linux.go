@@ -9,6 +9,28 @@ import (
 	"github.com/containerd/cgroups/v3/cgroup1"
 )
 
+// v1BaseDirs is the base (pysandbox, below our own group) in each mounted
+// v1 hierarchy.
+func v1BaseDirs() (map[cgroup1.Name]string, error) {
+	subs, err := v1Subsystems()
+	if err != nil {
+		return nil, err
+	}
+	ds, _, err := v1Dirs(subs, baseName)
+	return ds, err
+}
+
+// baseDir is the v2 base: <own>/pysandbox.
+func (h *v2Host) baseDir() (string, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	own, err := h.ownGroup()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(h.mount, own, baseName), nil
+}
+
 // Usage is what BaseUsage reads.
 type Usage struct {
 	// CPU used so far by every group below the base.
@@ -29,11 +51,7 @@ func BaseUsage() (u Usage, ok bool) {
 	var dir string
 	switch hostMode() {
 	case ModeV1:
-		subs, err := v1Subsystems()
-		if err != nil {
-			return Usage{}, false
-		}
-		ds, _, err := v1Dirs(subs, baseName)
+		ds, err := v1BaseDirs()
 		if err != nil || ds[cgroup1.Cpuacct] == "" {
 			return Usage{}, false
 		}
@@ -44,13 +62,11 @@ func BaseUsage() (u Usage, ok bool) {
 		}
 		u.CPU = time.Duration(ns)
 	case ModeV2:
-		defaultV2.mu.Lock()
-		own, err := defaultV2.ownGroup()
-		defaultV2.mu.Unlock()
+		d, err := defaultV2.baseDir()
 		if err != nil {
 			return Usage{}, false
 		}
-		dir = filepath.Join(defaultV2.mount, own, baseName)
+		dir = d
 		us, found, err := readKey(filepath.Join(dir, "cpu.stat"), "usage_usec")
 		if err != nil || !found {
 			return Usage{}, false
