@@ -321,7 +321,10 @@ func (g *v1Group) empty() bool {
 
 // noProcs reports whether a cgroup.procs file lists no process: whether
 // its first read returns nothing. One that cannot be read counts as
-// empty, as procsBelow does.
+// empty, as procsBelow does. It opens the file each time rather than
+// through the group's kept files (files.read): v1 keeps the pid list it
+// built for an open file for a while and serves a later read from it, so
+// a kept descriptor could see processes that have left, or miss new ones.
 func noProcs(path string) bool {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
