@@ -20,8 +20,19 @@ var (
 // built from (with "+dirty" for uncommitted changes), when it was built,
 // and the Go that built it.
 func versionText() string {
+	bi, _ := debug.ReadBuildInfo()
+	return versionFrom(bi)
+}
+
+// unstamped says why a build has no commit, since "unknown" alone left a
+// user who built from a git checkout guessing: Go records the commit only
+// when VCS stamping is on, and GOFLAGS=-buildvcs=false (which some
+// machines set in `go env`) turns it off without a word.
+const unstamped = "unknown (this binary has no VCS stamp: it was built outside a git checkout, or with -buildvcs=false, which GOFLAGS may set; build with `go build -buildvcs=true ./cmd/pysandbox` or scripts/release.sh to record it)"
+
+func versionFrom(bi *debug.BuildInfo) string {
 	c, date, dirty := commit, buildDate, false
-	if bi, ok := debug.ReadBuildInfo(); ok {
+	if bi != nil {
 		for _, s := range bi.Settings {
 			switch s.Key {
 			case "vcs.revision":
@@ -41,7 +52,7 @@ func versionText() string {
 		}
 	}
 	if c == "" {
-		c = "unknown"
+		c = unstamped
 	} else if dirty && !strings.HasSuffix(c, "+dirty") {
 		c += "+dirty"
 	}
