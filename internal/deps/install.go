@@ -269,11 +269,12 @@ func (c *Cache) installSpec(py *interp.Interpreter, canon []string, bdir string)
 	if c.uv != "" {
 		spec.Python = c.uv
 		args = []string{"pip", "install", "--target", target, "--python", py.Path, "--no-cache"}
+		spec.Env = append(spec.Env, fmt.Sprintf("UV_HTTP_RETRIES=%d", installRetries))
 	} else {
 		// -I: no user site, no PYTHON* variables, no cwd on sys.path.
 		args = []string{"-I", "-m", "pip", "install", "--target", target,
 			"--no-cache-dir", "--disable-pip-version-check", "--no-input",
-			"--progress-bar", "off", "--no-color"}
+			"--progress-bar", "off", "--no-color", "--retries", strconv.Itoa(installRetries)}
 	}
 	if !ix.AllowSdist {
 		// Building an sdist runs its setup code; a wheel is only unpacked.
@@ -341,7 +342,28 @@ type InstallError struct {
 	Unreachable string
 }
 
-func (e *InstallError) Error() string {
+// installRetries is how often the installer retries a failed connection.
+// pip's default, 5 with a doubling back-off, kept a caller waiting 8.7 s
+// for the answer that the index cannot be reached (the proxy refuses at
+// once when it cannot connect); two still ride out a dropped connection.
+const installRetries = 2
+
+func (e *InstallError) Error() string { return "deps: " + e.Summary() }
+
+// Advice is the next step for whoever asked for the install, to follow
+// Summary in a tool's answer: an unreachable index is the operator's to
+// fix, and nothing about the requirement is wrong.
+func (e *InstallError) Advice() string {
+	if e.Unreachable != "" {
+		return "The server cannot reach its package index. Use packages the server's Python already has (importlib.metadata.distributions() in run_python lists them), or ask the server's operator for one it can reach: --index-url, or --find-links with a wheel directory (--no-index to work offline)."
+	}
+	return "Check the requirement's name and version, or that the package index has it."
+}
+
+// Summary is Error without the package's prefix, for a tool's answer: what
+// failed and why, and below it the installer's other lines, at most 400
+// bytes of them.
+func (e *InstallError) Summary() string {
 	reason := "the installer failed"
 	rest := e.Lines
 	// The most specific line leads; pip puts it last.
@@ -362,9 +384,9 @@ func (e *InstallError) Error() string {
 	}
 	var head string
 	if e.Requirement != "" {
-		head = fmt.Sprintf("deps: cannot install %s: %s", e.Requirement, reason)
+		head = fmt.Sprintf("cannot install %s: %s", e.Requirement, reason)
 	} else {
-		head = "deps: install failed: " + reason
+		head = "install failed: " + reason
 	}
 	if len(rest) == 0 {
 		return head

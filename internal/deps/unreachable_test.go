@@ -6,6 +6,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/pysandbox/pysandbox/internal/interp"
 )
 
 // TestUnreachableIndex: an index nothing listens on is reported as an
@@ -28,9 +30,20 @@ func TestUnreachableIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	url := fmt.Sprintf("http://127.0.0.1:%d/simple/", sa.(*syscall.SockaddrInet4).Port)
+	port := sa.(*syscall.SockaddrInet4).Port
+	// Plain HTTP: the proxy answers pip's GET with an error, and pip keeps
+	// quiet about it. HTTPS: the proxy refuses the CONNECT, which pip
+	// retries and reports.
+	for _, scheme := range []string{"http", "https"} {
+		t.Run(scheme, func(t *testing.T) {
+			unreachableIndex(t, py, fmt.Sprintf("%s://127.0.0.1:%d/simple/", scheme, port), scheme == "https")
+		})
+	}
+}
+
+func unreachableIndex(t *testing.T, py *interp.Interpreter, url string, retried bool) {
 	c := newCache(t, IndexConfig{IndexURL: url})
-	_, _, err = ensure(t, c, py, []string{"pysbx-beta"}, nil)
+	_, _, err := ensure(t, c, py, []string{"pysbx-beta"}, nil)
 	var ie *InstallError
 	if !errors.As(err, &ie) {
 		t.Fatalf("err = %v, want an InstallError", err)
@@ -45,6 +58,18 @@ func TestUnreachableIndex(t *testing.T) {
 	}
 	if n := strings.Count(msg, "\n"); n > 1 {
 		t.Errorf("error has %d lines", n+1)
+	}
+	// The tool's words: no package prefix, and the operator's next step.
+	if s := ie.Summary(); strings.HasPrefix(s, "deps:") || !strings.Contains(s, "could not be reached") {
+		t.Errorf("Summary() = %q", s)
+	}
+	if a := ie.Advice(); !strings.Contains(a, "--index-url") || !strings.Contains(a, "--find-links") {
+		t.Errorf("Advice() = %q", a)
+	}
+	// pip's own five retries, with a doubling back-off, kept the caller
+	// waiting 8.7 s for this answer; it retries installRetries times.
+	if n := strings.Count(ie.Output, "Retrying ("); n > installRetries || retried && n == 0 {
+		t.Errorf("the installer retried %d times, want at most %d:\n%s", n, installRetries, ie.Output)
 	}
 	assertNoBuilds(t, c)
 }

@@ -305,16 +305,11 @@ func (e *Engine) installResult(err error) (*Result, bool) {
 	if !errors.As(err, &ie) {
 		return nil, false
 	}
-	advice := "; check the requirement's name and version, or that the package index has it"
-	if ie.Unreachable != "" {
-		// Nothing about the requirement is wrong: the index was not there.
-		advice = "; retry later, or tell the server's operator (--index-url, and the network the installer may reach)"
-	}
 	return &Result{
 		Status:   StatusInstallError,
 		ExitCode: -1,
 		Stderr:   strings.Join(ie.Lines, "\n"),
-		Message:  ie.Error() + advice,
+		Message:  ie.Summary() + ". " + ie.Advice(),
 		Sandbox:  string(e.cfg.Backend.Kind()),
 	}, true
 }

@@ -2,6 +2,7 @@ package tools
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -77,8 +78,10 @@ func TestDependenciesOverMCP(t *testing.T) {
 	if res.IsError || out["return_value"] != "pysbx-gamma-2.0.0" {
 		t.Fatalf("after install_package: %s", text(res))
 	}
-	res, _ = call(t, cs, "install_package", map[string]any{"session_id": id, "packages": []any{"pysbx-nonexistent"}})
-	if !res.IsError || !strings.Contains(text(res), "install_error") {
-		t.Fatalf("install_package of an unknown package: %s", text(res))
+	res, out = call(t, cs, "install_package", map[string]any{"session_id": id, "packages": []any{"pysbx-nonexistent"}})
+	// What failed, the next step, and no Go package prefix.
+	if !res.IsError || !strings.HasPrefix(text(res), "install_error: cannot install pysbx-nonexistent: ") ||
+		!strings.Contains(text(res), "Check the requirement's name") || out["status"] != "install_error" || strings.HasPrefix(fmt.Sprint(out["message"]), "deps:") {
+		t.Fatalf("install_package of an unknown package: %s %v", text(res), out)
 	}
 }

@@ -191,8 +191,15 @@ func (s *server) installPackage(ctx context.Context, req *mcp.CallToolRequest, i
 	var reqErr *engine.RequestError
 	switch {
 	case errors.As(err, &ie):
-		out := &InstallPackageOutput{SessionID: in.SessionID, Status: "install_error", Requirements: in.Packages, Message: ie.Error()}
-		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "install_error: " + ie.Error() + "\n" + strings.Join(ie.Lines, "\n")}}}, out, nil
+		msg := ie.Summary() + ". " + ie.Advice()
+		out := &InstallPackageOutput{SessionID: in.SessionID, Status: "install_error", Requirements: in.Packages, Message: msg}
+		text := "install_error: " + msg
+		if ie.Unreachable == "" && len(ie.Lines) > 0 {
+			// The installer's own words; with no index reached they only
+			// say that no package was found, which is not the cause.
+			text += "\n" + strings.Join(ie.Lines, "\n")
+		}
+		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: text}}}, out, nil
 	case errors.As(err, &reqErr):
 		return nil, nil, errorResult(reqErr.Error() + ".")
 	case err != nil:
@@ -249,7 +256,7 @@ func sessionError(ctx context.Context, err error) *govern.Refusal {
 	case errors.As(err, &reqErr):
 		return errorResult(reqErr.Error() + ".")
 	case errors.As(err, &ie):
-		return refusal(govern.StatusInstallError, "install_error: "+ie.Error())
+		return refusal(govern.StatusInstallError, "install_error: "+ie.Summary()+". "+ie.Advice())
 	case errors.As(err, &pe):
 		return refusal(govern.StatusInstallError, "install_error: "+pe.Error()+"; retry later, or tell the server's operator")
 	case errors.As(err, &gone):
