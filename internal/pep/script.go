@@ -59,6 +59,40 @@ type ScriptMetadata struct {
 // Python reads source ("\r\n" and "\r" become "\n") and a leading byte-order
 // mark is dropped, so that what the agent sees as a block is one.
 func ParseScriptMetadata(code string) (*ScriptMetadata, error) {
+	md, problems := InspectScriptMetadata(code)
+	if len(problems) > 0 {
+		return nil, problems[0]
+	}
+	return md, nil
+}
+
+// DependencyError is an entry of "dependencies" that is not a valid
+// requirement.
+type DependencyError struct {
+	Line        int    // the source line it is written on, as near as can be told
+	Index       int    // its place in the list, from 0
+	Requirement string // as written; "" when the entry is not a string
+	Err         error
+	notString   bool
+}
+
+func (e *DependencyError) Error() string {
+	if e.notString {
+		return fmt.Sprintf("pep723: line %d: dependencies[%d] %v", e.Line, e.Index, e.Err)
+	}
+	return fmt.Sprintf("pep723: line %d: dependencies[%d]: %v", e.Line, e.Index, e.Err)
+}
+
+func (e *DependencyError) Unwrap() error { return e.Err }
+
+// InspectScriptMetadata is ParseScriptMetadata for a checker, which wants
+// every problem and all that is valid beside them rather than a verdict:
+// it returns the block whenever there is one (with the line numbers only,
+// when its TOML does not parse; with the valid dependencies and a valid
+// requires-python otherwise), and each problem, entries of
+// "dependencies" as *DependencyError, in order. A run refuses the block
+// on the first of them (ParseScriptMetadata).
+func InspectScriptMetadata(code string) (*ScriptMetadata, []error) {
 	code = normalizeNewlines(strings.TrimPrefix(code, "\ufeff"))
 
 	var found []block
@@ -69,23 +103,22 @@ func ParseScriptMetadata(code string) (*ScriptMetadata, error) {
 			}
 		}
 	}
-	switch len(found) {
-	case 0:
+	if len(found) == 0 {
 		return nil, nil
-	case 1:
-	default:
-		return nil, fmt.Errorf("pep723: more than one script metadata block (lines %d and %d)", found[0].start, found[1].start)
 	}
 	b := found[0]
+	if len(found) > 1 {
+		// Which block a run would use is undefined: no content is reported.
+		return &ScriptMetadata{StartLine: b.start, EndLine: b.end},
+			[]error{fmt.Errorf("pep723: more than one script metadata block (lines %d and %d)", found[0].start, found[1].start)}
+	}
 	if len(b.content) > MaxScriptMetadataSize {
-		return nil, fmt.Errorf("pep723: line %d: script metadata block too large (%d bytes, limit %d)", b.start, len(b.content), MaxScriptMetadataSize)
+		return &ScriptMetadata{StartLine: b.start, EndLine: b.end},
+			[]error{fmt.Errorf("pep723: line %d: script metadata block too large (%d bytes, limit %d)", b.start, len(b.content), MaxScriptMetadataSize)}
 	}
-	md, err := decodeMetadata(stripCommentPrefixes(b.content), b)
-	if err != nil {
-		return nil, err
-	}
+	md, problems := decodeMetadata(stripCommentPrefixes(b.content), b)
 	md.StartLine, md.EndLine = b.start, b.end
-	return md, nil
+	return md, problems
 }
 
 // block is one match of the PEP 723 regular expression.
@@ -194,52 +227,55 @@ func normalizeNewlines(s string) string {
 
 // decodeMetadata parses the block's TOML and checks the fields PEP 723
 // defines.
-func decodeMetadata(content string, b block) (*ScriptMetadata, error) {
+func decodeMetadata(content string, b block) (md *ScriptMetadata, problems []error) {
+	md = &ScriptMetadata{}
 	if line, msg := checkTOMLShape(content); msg != "" {
-		return nil, fmt.Errorf("pep723: line %d: %s", b.start+line, msg)
+		return md, []error{fmt.Errorf("pep723: line %d: %s", b.start+line, msg)}
 	}
 	raw, err := decodeTOML(content)
 	if err != nil {
 		var perr toml.ParseError
 		if errors.As(err, &perr) {
 			// Content line n is source line start+n.
-			return nil, fmt.Errorf("pep723: line %d: invalid TOML in script metadata: %s", b.start+perr.Position.Line, perr.Message)
+			return md, []error{fmt.Errorf("pep723: line %d: invalid TOML in script metadata: %s", b.start+perr.Position.Line, perr.Message)}
 		}
-		return nil, fmt.Errorf("pep723: line %d: invalid TOML in script metadata: %w", b.start, err)
+		return md, []error{fmt.Errorf("pep723: line %d: invalid TOML in script metadata: %w", b.start, err)}
 	}
 
-	md := &ScriptMetadata{}
 	if v, ok := raw["requires-python"]; ok {
-		s, ok := v.(string)
-		if !ok {
-			return nil, fmt.Errorf("pep723: line %d: requires-python must be a string, not %s", b.keyLine("requires-python"), tomlType(v))
+		if s, ok := v.(string); !ok {
+			problems = append(problems, fmt.Errorf("pep723: line %d: requires-python must be a string, not %s", b.keyLine("requires-python"), tomlType(v)))
+		} else if _, err := ParseSpecifierSet(s); err != nil {
+			problems = append(problems, fmt.Errorf("pep723: line %d: requires-python: %w", b.keyLine("requires-python"), err))
+		} else {
+			md.RequiresPython = s
 		}
-		if _, err := ParseSpecifierSet(s); err != nil {
-			return nil, fmt.Errorf("pep723: line %d: requires-python: %w", b.keyLine("requires-python"), err)
-		}
-		md.RequiresPython = s
 	}
 	if v, ok := raw["dependencies"]; ok {
 		list, ok := v.([]any)
-		if !ok {
-			return nil, fmt.Errorf("pep723: line %d: dependencies must be a list of strings, not %s", b.keyLine("dependencies"), tomlType(v))
-		}
-		if len(list) > MaxDependencies {
-			return nil, fmt.Errorf("pep723: line %d: too many dependencies (%d, limit %d)", b.keyLine("dependencies"), len(list), MaxDependencies)
-		}
-		md.Dependencies = make([]string, 0, len(list))
-		for i, item := range list {
-			s, ok := item.(string)
-			if !ok {
-				return nil, fmt.Errorf("pep723: line %d: dependencies[%d] must be a string, not %s", b.keyLine("dependencies"), i, tomlType(item))
+		switch {
+		case !ok:
+			problems = append(problems, fmt.Errorf("pep723: line %d: dependencies must be a list of strings, not %s", b.keyLine("dependencies"), tomlType(v)))
+		case len(list) > MaxDependencies:
+			problems = append(problems, fmt.Errorf("pep723: line %d: too many dependencies (%d, limit %d)", b.keyLine("dependencies"), len(list), MaxDependencies))
+		default:
+			md.Dependencies = make([]string, 0, len(list))
+			for i, item := range list {
+				s, ok := item.(string)
+				if !ok {
+					problems = append(problems, &DependencyError{Line: b.keyLine("dependencies"), Index: i,
+						Err: fmt.Errorf("must be a string, not %s", tomlType(item)), notString: true})
+					continue
+				}
+				if _, err := ParseRequirement(s); err != nil {
+					problems = append(problems, &DependencyError{Line: b.valueLine(s, "dependencies"), Index: i, Requirement: s, Err: err})
+					continue
+				}
+				md.Dependencies = append(md.Dependencies, s)
 			}
-			if _, err := ParseRequirement(s); err != nil {
-				return nil, fmt.Errorf("pep723: line %d: dependencies[%d]: %w", b.valueLine(s, "dependencies"), i, err)
-			}
-			md.Dependencies = append(md.Dependencies, s)
 		}
 	}
-	return md, nil
+	return md, problems
 }
 
 // decodeTOML wraps toml.Decode. The TOML parser reports syntax errors

@@ -3,6 +3,7 @@ package pep
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -257,4 +258,43 @@ func FuzzParseScriptMetadata(f *testing.F) {
 			t.Fatalf("invalid requires-python accepted: %v", err)
 		}
 	})
+}
+
+// TestInspectScriptMetadata: a checker gets the block, everything valid in
+// it, and every problem, where a run gets the first problem alone.
+func TestInspectScriptMetadata(t *testing.T) {
+	code := "import x\n# /// script\n# requires-python = \">=3.9\"\n# dependencies = [\n#   \"requests\",\n#   \"numpy===\",\n#   3,\n#   \"pandas>=2\",\n# ]\n# ///\n"
+	md, problems := InspectScriptMetadata(code)
+	if md == nil || md.StartLine != 2 || md.EndLine != 10 || md.RequiresPython != ">=3.9" || !slices.Equal(md.Dependencies, []string{"requests", "pandas>=2"}) {
+		t.Fatalf("metadata %+v", md)
+	}
+	if len(problems) != 2 {
+		t.Fatalf("problems %v", problems)
+	}
+	var de *DependencyError
+	if !errors.As(problems[0], &de) || de.Index != 1 || de.Requirement != "numpy===" || de.Line != 6 {
+		t.Errorf("first problem %#v", problems[0])
+	}
+	if !errors.As(problems[1], &de) || de.Index != 2 || de.Requirement != "" || problems[1].Error() != "pep723: line 4: dependencies[2] must be a string, not an integer" {
+		t.Errorf("second problem %v", problems[1])
+	}
+	// A run is refused on the first.
+	if _, err := ParseScriptMetadata(code); err == nil || err.Error() != problems[0].Error() {
+		t.Errorf("ParseScriptMetadata: %v", err)
+	}
+	// A bad requires-python leaves the dependencies.
+	md, problems = InspectScriptMetadata("# /// script\n# requires-python = \">=3.x\"\n# dependencies = [\"a\"]\n# ///\n")
+	if md == nil || md.RequiresPython != "" || !slices.Equal(md.Dependencies, []string{"a"}) || len(problems) != 1 || !strings.Contains(problems[0].Error(), "requires-python") {
+		t.Errorf("bad requires-python: %+v %v", md, problems)
+	}
+	// Unparsable TOML, or two blocks: the block is there, with nothing in it.
+	for _, c := range []string{"# /// script\n# a = \n# ///\n", "# /// script\n# a = 1\n# ///\n# /// script\n# a = 1\n# ///\n"} {
+		md, problems = InspectScriptMetadata(c)
+		if md == nil || md.StartLine != 1 || md.Dependencies != nil || len(problems) != 1 {
+			t.Errorf("%q: %+v %v", c, md, problems)
+		}
+	}
+	if md, problems := InspectScriptMetadata("print(1)\n"); md != nil || problems != nil {
+		t.Errorf("no block: %+v %v", md, problems)
+	}
 }

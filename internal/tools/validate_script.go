@@ -65,24 +65,33 @@ func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, i
 	}
 	out := &ValidateScriptOutput{Dependencies: []Dependency{}, Problems: []string{}}
 
+	// The block as a checker sees it: all that is valid in it, and every
+	// problem (a run refuses it on the first).
+	meta, blockProblems := pep.InspectScriptMetadata(in.Code)
 	var fromBlock []string
-	meta, err := pep.ParseScriptMetadata(in.Code)
-	if err != nil {
-		out.Problems = append(out.Problems, "inline script metadata: "+err.Error())
-	}
 	if meta != nil {
 		out.ScriptBlock = true
 		out.RequiresPython = meta.RequiresPython
-		fromBlock = meta.Dependencies
+		fromBlock = blockEntries(meta, blockProblems)
+	}
+	for _, err := range blockProblems {
+		if de, ok := errors.AsType[*pep.DependencyError](err); ok && de.Requirement != "" {
+			// With its line: the entry is listed with the others below.
+			out.Problems = append(out.Problems, fmt.Sprintf("inline script metadata: line %d: dependency %q: %v", de.Line, de.Requirement, de.Err))
+			continue
+		}
+		out.Problems = append(out.Problems, "inline script metadata: "+strings.TrimPrefix(err.Error(), "pep723: "))
 	}
 	// Every entry is reported, invalid ones included, in order; exact
 	// duplicates (the same requirement spelled alike) are listed once.
 	seen := map[string]bool{}
-	for _, r := range append(append([]string(nil), fromBlock...), in.Dependencies...) {
+	for i, r := range append(append([]string(nil), fromBlock...), in.Dependencies...) {
 		req, err := pep.ParseRequirement(r)
 		if err != nil {
 			out.Dependencies = append(out.Dependencies, Dependency{Requirement: r, Error: err.Error()})
-			out.Problems = append(out.Problems, fmt.Sprintf("dependency %q: %v", r, err))
+			if i >= len(fromBlock) { // the block's are in Problems already
+				out.Problems = append(out.Problems, fmt.Sprintf("dependency %q: %v", r, err))
+			}
 			continue
 		}
 		if seen[req.String()] {
@@ -141,4 +150,30 @@ func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, i
 		}
 	}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, out, nil
+}
+
+// blockEntries are the block's dependencies as written, valid or not, in
+// their order: the valid ones with each invalid string put back in its
+// place, so that the check below reports every one. An entry that is not
+// a string has no requirement to show; it is the block's problem instead.
+func blockEntries(meta *pep.ScriptMetadata, problems []error) []string {
+	bad := map[int]*pep.DependencyError{}
+	for _, err := range problems {
+		if de, ok := errors.AsType[*pep.DependencyError](err); ok {
+			bad[de.Index] = de
+		}
+	}
+	out := make([]string, 0, len(meta.Dependencies)+len(bad))
+	valid := meta.Dependencies
+	for i := 0; len(valid) > 0 || i < len(meta.Dependencies)+len(bad); i++ {
+		switch de, ok := bad[i]; {
+		case ok && de.Requirement != "":
+			out = append(out, de.Requirement)
+		case ok: // not a string
+		case len(valid) > 0:
+			out = append(out, valid[0])
+			valid = valid[1:]
+		}
+	}
+	return out
 }

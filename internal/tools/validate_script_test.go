@@ -1,6 +1,7 @@
 package tools
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -50,6 +51,27 @@ func TestValidateScript(t *testing.T) {
 		}
 		if out["valid"] != false || len(out["problems"].([]any)) != 1 {
 			t.Errorf("want exactly one problem (the bad requirement): %v", out["problems"])
+		}
+	})
+	t.Run("pep 723 with invalid entries", func(t *testing.T) {
+		// The block is still a block: its requires-python and every entry
+		// are reported, and each invalid one is a problem with its line.
+		code := "# /// script\n# requires-python = \">=3.8\"\n# dependencies = [\n#   \"requests\",\n#   \"numpy===\",\n#   3,\n#   \"pandas>=2\",\n# ]\n# ///\nprint(1)\n"
+		_, out := call(t, cs, "validate_script", map[string]any{"code": code})
+		if out["valid"] != false || out["script_block"] != true || out["requires_python"] != ">=3.8" {
+			t.Fatalf("%v", out)
+		}
+		var got []string
+		for _, d := range out["dependencies"].([]any) {
+			m := d.(map[string]any)
+			got = append(got, fmt.Sprintf("%s=%v", m["requirement"], m["valid"]))
+		}
+		if strings.Join(got, ",") != "requests=true,numpy====false,pandas>=2=true" {
+			t.Errorf("dependencies %v", got)
+		}
+		problems := fmt.Sprint(out["problems"])
+		if len(out["problems"].([]any)) != 2 || !strings.Contains(problems, `line 5: dependency "numpy==="`) || !strings.Contains(problems, "line 3: dependencies[2] must be a string") {
+			t.Errorf("problems %v", problems)
 		}
 	})
 	t.Run("requires-python unsatisfied", func(t *testing.T) {
