@@ -54,7 +54,7 @@ func parseFileURI(uri string) (sessionID, p string, ok bool) {
 type UploadFileInput struct {
 	SessionID     string `json:"session_id" jsonschema:"The session to upload into."`
 	Path          string `json:"path" jsonschema:"Where to write, relative to the session's working directory /work, e.g. data/input.csv. Parent directories are created."`
-	Content       string `json:"content,omitempty" jsonschema:"The file's content as UTF-8 text. Use content_base64 instead for binary files."`
+	Content       string `json:"content,omitempty" jsonschema:"The file's content as UTF-8 text (\"\" for an empty file). Use content_base64 instead for binary files. One of the two is required."`
 	ContentBase64 string `json:"content_base64,omitempty" jsonschema:"The file's content, base64-encoded (for binary files)."`
 }
 
@@ -153,6 +153,11 @@ func (s *server) uploadFile(ctx context.Context, req *mcp.CallToolRequest, in Up
 	}
 	var data []byte
 	switch {
+	case in.Content == "" && in.ContentBase64 == "" && !argGiven(req.Params.Arguments, "content") && !argGiven(req.Params.Arguments, "content_base64"):
+		// Both fields are optional in the schema (either will do), so the
+		// input type cannot tell a missing content from an empty one: the
+		// raw arguments can. A forgotten argument is not an empty file.
+		return nil, nil, errorResult("pass the file's content: content (text) or content_base64 (binary). For an empty file, pass content \"\".")
 	case in.Content != "" && in.ContentBase64 != "":
 		return nil, nil, errorResult("pass either content (text) or content_base64 (binary), not both.")
 	case in.ContentBase64 != "":
@@ -339,4 +344,15 @@ func fileError(err error, p string) *govern.Refusal {
 		return r
 	}
 	return errorResult(err.Error())
+}
+
+// argGiven reports whether the call's arguments set key to something other
+// than null.
+func argGiven(raw json.RawMessage, key string) bool {
+	var args map[string]json.RawMessage
+	if json.Unmarshal(raw, &args) != nil {
+		return false
+	}
+	v, ok := args[key]
+	return ok && string(bytes.TrimSpace(v)) != "null"
 }

@@ -1,6 +1,7 @@
 package tools
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -92,5 +93,25 @@ func TestListFilesHidden(t *testing.T) {
 	res, out = call(t, cs, "list_files", map[string]any{"session_id": id, "path": ".cache"})
 	if got := paths(out); res.IsError || got != ".cache/fontconfig .cache/fontconfig/a .cache/fontconfig/b .cache/fontconfig/c" {
 		t.Errorf("list_files .cache: %s", got)
+	}
+}
+
+// TestUploadNeedsContent: an upload_file call without content and
+// content_base64 is refused and writes nothing; an explicitly empty
+// content makes an empty file.
+func TestUploadNeedsContent(t *testing.T) {
+	cs := connect(t, nil)
+	id := newSession(t, cs)
+	res, _ := call(t, cs, "upload_file", map[string]any{"session_id": id, "path": "forgot.txt"})
+	if !res.IsError || !strings.Contains(text(res), `For an empty file, pass content "".`) {
+		t.Errorf("no content: %s", text(res))
+	}
+	res, out := call(t, cs, "upload_file", map[string]any{"session_id": id, "path": "empty.txt", "content": ""})
+	if res.IsError || out["size"] != 0.0 {
+		t.Fatalf("an empty content: %s %v", text(res), out)
+	}
+	res, out = call(t, cs, "run_python", map[string]any{"session_id": id, "code": "import os\n(os.path.exists('forgot.txt'), os.path.getsize('empty.txt'))"})
+	if res.IsError || fmt.Sprint(out["return_value"]) != "[false 0]" {
+		t.Errorf("the workspace: %s %#v", text(res), out)
 	}
 }
