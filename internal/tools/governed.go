@@ -327,7 +327,10 @@ func (s *server) refused(t *govern.Ticket, sc *schemas, ref *govern.Refusal, o g
 // structured result whose status says what happened.
 func refusalResult(sc *schemas, ref *govern.Refusal) *mcp.CallToolResult {
 	res := &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: ref.Message}}}
-	if sc != nil && sc.outZero != nil {
+	// Only an output with a status or a message can say it was refused;
+	// any other (check_environment's) would be zero values that read as
+	// facts (every layer off), so the refusal is its text alone.
+	if sc != nil && sc.outZero != nil && (sc.props["status"] || sc.props["message"]) {
 		out := make(map[string]any, len(sc.outZero)+2)
 		for k, v := range sc.outZero {
 			out[k] = v

@@ -44,11 +44,17 @@ func (s *server) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			if ref == nil {
 				ref = &govern.Refusal{Status: govern.StatusDenied, Message: fmt.Sprintf("The server's policy does not allow %s. Nothing was run.", ctr.Params.Name)}
 			}
-			return s.refused(t, nil, ref, govern.Outcome{Refused: ref})
+			// The client has no output schema for a tool it was never
+			// shown: the structured result is the status and message alone,
+			// as every refusal has them.
+			return s.refused(t, hiddenSchemas, ref, govern.Outcome{Refused: ref})
 		}
 		return next(ctx, method, req)
 	}
 }
+
+// hiddenSchemas shape the refusal of a hidden tool's call.
+var hiddenSchemas = &schemas{outZero: map[string]any{}, props: map[string]bool{"status": true, "message": true}}
 
 // sessionURIPrefix starts the URIs of session files.
 const sessionURIPrefix = "pysandbox://sessions/"

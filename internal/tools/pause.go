@@ -28,7 +28,7 @@ type PauseSessionOutput struct {
 	Files      int                   `json:"files"`
 	// Skipped are workspace entries left out (symlinks, special files).
 	Skipped   []string  `json:"skipped,omitempty"`
-	ExpiresAt time.Time `json:"expires_at"`
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
 }
 
 // ResumeSessionOutput is resume_session's result.

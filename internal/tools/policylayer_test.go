@@ -43,7 +43,10 @@ func TestPolicyLayerDocument(t *testing.T) {
 	refused := func(name string, args map[string]any, want string) {
 		t.Helper()
 		res, out := call(t, cs, name, args)
-		if st, has := out["status"]; !res.IsError || !strings.Contains(text(res), want) || (has && st != "denied") {
+		// Hidden tools too: a client has no schema for them, but a
+		// refusal's structured result is its status and message.
+		// check_environment's output has no status: its refusal is text.
+		if !res.IsError || !strings.Contains(text(res), want) || name != "check_environment" && (out["status"] != "denied" || out["message"] != text(res)) || name == "check_environment" && out != nil {
 			t.Errorf("%s %v: %v %s %v", name, args, res.IsError, text(res), out)
 		}
 	}

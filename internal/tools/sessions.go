@@ -27,7 +27,7 @@ type CreateSessionInput struct {
 type CreateSessionOutput struct {
 	Outcome
 	SessionID string    `json:"session_id"`
-	ExpiresAt time.Time `json:"expires_at"`
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
 }
 
 // SessionIDInput names a session.

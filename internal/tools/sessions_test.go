@@ -291,3 +291,25 @@ func TestReadmeWalkthrough(t *testing.T) {
 		t.Fatal(text(res))
 	}
 }
+
+// TestRefusalHasNoPlaceholders: a refused call's structured result has
+// its status and message, and no made-up value where a real one would be
+// (an expiry of 0001-01-01 read as a date).
+func TestRefusalHasNoPlaceholders(t *testing.T) {
+	cs := connect(t, nil)
+	for _, c := range []struct {
+		tool string
+		args map[string]any
+	}{
+		{"create_session", map[string]any{"dependencies": []any{"not a requirement!"}}},
+		{"pause_session", map[string]any{"session_id": "s-nonesuch"}},
+	} {
+		res, out := call(t, cs, c.tool, c.args)
+		if !res.IsError || out["status"] != "invalid_request" || out["message"] == "" {
+			t.Errorf("%s: %s %v", c.tool, text(res), out)
+		}
+		if v, ok := out["expires_at"]; ok {
+			t.Errorf("%s: expires_at %v in a refusal", c.tool, v)
+		}
+	}
+}
