@@ -31,10 +31,18 @@ func cacheCmd(args []string, stdout, stderr io.Writer) error {
 		return usageError{fmt.Errorf("usage: pysandbox cache ls|prune [--all] [--max-size SIZE] [--cache-dir DIR]; pysandbox cache ls -h lists the flags")}
 	}
 	sub := args[0]
-	fs, o := newFlagSet("cache "+sub, "cache "+sub+" [flags]", stderr)
-	all := fs.Bool("all", false, "prune: remove every environment not in use")
+	synopsis := "cache " + sub + " [flags]"
+	fs, o := newFlagSet("cache "+sub, synopsis, stderr)
+	all := new(bool)
 	var maxSize size
-	fs.Var(&maxSize, "max-size", "prune: remove the least recently used environments until the cache is at most this size (default --cache-size)")
+	if sub == "prune" {
+		synopsis = "cache prune [--all] [--max-size SIZE] [flags]"
+		fs.BoolVar(all, "all", false, "remove every environment not in use")
+		fs.Var(&maxSize, "max-size", "remove the least recently used environments until the cache is at most this size (default --cache-size)")
+		showOnly(fs, stderr, synopsis, "all", "max-size", "cache-dir", "cache-size")
+	} else {
+		showOnly(fs, stderr, synopsis, "cache-dir", "cache-size")
+	}
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}

@@ -312,6 +312,25 @@ func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *option
 	return fs, o
 }
 
+// showOnly makes fs's usage list only the named flags, for a command that
+// uses few of the shared ones. It still takes every shared flag, so that a
+// server's flags can be passed to it as they are; the usage says so.
+func showOnly(fs *flag.FlagSet, stderr io.Writer, synopsis string, names ...string) {
+	fs.Usage = func() {
+		shown := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
+		shown.SetOutput(stderr)
+		for _, n := range names {
+			if f := fs.Lookup(n); f != nil {
+				shown.Var(f.Value, f.Name, f.Usage)
+				shown.Lookup(n).DefValue = f.DefValue
+			}
+		}
+		fmt.Fprintf(stderr, "Usage: pysandbox %s\n\nFlags:\n", synopsis)
+		shown.PrintDefaults()
+		fmt.Fprintf(stderr, "\nThe other flags of 'pysandbox serve -h' are accepted too, so a server's flags can be passed as they are; they change nothing here.\n")
+	}
+}
+
 func (o *options) logger(stderr io.Writer) (*slog.Logger, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(o.logLevel)); err != nil {

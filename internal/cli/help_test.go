@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -120,5 +121,30 @@ func TestRunMessage(t *testing.T) {
 	o.timeout = o.maxTimeout
 	if got := o.runMessage(&engine.Result{Status: engine.StatusTimeout}); !strings.Contains(got, "pass a larger --timeout, and --max-timeout with it") {
 		t.Errorf("at the maximum: %q", got)
+	}
+}
+
+// TestFlagsAreDocumented: every flag a command's -h lists is in
+// docs/commands.md, where a user looks them up, so the two cannot drift
+// apart again (bench's --concurrency and --baseline, and seven of serve's,
+// were only in -h or in another page).
+func TestFlagsAreDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/commands.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flagRE := regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`)
+	for _, c := range commands {
+		var out, errb bytes.Buffer
+		Main(append(strings.Fields(c.name), "-h"), strings.NewReader(""), &out, &errb)
+		for _, m := range flagRE.FindAllStringSubmatch(out.String()+errb.String(), -1) {
+			name := "--" + m[1]
+			if len(m[1]) == 1 {
+				name = "-" + m[1]
+			}
+			if !regexp.MustCompile(regexp.QuoteMeta(name) + `\b`).Match(doc) {
+				t.Errorf("pysandbox %s -h lists %s, which docs/commands.md does not mention", c.name, name)
+			}
+		}
 	}
 }

@@ -23,6 +23,11 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) 
 	// out of it unless asked for.
 	fs.Lookup("log-level").DefValue = "warn"
 	o.logLevel = "warn"
+	// One run gains nothing from a pool (see below): the usage says what
+	// run does without the flag, not what serve does.
+	pf := fs.Lookup("pool-size")
+	pf.DefValue = "0"
+	pf.Usage += "; run starts none unless this is given"
 	if err := parseFlags(fs, args); err != nil {
 		return 0, err
 	}
