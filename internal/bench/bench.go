@@ -103,6 +103,17 @@ func Run(ctx context.Context, cfg Config) error {
 		fmt.Fprintf(cfg.Log, "pysandbox bench: %s, %d iterations each: this takes about %s (a rough estimate; a slower machine takes longer)\n",
 			sections(cfg), cfg.N, roundEstimate(Estimate(cfg, hasPandas)))
 	}
+	mc := &missCounter{w: cfg.Out}
+	cfg.Out = mc
+	err := run(ctx, cfg, hasPandas)
+	if f := mc.footer(); f != "" {
+		fmt.Fprint(mc.w, f)
+	}
+	return err
+}
+
+// run measures what cfg asks for.
+func run(ctx context.Context, cfg Config, hasPandas bool) error {
 	switch {
 	case cfg.Phases:
 		return phases(ctx, cfg)

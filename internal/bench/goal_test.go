@@ -79,3 +79,22 @@ func TestEstimate(t *testing.T) {
 		t.Errorf("%v %q", err, log.String())
 	}
 }
+
+// TestMissCounter: rows that missed are counted however the report's
+// writes split them, and the report ends by saying where to read more.
+func TestMissCounter(t *testing.T) {
+	var b strings.Builder
+	m := &missCounter{w: &b}
+	for _, w := range []string{"a (goal <= 1x) MISSED\nb (goal <= 1x)\n", "c (goal <= 1x) MIS", "SED\nd MISSED\n", " MISSED"} {
+		m.Write([]byte(w))
+	}
+	if m.missed != 4 {
+		t.Errorf("counted %d, want 4", m.missed)
+	}
+	if f := m.footer(); !strings.Contains(f, "4 rows MISSED") || !strings.Contains(f, "docs/performance.md") {
+		t.Errorf("footer %q", f)
+	}
+	if f := (&missCounter{}).footer(); f != "" {
+		t.Errorf("footer without a miss: %q", f)
+	}
+}
