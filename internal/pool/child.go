@@ -26,6 +26,7 @@ type child struct {
 	proxy       net.Listener // see sandbox.Proxied; nil without Spec.Proxy
 	pidfd       int          // pidfd of the run's pid 1, so a kill can never hit a recycled pid
 	hostPID     int
+	uid         int // its user in the zygote's namespace (root server), 0 otherwise
 	cg          *cgroup.Group
 	exitc       chan exitStatus
 	stdout      switchWriter

@@ -62,8 +62,9 @@ import (
 // cgroup names never collide.
 var childSeq atomic.Uint64
 
-// childUID hands out the children's ids, in turn through the mapped block.
-var childUID atomic.Uint64
+// childUIDs hands out the children's ids, in turn through the mapped
+// block, never one a live child has.
+var childUIDs = newUIDSet(sandbox.ChildIDCount)
 
 // Config configures a pool.
 type Config struct {

@@ -131,19 +131,28 @@ func (p *Pool) spawn(ctx context.Context, f *flavor, oneshot, ahead bool) (*chil
 	if p.cfg.Spec.Proxy {
 		req.ProxyPort = sandbox.ProxyPort
 	}
+	freeUID := func() {}
 	if os.Geteuid() == 0 {
-		// Distinct host users for concurrent runs (see sandbox.ChildIDBase);
-		// the block is far larger than the runs that can be alive at once.
-		req.UID = sandbox.ChildIDBase + int(childUID.Add(1)%sandbox.ChildIDCount)
+		// Distinct host users for live runs (see sandbox.ChildIDBase); the
+		// id is free again once the child and all its processes are gone
+		// (Close ends them before it releases).
+		id, ok := childUIDs.take()
+		if !ok {
+			return fail(fmt.Errorf("pool: all %d child ids are in use", sandbox.ChildIDCount))
+		}
+		req.UID = sandbox.ChildIDBase + id
+		c.uid = req.UID
+		freeUID = func() { childUIDs.put(id) }
 	}
 	if req.TmpBytes <= 0 {
 		req.TmpBytes = 256 << 20
 	}
 	z, err := f.zygote(ctx, p)
 	if err != nil {
+		freeUID()
 		return fail(err)
 	}
-	c.zyg, c.release = z, func() { f.release(z) }
+	c.zyg, c.release = z, func() { f.release(z); freeUID() }
 	c.stamp("sent")
 	sp, err := z.spawn(ctx, req, []int{int(childFiles[0].Fd()), int(childFiles[1].Fd()), int(childFiles[2].Fd())})
 	if err != nil {
