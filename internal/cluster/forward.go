@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -24,6 +25,12 @@ const (
 	MetaIdentity = "pysandbox/identity"
 	MetaCallID   = "pysandbox/call_id"
 )
+
+// CancelTool is the internal tool that stops a forwarded call whose
+// caller cancelled it (arguments: call_id; the identity in _meta). The
+// internal endpoint is stateless, so the SDK's notifications/cancelled
+// arrives in a request of its own and reaches nothing.
+const CancelTool = "pysandbox_cancel_call"
 
 // InternalPath is where a replica serves the others.
 const InternalPath = "/internal/mcp"
@@ -68,6 +75,13 @@ type Forwarder struct {
 
 	mu    sync.Mutex
 	peers map[string]*peer // by member tag
+
+	// progress relays the owners' progress notifications (live output,
+	// the heartbeat) to the callers of the calls in flight, by the token
+	// each forwarded call was given.
+	progMu   sync.Mutex
+	progress map[string]func(*mcp.ProgressNotificationParams)
+	progSeq  atomic.Uint64
 }
 
 // maxIdlePerReplica is how many connections to one replica are kept
@@ -90,7 +104,7 @@ type peer struct {
 func (c *Cluster) NewForwarder(token string) *Forwarder {
 	base := http.DefaultTransport.(*http.Transport).Clone()
 	base.MaxIdleConnsPerHost = maxIdlePerReplica
-	return &Forwarder{c: c, token: token, peers: map[string]*peer{}, bytes: semaphore.NewWeighted(maxForwardBytes), held: map[string]int64{},
+	return &Forwarder{c: c, token: token, peers: map[string]*peer{}, bytes: semaphore.NewWeighted(maxForwardBytes), held: map[string]int64{}, progress: map[string]func(*mcp.ProgressNotificationParams){},
 		hc: &http.Client{Transport: &bearer{token: token, base: base}}}
 }
 
@@ -129,8 +143,9 @@ func (f *Forwarder) session(ctx context.Context, m Member) (*mcp.ClientSession, 
 	client := mcp.NewClient(&mcp.Implementation{Name: "pysandbox-replica-" + f.c.self.Name, Version: "1"}, &mcp.ClientOptions{
 		// Input requests (approvals) go back to the forwarding replica's
 		// client, as they are.
-		MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true},
-		Capabilities:   &mcp.ClientCapabilities{},
+		MultiRoundTrip:              &mcp.MultiRoundTripOptions{Disabled: true},
+		Capabilities:                &mcp.ClientCapabilities{},
+		ProgressNotificationHandler: f.relayProgress,
 	})
 	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
@@ -182,10 +197,33 @@ func (f *Forwarder) Forget(live []Member) {
 	}
 }
 
+// relayProgress hands an owner's progress notification to the call it
+// belongs to; one for a call that has ended is dropped.
+func (f *Forwarder) relayProgress(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
+	tok, ok := r.Params.ProgressToken.(string)
+	if !ok {
+		return
+	}
+	f.progMu.Lock()
+	fn := f.progress[tok]
+	f.progMu.Unlock()
+	if fn != nil {
+		fn(r.Params)
+	}
+}
+
 // Call makes the call at m for identity; callID ties it to the audit
 // record this replica writes. size is the arguments' size, for the bound
 // on what is forwarded at once.
 func (f *Forwarder) Call(ctx context.Context, m Member, p *mcp.CallToolParams, identity, callID string, size int64) (*mcp.CallToolResult, error) {
+	return f.CallProgress(ctx, m, p, identity, callID, size, nil)
+}
+
+// CallProgress is Call for a caller that asked for progress: the owner's
+// notifications for the call (its live output and heartbeat, which keep a
+// client from timing out a long run) reach progress, which sends them on
+// with the caller's own token.
+func (f *Forwarder) CallProgress(ctx context.Context, m Member, p *mcp.CallToolParams, identity, callID string, size int64, progress func(*mcp.ProgressNotificationParams)) (*mcp.CallToolResult, error) {
 	size = min(max(size, 1), maxForwardBytes)
 	f.heldMu.Lock()
 	if f.held[identity]+size > maxForwardShare && f.held[identity] > 0 {
@@ -208,6 +246,20 @@ func (f *Forwarder) Call(ctx context.Context, m Member, p *mcp.CallToolParams, i
 	defer f.bytes.Release(size)
 	params := *p
 	params.Meta = mcp.Meta{MetaIdentity: identity, MetaCallID: callID}
+	if progress != nil {
+		// A token of this replica's own: the caller's may be anything,
+		// and two callers' may be equal.
+		tok := fmt.Sprintf("fwd-%d", f.progSeq.Add(1))
+		params.SetProgressToken(tok)
+		f.progMu.Lock()
+		f.progress[tok] = progress
+		f.progMu.Unlock()
+		defer func() {
+			f.progMu.Lock()
+			delete(f.progress, tok)
+			f.progMu.Unlock()
+		}()
+	}
 	fctx, cancel := detached(ctx)
 	defer cancel()
 	var res *mcp.CallToolResult
@@ -218,6 +270,9 @@ func (f *Forwarder) Call(ctx context.Context, m Member, p *mcp.CallToolParams, i
 	if err != nil {
 		// fctx ends with ctx, a moment after it.
 		if err := cmp.Or(ctx.Err(), fctx.Err()); err != nil {
+			if callID != "" {
+				go f.cancelAt(m, callID, identity)
+			}
 			return nil, err
 		}
 		if !errors.Is(err, ErrUnreachable) {
@@ -227,6 +282,18 @@ func (f *Forwarder) Call(ctx context.Context, m Member, p *mcp.CallToolParams, i
 	}
 	res.Meta = ownMeta(res.Meta)
 	return res, nil
+}
+
+// cancelAt stops the call callID at m, whose caller gave up on it. Best
+// effort: a run the owner cannot be told about ends at its timeout.
+func (f *Forwarder) cancelAt(m Member, callID, identity string) {
+	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
+	defer cancel()
+	f.do(ctx, m, CancelTool, func(cs *mcp.ClientSession) error {
+		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: CancelTool, Arguments: map[string]any{"call_id": callID},
+			Meta: mcp.Meta{MetaIdentity: identity}})
+		return err
+	})
 }
 
 // ReadResource reads uri at m for identity. An error the owner answered

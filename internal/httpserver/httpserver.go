@@ -65,7 +65,11 @@ func Handler(cfg Config) (http.Handler, error) {
 			// The SDK refuses any non-loopback Host on a loopback
 			// connection; names the operator allowed (a reverse proxy on
 			// this machine) are checked by our guard instead.
-			DisableLocalhostProtection: len(cfg.AllowedHosts) > 0}
+			DisableLocalhostProtection: len(cfg.AllowedHosts) > 0,
+			// On the sessionless protocol a client cancels a call by
+			// ending its request: without this, the run went on to its
+			// timeout, holding its session and its place.
+			PropagateRequestCancellation: stateless}
 	}
 	get := func(*http.Request) *mcp.Server { return cfg.Server }
 	var mcpHandler http.Handler = sessionless(caps.wrap(mcp.NewStreamableHTTPHandler(get, opts(false))), caps.streams.wrap(mcp.NewStreamableHTTPHandler(get, opts(true))))

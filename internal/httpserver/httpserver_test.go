@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -26,7 +27,52 @@ func testServer() *mcp.Server {
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: who}}}, nil, nil
 	})
+	// block holds its call until the call's context ends, then says so on
+	// blockEnded.
+	mcp.AddTool(srv, &mcp.Tool{Name: "block"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		blockStarted <- struct{}{}
+		select {
+		case <-ctx.Done():
+			blockEnded <- struct{}{}
+		case <-blockRelease:
+		}
+		return nil, nil, ctx.Err()
+	})
 	return srv
+}
+
+var (
+	blockStarted, blockEnded = make(chan struct{}, 8), make(chan struct{}, 8)
+	// blockRelease ends a block call that its cancel did not: the test
+	// fails rather than hang in the server's Close.
+	blockRelease = make(chan struct{})
+)
+
+// TestCancelEndsTheCall: a client that cancels a call ends the handler's
+// work on both protocols: on the sessionful one by its
+// notifications/cancelled, on the sessionless one by ending its request
+// (the SDK leaves that to an option, without which a cancelled run went
+// on to its timeout).
+func TestCancelEndsTheCall(t *testing.T) {
+	url := start(t, nil)
+	for _, proto := range []string{"", "2025-06-18"} {
+		client := mcp.NewClient(&mcp.Implementation{Name: "c", Version: "1"}, nil)
+		cs, err := client.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url + "/mcp"}, &mcp.ClientSessionOptions{ProtocolVersion: proto})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go cs.CallTool(ctx, &mcp.CallToolParams{Name: "block"})
+		<-blockStarted
+		cancel()
+		select {
+		case <-blockEnded:
+		case <-time.After(time.Minute):
+			close(blockRelease)
+			t.Fatalf("protocol %q: the call went on a minute after the client cancelled it", proto)
+		}
+		cs.Close()
+	}
 }
 
 const aliceToken = "alice-0123456789abcdef"

@@ -68,7 +68,7 @@ func routed[In, Out any](s *server, tool string, h mcp.ToolHandlerFor[In, Out]) 
 		if len(args) == 0 {
 			args, _ = json.Marshal(in)
 		}
-		res, err := s.fwd.Call(ctx, m, &mcp.CallToolParams{Name: tool, Arguments: args}, identity(req), callIDOf(ctx), int64(len(args)))
+		res, err := s.fwd.CallProgress(ctx, m, &mcp.CallToolParams{Name: tool, Arguments: args}, identity(req), callIDOf(ctx), int64(len(args)), relayTo(ctx, req))
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, zero, refusal(govern.StatusCancelled, "The call was cancelled.")
@@ -82,6 +82,19 @@ func routed[In, Out any](s *server, tool string, h mcp.ToolHandlerFor[In, Out]) 
 			return nil, zero, refusal(govern.StatusBusy, fmt.Sprintf("session %q: %v.", ref.sessionRef(), err))
 		}
 		return forwardedResult[Out](res)
+	}
+}
+
+// relayTo sends the owner's progress notifications for a forwarded call
+// on to its caller, with the caller's token; nil when the caller asked
+// for none.
+func relayTo(ctx context.Context, req *mcp.CallToolRequest) func(*mcp.ProgressNotificationParams) {
+	tok := req.Params.GetProgressToken()
+	if tok == nil || req.Session == nil {
+		return nil
+	}
+	return func(p *mcp.ProgressNotificationParams) {
+		req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: p.Progress, Total: p.Total, Message: p.Message})
 	}
 }
 
@@ -109,7 +122,7 @@ var errNotHere = errors.New("this replica no longer serves the session: it is st
 
 // internalCall serves a call another replica forwarded: its identity and
 // call id come with it.
-func internalCall[In, Out any](cl *cluster.Cluster, h mcp.ToolHandlerFor[In, Out]) mcp.ToolHandlerFor[In, Out] {
+func internalCall[In, Out any](cl *cluster.Cluster, calls *inbound, h mcp.ToolHandlerFor[In, Out]) mcp.ToolHandlerFor[In, Out] {
 	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
 		meta := req.Params.GetMeta()
 		id, _ := meta[cluster.MetaIdentity].(string)
@@ -130,6 +143,8 @@ func internalCall[In, Out any](cl *cluster.Cluster, h mcp.ToolHandlerFor[In, Out
 			req.Extra = &mcp.RequestExtra{}
 		}
 		req.Extra.TokenInfo = &auth.TokenInfo{UserID: id, Expiration: time.Now().Add(time.Hour)}
+		ctx, done := calls.start(ctx, callID, id)
+		defer done()
 		return h(withCallID(ctx, callID), req, in)
 	}
 }
@@ -141,15 +156,16 @@ func (s *server) registerInternal(srv *mcp.Server) {
 	add := func(name string) *mcp.Tool {
 		return &mcp.Tool{Name: name, Description: "internal: forwarded by another replica"}
 	}
-	addInternal(srv, add("run_python"), internalCall(s.cl, s.runPython))
-	addInternal(srv, add("close_session"), internalCall(s.cl, s.closeSession))
-	addInternal(srv, add("pause_session"), internalCall(s.cl, s.pauseSession))
-	addInternal(srv, add("resume_session"), internalCall(s.cl, s.resumeSession))
-	addInternal(srv, add("list_sessions"), internalCall(s.cl, s.listSessions))
-	addInternal(srv, add("install_package"), internalCall(s.cl, s.installPackage))
-	addInternal(srv, add("upload_file"), internalCall(s.cl, s.uploadFile))
-	addInternal(srv, add("list_files"), internalCall(s.cl, s.listFiles))
-	addInternal(srv, add("download_file"), internalCall(s.cl, s.downloadFile))
+	addInternal(srv, add("run_python"), internalCall(s.cl, s.inbound, s.runPython))
+	addInternal(srv, add("close_session"), internalCall(s.cl, s.inbound, s.closeSession))
+	addInternal(srv, add("pause_session"), internalCall(s.cl, s.inbound, s.pauseSession))
+	addInternal(srv, add("resume_session"), internalCall(s.cl, s.inbound, s.resumeSession))
+	addInternal(srv, add("list_sessions"), internalCall(s.cl, s.inbound, s.listSessions))
+	addInternal(srv, add("install_package"), internalCall(s.cl, s.inbound, s.installPackage))
+	addInternal(srv, add("upload_file"), internalCall(s.cl, s.inbound, s.uploadFile))
+	addInternal(srv, add("list_files"), internalCall(s.cl, s.inbound, s.listFiles))
+	addInternal(srv, add("download_file"), internalCall(s.cl, s.inbound, s.downloadFile))
+	addInternal(srv, add(cluster.CancelTool), s.cancelForwarded)
 	// Reads of this replica's session files and figures, which only it
 	// holds.
 	srv.AddResourceTemplate(&mcp.ResourceTemplate{Name: "session-file", URITemplate: FileTemplate, Description: "internal: forwarded by another replica"}, internalResource(s.readFileResource))

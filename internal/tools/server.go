@@ -118,6 +118,7 @@ type server struct {
 	up       *upstream.Manager
 	cl       *cluster.Cluster
 	fwd      *cluster.Forwarder
+	inbound  *inbound // calls forwarded here, to cancel
 
 	netMu    sync.Mutex
 	sessNets map[string]*sessionNet // by session id
@@ -181,6 +182,7 @@ func NewServers(opts Options) (*mcp.Server, *mcp.Server) {
 	var getSessionID func() string
 	if opts.Cluster != nil {
 		s.cl, s.fwd = opts.Cluster, opts.Forwarder
+		s.inbound = newInbound()
 		getSessionID = opts.Cluster.NewMCPSessionID
 	}
 	impl := &mcp.Implementation{Name: "pysandbox", Title: "pysandbox: sandboxed Python", Version: Version}
