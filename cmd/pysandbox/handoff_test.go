@@ -85,6 +85,11 @@ func TestReplicaHandoff(t *testing.T) {
 	// Replica 0 back, empty-handed: it sends the session's calls on.
 	rs.restart(t, 0)
 	run(0, alice, "x = 50\nx", float64(50))
+	// A session file read through it too: the read goes where the session is.
+	rr, err := connectHTTP(ctx, t, rs.urls[0], alice).ReadResource(ctx, &mcp.ReadResourceParams{URI: "pysandbox://sessions/" + id + "/files/notes.txt"})
+	if err != nil || len(rr.Contents) != 1 || rr.Contents[0].Text != "kept" && string(rr.Contents[0].Blob) != "kept" {
+		t.Errorf("the session's file through the replica it left: %v %+v", err, rr)
+	}
 
 	// Replica 1 stops: the session, running there, goes back to 0.
 	stop(1)

@@ -364,6 +364,11 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return d, func() { stop(); stopDeadline(); cancel() }
 }
 
+// CodeNotHere is the JSON-RPC error code of an owner's answer to a read
+// of what it no longer serves (a session it handed over): not an answer
+// for the caller, but a reason to ask the store where it is now.
+const CodeNotHere = -32090
+
 // rejected is the code of the SDK's own error for a request that failed on
 // its way (jsonrpc2.ErrRejected, internal to the SDK).
 const rejected = -32005
@@ -375,7 +380,7 @@ const rejected = -32005
 // failed on its way ErrRejected first.
 func ownerAnswer(err error) *jsonrpc.Error {
 	var answer *jsonrpc.Error
-	if !errors.As(err, &answer) || answer.Code == rejected {
+	if !errors.As(err, &answer) || answer.Code == rejected || answer.Code == CodeNotHere {
 		return nil
 	}
 	return answer

@@ -168,10 +168,10 @@ func (s *server) registerInternal(srv *mcp.Server) {
 	addInternal(srv, add(cluster.CancelTool), s.cancelForwarded)
 	// Reads of this replica's session files and figures, which only it
 	// holds.
-	srv.AddResourceTemplate(&mcp.ResourceTemplate{Name: "session-file", URITemplate: FileTemplate, Description: "internal: forwarded by another replica"}, internalResource(s.readFileResource))
-	srv.AddResourceTemplate(&mcp.ResourceTemplate{Name: "figure", URITemplate: FigureTemplate, Description: "internal: forwarded by another replica"}, internalResource(s.readFigure))
-	srv.AddResourceTemplate(&mcp.ResourceTemplate{Name: "output", URITemplate: OutputTemplate, Description: "internal: forwarded by another replica"}, internalResource(s.readStored(s.outputs)))
-	srv.AddResourceTemplate(&mcp.ResourceTemplate{Name: "display", URITemplate: DisplayTemplate, Description: "internal: forwarded by another replica"}, internalResource(s.readStored(s.displays)))
+	srv.AddResourceTemplate(&mcp.ResourceTemplate{Name: "session-file", URITemplate: FileTemplate, Description: "internal: forwarded by another replica"}, internalResource(s.cl, fileSessionRef, s.readFileResource))
+	srv.AddResourceTemplate(&mcp.ResourceTemplate{Name: "figure", URITemplate: FigureTemplate, Description: "internal: forwarded by another replica"}, internalResource(s.cl, figureRef, s.readFigure))
+	srv.AddResourceTemplate(&mcp.ResourceTemplate{Name: "output", URITemplate: OutputTemplate, Description: "internal: forwarded by another replica"}, internalResource(s.cl, storedRef(outputPrefix), s.readStored(s.outputs)))
+	srv.AddResourceTemplate(&mcp.ResourceTemplate{Name: "display", URITemplate: DisplayTemplate, Description: "internal: forwarded by another replica"}, internalResource(s.cl, storedRef(displayPrefix), s.readStored(s.displays)))
 }
 
 // routedResource sends a resources/read of what another replica holds to
@@ -195,22 +195,29 @@ func routedResource(s *server, ref func(uri string) string, h mcp.ResourceHandle
 			return nil, mcp.ResourceNotFoundError(uri)
 		}
 		m, local, err := s.cl.Route(ctx, id)
-		if local {
-			return h(ctx, req)
-		}
-		if err == nil {
+		// Twice at most: the owner may have stopped, or handed the session
+		// to another replica, between the lookup (or the route remembered)
+		// and the read; then the store says where it is now.
+		for attempt := 0; err == nil; attempt++ {
+			if local {
+				return h(ctx, req)
+			}
 			var res *mcp.ReadResourceResult
 			res, err = s.fwd.ReadResource(ctx, m, uri, identity(req))
 			var answered *jsonrpc.Error
 			if err == nil || errors.As(err, &answered) || ctx.Err() != nil {
 				return res, err
 			}
-			// The owner may have stopped between the lookup (or the route
-			// remembered) and the read: the store says.
 			s.cl.Unroute(m)
-			if _, _, again := s.cl.Owner(ctx, id, false); errors.Is(again, cluster.ErrLost) {
+			next, nextLocal, again := s.cl.Owner(ctx, id, false)
+			if again != nil {
 				err = again
+				break
 			}
+			if attempt > 0 || !nextLocal && next.Tag() == m.Tag() {
+				break // the same replica, which just failed
+			}
+			m, local, err = next, nextLocal, nil
 		}
 		if errors.Is(err, cluster.ErrLost) {
 			// Said of a figure as of a session file: ErrLost's own words
@@ -222,12 +229,18 @@ func routedResource(s *server, ref func(uri string) string, h mcp.ResourceHandle
 }
 
 // internalResource serves a read another replica forwarded, for the
-// identity that came with it.
-func internalResource(h mcp.ResourceHandler) mcp.ResourceHandler {
+// identity that came with it. ref is the id in the URI of what holds the
+// resource: a read of what this replica no longer serves (a session it
+// handed over as it stops) is answered so that the forwarding replica
+// asks the store again, as a forwarded call is (errNotHere).
+func internalResource(cl *cluster.Cluster, ref func(uri string) string, h mcp.ResourceHandler) mcp.ResourceHandler {
 	return func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 		id, _ := req.Params.GetMeta()[cluster.MetaIdentity].(string)
 		if id == "" {
 			return nil, errors.New("a forwarded read without the caller's identity")
+		}
+		if at := ref(req.Params.URI); cl != nil && at != "" && !cl.Serves(at) {
+			return nil, &jsonrpc.Error{Code: cluster.CodeNotHere, Message: errNotHere.Error()}
 		}
 		if req.Extra == nil {
 			req.Extra = &mcp.RequestExtra{}
