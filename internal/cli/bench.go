@@ -6,8 +6,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"runtime/pprof"
 	"strings"
+	"syscall"
 
 	"github.com/pysandbox/pysandbox/internal/bench"
 	"github.com/pysandbox/pysandbox/internal/pool"
@@ -63,7 +65,30 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	return bench.Run(context.Background(), cfg)
+	// Ctrl-C (or SIGTERM) ends the measurement through its context, so
+	// that what it made (temporary directories, servers, their sandboxes)
+	// is removed on the way out; a second one quits at once.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	finished := make(chan struct{})
+	defer close(finished)
+	go func() {
+		select {
+		case <-sig:
+			signal.Stop(sig)
+			fmt.Fprintln(stderr, "pysandbox bench: interrupted; cleaning up (interrupt again to quit at once)")
+			cancel()
+		case <-finished:
+		}
+	}()
+	err = bench.Run(ctx, cfg)
+	if ctx.Err() != nil {
+		return fmt.Errorf("interrupted")
+	}
+	return err
 }
 
 // benchEngine builds the engines bench measures: the one the flags
