@@ -17,7 +17,7 @@ func TestOutputBounds(t *testing.T) {
 	for i := range 50 {
 		fmt.Fprintf(&in, "ERROR: problem %d\r\nline %d\n", i%30, i)
 	}
-	in.WriteString("ERROR: problem 0\n")                // a repeat: kept once
+	in.WriteString("ERROR: problem 0\n")              // a repeat: kept once
 	in.WriteString(strings.Repeat("y", 5*maxLineLen)) // a runaway line, no newline
 	data := in.String()
 	for len(data) > 0 { // in odd pieces, splitting lines
