@@ -167,7 +167,7 @@ type Session struct {
 	out  *router
 	errs *router
 
-	runMu sync.Mutex // one run at a time
+	runMu runLock // one run at a time
 
 	netStop func() // ends the session's network
 

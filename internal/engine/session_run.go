@@ -42,7 +42,11 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 			return nil, &RequestError{Msg: fmt.Sprintf("session %s runs Python %s; python_version %.40q applies to a new session (create_session) or a run without session_id", id, py.Version, v)}
 		}
 	}
-	sess.runMu.Lock()
+	if err := sess.runMu.LockCtx(ctx); err != nil {
+		// Cancelled while another run had the session: nothing ran.
+		return &Result{Status: StatusCancelled, ExitCode: -1, Sandbox: string(s.e.cfg.Backend.Kind()),
+			Message: "the call was cancelled while it waited for the session's previous run to end; nothing ran, and the session and its state are kept"}, nil
+	}
 	defer sess.runMu.Unlock()
 	sess.mu.Lock()
 	dead := sess.dead
@@ -77,12 +81,15 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	// SIGINT, which keeps the session and its state; a worker that does not
 	// answer within the grace period is killed, and the session with it.
 	const grace = 3 * time.Second
+	const reinterruptEvery = 200 * time.Millisecond
 	interrupted := make(chan string, 1)
 	// The run's tool calls end when the run is interrupted, not when the
 	// worker finally answers: an upstream call is cancelled at the
 	// timeout (its cause says so).
 	toolsCtx, stopTools := context.WithCancelCause(ctx)
 	defer stopTools(context.Canceled)
+	callCtx, cancel := context.WithTimeout(context.Background(), timeout+grace)
+	defer cancel()
 	timer := time.AfterFunc(timeout, func() {
 		select {
 		case interrupted <- "timeout":
@@ -92,16 +99,38 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 		sess.sb.(sandbox.Sessioner).Interrupt()
 	})
 	defer timer.Stop()
+	// A cancellation that comes as the run is handed to the worker finds
+	// it not yet interruptible, and the worker ignores the signal (as it
+	// must one meant for a run that has just ended); the grace period then
+	// killed the session. So the interrupt is sent again until the run
+	// ends, and the loop has ended before the next run can start.
+	reinterrupted := make(chan struct{})
 	stopCancel := context.AfterFunc(ctx, func() {
+		defer close(reinterrupted)
 		select {
 		case interrupted <- "cancelled":
 		default:
 		}
 		sess.sb.(sandbox.Sessioner).Interrupt()
+		t := time.NewTicker(reinterruptEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-callCtx.Done():
+				return
+			case <-t.C:
+				if callCtx.Err() == nil {
+					sess.sb.(sandbox.Sessioner).Interrupt()
+				}
+			}
+		}
 	})
-	defer stopCancel()
-	callCtx, cancel := context.WithTimeout(context.Background(), timeout+grace)
-	defer cancel()
+	defer func() {
+		if !stopCancel() {
+			cancel()
+			<-reinterrupted
+		}
+	}()
 	// An output flood is interrupted, as a one-shot run's is stopped. Code
 	// that ignores the interrupt is killed after the grace period, and the
 	// session with it.
