@@ -324,6 +324,12 @@ func (c *Cache) cleanStale() {
 	}
 }
 
+// RequirementError is a request's requirements that no install may be
+// made of: the caller's to fix, not the server's.
+type RequirementError struct{ Msg string }
+
+func (e *RequirementError) Error() string { return "deps: " + e.Msg }
+
 // Canonicalize validates reqs and returns them canonical (names and extras
 // normalized, specifiers sorted), de-duplicated and sorted: the form the key
 // hashes and the installer receives. URL requirements are refused: "name @
@@ -332,20 +338,20 @@ func (c *Cache) cleanStale() {
 // addressed by its text, so the cache could not key it.
 func Canonicalize(reqs []string) ([]string, error) {
 	if len(reqs) == 0 {
-		return nil, errors.New("deps: no requirements")
+		return nil, &RequirementError{Msg: "no requirements"}
 	}
 	if len(reqs) > MaxRequirements {
-		return nil, fmt.Errorf("deps: %d requirements (limit %d)", len(reqs), MaxRequirements)
+		return nil, &RequirementError{Msg: fmt.Sprintf("%d requirements (limit %d)", len(reqs), MaxRequirements)}
 	}
 	seen := map[string]bool{}
 	var out []string
 	for _, s := range reqs {
 		r, err := pep.ParseRequirement(strings.Trim(s, " \t"))
 		if err != nil {
-			return nil, fmt.Errorf("deps: invalid requirement: %w", err)
+			return nil, &RequirementError{Msg: "invalid requirement: " + err.Error()}
 		}
 		if r.URL != "" {
-			return nil, fmt.Errorf("deps: requirement %q: direct URL requirements (name @ url) are not supported; name the package and a version instead (e.g. %s==1.0), installed from the configured index", s, r.Normalized)
+			return nil, &RequirementError{Msg: fmt.Sprintf("requirement %q: direct URL requirements (name @ url) are not supported; name the package and a version instead (e.g. %s==1.0), installed from the configured index", s, r.Normalized)}
 		}
 		r.Name = r.Normalized
 		if len(r.Extras) > 0 {

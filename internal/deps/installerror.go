@@ -166,7 +166,7 @@ func (c *Cache) unreachableIndex(text string) string {
 	for _, f := range netFailures {
 		if strings.Contains(text, f.pattern) {
 			if len(indexes) == 1 {
-				return indexes[0] + ": " + f.means
+				return withoutCredentials(indexes[0]) + ": " + f.means
 			}
 			return f.means
 		}
@@ -176,7 +176,7 @@ func (c *Cache) unreachableIndex(text string) string {
 			continue
 		}
 		if why := probe(u); why != "" {
-			return u + ": " + why
+			return withoutCredentials(u) + ": " + why
 		}
 	}
 	return ""
@@ -252,4 +252,17 @@ func matchRequirement(tok string, canon []string) string {
 		}
 	}
 	return tok
+}
+
+// withoutCredentials is an index URL as an agent may see it: a message
+// names the index that could not be reached, and an index URL may carry
+// the operator's credentials (https://user:token@host/simple/, or a token
+// as the user name), which no run may learn.
+func withoutCredentials(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "the configured index"
+	}
+	u.User = nil
+	return u.String()
 }

@@ -1,6 +1,7 @@
 package deps
 
 import (
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -72,9 +73,15 @@ func (o *output) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// line records one line and returns it trimmed ("" to skip it).
+// credentialsRE is the user information of a URL (scheme://user:pass@):
+// installers mostly mask it, but a message that quotes an index URL as
+// configured would hand the operator's token to the agent.
+var credentialsRE = regexp.MustCompile(`(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@'"` + "`" + `]+@`)
+
+// line records one line and returns it trimmed ("" to skip it), without
+// credentials.
 func (o *output) line(l string) string {
-	l = strings.TrimSpace(l)
+	l = credentialsRE.ReplaceAllString(strings.TrimSpace(l), "$1")
 	if l == "" {
 		return ""
 	}
@@ -120,7 +127,7 @@ func (o *output) result() (string, []string, []string) {
 		o.line(string(o.partial))
 		o.partial = nil
 	}
-	text := string(o.buf)
+	text := credentialsRE.ReplaceAllString(string(o.buf), "$1")
 	if o.truncated {
 		text += "\n[output truncated]\n"
 	}

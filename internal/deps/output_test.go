@@ -48,3 +48,16 @@ func TestOutputBounds(t *testing.T) {
 		t.Errorf("%d lines sent to progress, want %d", len(emitted), 50*2+2)
 	}
 }
+
+// TestOutputHidesCredentials: a URL's user information never reaches the
+// lines an agent reads, nor the kept text.
+func TestOutputHidesCredentials(t *testing.T) {
+	var emitted []string
+	o := newOutput(1<<20, func(l string) { emitted = append(emitted, l) })
+	o.Write([]byte("Looking in indexes: https://user:S3CRET@index.example/simple/\nerror: Failed to fetch: `https://S3CRET@index.example/simple/x/`\nplain user@example.com stays\n"))
+	text, errs, tail := o.result()
+	all := text + strings.Join(errs, "\n") + strings.Join(tail, "\n") + strings.Join(emitted, "\n")
+	if strings.Contains(all, "S3CRET") || !strings.Contains(all, "https://index.example/simple/x/") || !strings.Contains(all, "user@example.com") {
+		t.Errorf("%s", all)
+	}
+}

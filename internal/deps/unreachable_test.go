@@ -94,3 +94,22 @@ func TestUnreachableFromOutput(t *testing.T) {
 		}
 	}
 }
+
+// TestUnreachableHidesCredentials: the index named in a message an agent
+// reads carries no user name or password of the operator's.
+func TestUnreachableHidesCredentials(t *testing.T) {
+	for _, raw := range []string{"https://user:S3CRETTOKEN@index.example/simple/", "https://S3CRETTOKEN@index.example/simple/"} {
+		c := &Cache{cfg: Config{Index: IndexConfig{IndexURL: raw}}}
+		got := c.unreachableIndex("ERROR: Could not find a version (Connection refused)")
+		if strings.Contains(got, "S3CRET") || got != "https://index.example/simple/: connection refused" {
+			t.Errorf("%s: %q", raw, got)
+		}
+		e := &InstallError{Unreachable: got}
+		if strings.Contains(e.Summary()+e.Advice(), "S3CRET") {
+			t.Errorf("%q", e.Summary())
+		}
+	}
+	if got := withoutCredentials("http://[::1"); got != "the configured index" {
+		t.Errorf("unparsable: %q", got)
+	}
+}

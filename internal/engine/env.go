@@ -31,6 +31,16 @@ type RequestError struct{ Msg string }
 
 func (e *RequestError) Error() string { return e.Msg }
 
+// requestError is err as a RequestError when it is the request's fault
+// (requirements no install may be made of), so that the caller hears
+// what to change rather than of a failed sandbox.
+func requestError(err error) error {
+	if re, ok := errors.AsType[*deps.RequirementError](err); ok {
+		return &RequestError{Msg: re.Msg}
+	}
+	return err
+}
+
 // runEnv is what a run needs beyond the code: its interpreter and, when it
 // has dependencies, their environment.
 type runEnv struct {
@@ -86,7 +96,7 @@ func (e *Engine) resolve(ctx context.Context, code, version, caller string, extr
 	}
 	env, release, err := e.cfg.Deps.Ensure(ctx, py, reqs, progress)
 	if err != nil {
-		return nil, err
+		return nil, requestError(err)
 	}
 	if err := e.checkInstalled(env); err != nil {
 		release()

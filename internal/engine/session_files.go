@@ -63,7 +63,7 @@ func (s *Sessions) Install(ctx context.Context, id string, packages []string, pr
 	}
 	env, release, err := s.e.cfg.Deps.Ensure(ctx, sess.renv.py, reqs, progress)
 	if err != nil {
-		return nil, err
+		return nil, requestError(err)
 	}
 	defer release()
 	if err := s.e.checkInstalled(env); err != nil {

@@ -64,6 +64,13 @@ func TestDependenciesOverMCP(t *testing.T) {
 		t.Fatalf("unknown package: %s %v", text(res), out)
 	}
 
+	// A direct URL requirement is the caller's to change: invalid_request,
+	// not a failed sandbox.
+	res, out = call(t, cs, "run_python", map[string]any{"code": "1", "dependencies": []any{"six @ https://x.example/six.whl"}})
+	if !res.IsError || out["status"] != "invalid_request" || !strings.HasPrefix(text(res), `requirement "six @ https://x.example/six.whl": direct URL requirements`) {
+		t.Errorf("a URL requirement: %s %v", text(res), out["status"])
+	}
+
 	// A session with one package, then install_package for another.
 	res, out = call(t, cs, "create_session", map[string]any{"dependencies": []any{"pysbx-delta"}})
 	if res.IsError {
