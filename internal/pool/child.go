@@ -28,6 +28,8 @@ type child struct {
 	hostPID     int
 	uid         int // its user in the zygote's namespace (root server), 0 otherwise
 	cg          *cgroup.Group
+	cgMu        sync.Mutex
+	cgGone      bool // cg was handed back to the pool (Close)
 	exitc       chan exitStatus
 	stdout      switchWriter
 	stderr      switchWriter
@@ -225,6 +227,9 @@ func (c *child) Close() error {
 		if c.cg != nil {
 			// Nothing is left in it (pid 1 is gone, and with it every
 			// process of the run): the next run can have it.
+			c.cgMu.Lock()
+			c.cgGone = true
+			c.cgMu.Unlock()
 			c.recycle(c.cg)
 		}
 		c.stamp("closed")
@@ -368,7 +373,19 @@ func (c *child) Interrupt() error {
 func (c *child) MemoryCurrent() int64 { return sandbox.MemoryCurrent(c.cg) }
 
 // Idle implements sandbox.Sessioner.
-func (c *child) Idle(idle bool) error { return sandbox.Idle(c.cg, idle) }
+func (c *child) Idle(idle bool) error {
+	// Under the lock Close takes before it hands the group back: a group
+	// given to another run must never get this one's quota. A session's
+	// pause set the idle quota after the sandbox had gone (a deferred
+	// call), and the next run forked into that group got a thousandth of
+	// a CPU: a resume took two seconds instead of 20 ms.
+	c.cgMu.Lock()
+	defer c.cgMu.Unlock()
+	if c.cgGone {
+		return nil
+	}
+	return sandbox.Idle(c.cg, idle)
+}
 
 // CPUUsage is the CPU time the child used so far (0 without a cgroup).
 func (c *child) CPUUsage() time.Duration { return sandbox.CPUUsage(c.cg) }

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"strconv"
@@ -77,5 +78,39 @@ func TestWaitPidfd(t *testing.T) {
 		case <-time.After(time.Minute): // a guard against a hang only
 			t.Fatalf("wait %d did not return after its process exited", i)
 		}
+	}
+}
+
+// TestLateIdleLeavesTheGroupAlone: a session's idle quota set after its
+// sandbox was closed (a pause's deferred call did) never reaches the
+// group, which another run has by then: the next child in it runs at
+// the full quota, not at a thousandth of a CPU.
+func TestLateIdleLeavesTheGroupAlone(t *testing.T) {
+	_, p := newPooledEngine(t, 1, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sb, err := p.Start(ctx, p.cfg.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := sb.(*child)
+	if c.cg == nil || !c.cg.CanIdle() {
+		sb.Close()
+		t.Skip("no cpu controller for the pool's groups on this machine")
+	}
+	g := c.cg
+	want, _, err := g.CPUQuota()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Idle(true); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if err := c.Idle(true); err != nil {
+		t.Fatal(err)
+	}
+	if q, _, err := g.CPUQuota(); err == nil && q != want {
+		t.Fatalf("the group handed back has quota %d, made with %d", q, want)
 	}
 }

@@ -118,6 +118,41 @@ func (g *Group) SetIdle(idle bool) error {
 	return nil
 }
 
+// CPUQuota is the group's CPU quota as the kernel has it: microseconds
+// per period (-1: none). It is what SetIdle and Reset leave behind.
+func (g *Group) CPUQuota() (quota, period int64, err error) {
+	if err := g.live(); err != nil {
+		return 0, 0, err
+	}
+	if g.v2 != nil {
+		b, err := os.ReadFile(filepath.Join(g.v2.dir, "cpu.max"))
+		if err != nil {
+			return 0, 0, err
+		}
+		q, p, ok := strings.Cut(strings.TrimSpace(string(b)), " ")
+		if !ok {
+			return 0, 0, fmt.Errorf("cgroup: cpu.max %q", b)
+		}
+		if period, err = strconv.ParseInt(p, 10, 64); err != nil {
+			return 0, 0, err
+		}
+		if q == "max" {
+			return -1, period, nil
+		}
+		quota, err = strconv.ParseInt(q, 10, 64)
+		return quota, period, err
+	}
+	d := g.v1.dirs[cgroup1.Cpu]
+	if d == "" {
+		return 0, 0, errors.New("cgroup: no cpu controller")
+	}
+	if quota, err = readInt(filepath.Join(d, "cpu.cfs_quota_us")); err != nil {
+		return 0, 0, err
+	}
+	period, err = readInt(filepath.Join(d, "cpu.cfs_period_us"))
+	return quota, period, err
+}
+
 // SetWeight sets the group's share of contended CPUs (100 is a plain
 // process's; v2 cpu.weight, v1 cpu.shares scaled the same way). A group
 // without the CPU controller ignores it.

@@ -906,3 +906,29 @@ func TestWeightV1(t *testing.T) {
 		t.Errorf("parent cpu.shares %s, want %s", got, want)
 	}
 }
+
+// TestCPUQuota: the quota reads back as SetIdle and Reset leave it.
+func TestCPUQuota(t *testing.T) {
+	g := newGroup(t, Limits{MemoryBytes: 64 << 20, CPUMilli: 500})
+	if !g.CanIdle() {
+		t.Skip("no cpu controller for the group on this machine")
+	}
+	check := func(what string, quota, period int64) {
+		t.Helper()
+		q, p, err := g.CPUQuota()
+		if err != nil || q != quota || p != period {
+			t.Errorf("%s: quota %d period %d (%v), want %d %d", what, q, p, err, quota, period)
+		}
+	}
+	check("made", 50_000, cpuPeriod)
+	if err := g.SetIdle(true); err != nil {
+		t.Fatal(err)
+	}
+	check("idle", idleQuota, idlePeriod)
+	if g.v2 == nil {
+		if err := g.Reset(); err != nil {
+			t.Fatal(err)
+		}
+		check("reset", 50_000, cpuPeriod)
+	}
+}
