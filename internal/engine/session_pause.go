@@ -263,7 +263,12 @@ func (s *Sessions) save(ctx context.Context, sess *Session, stop, checkpoint, dr
 	// Between runs the session is held to a thousandth of a CPU: the
 	// pickling is a run of the worker's own.
 	s.idle(sess, false)
-	defer s.idle(sess, true)
+	idleAfter := true // not once the session has stopped: its sandbox is gone
+	defer func() {
+		if idleAfter {
+			s.idle(sess, true)
+		}
+	}()
 	sctx, stopBound := s.bounded(ctx, sess)
 	defer stopBound()
 	bound := limit
@@ -338,6 +343,7 @@ func (s *Sessions) save(ctx context.Context, sess *Session, stop, checkpoint, dr
 	sess.mu.Lock()
 	sess.dead = pausedWhy
 	sess.mu.Unlock()
+	idleAfter = false
 	s.release(sess)
 	out.ExpiresAt = meta.PausedAt.Add(s.pausedTTL())
 	s.event(ev)
