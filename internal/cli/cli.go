@@ -475,11 +475,14 @@ func (o *options) buildProxy(log *slog.Logger) error {
 	}
 	o.proxy = egress.New(egress.Config{Rules: o.networkRules, Log: log})
 	if r := o.networkRules(); r.Enabled() {
-		var hosts []string
-		for _, h := range append(append([]policy.HostRule(nil), r.Allow...), r.Approve...) {
-			hosts = append(hosts, h.String())
+		var allowed, approved []string
+		for _, h := range r.Allow {
+			allowed = append(allowed, h.String())
 		}
-		log.Info("network: runs may reach these hosts through the proxy", "hosts", strings.Join(hosts, ","))
+		for _, h := range r.Approve {
+			approved = append(approved, h.String())
+		}
+		log.Info("network: runs may reach these hosts through the proxy", "allow", strings.Join(allowed, ","), "after_approval", strings.Join(approved, ","))
 	}
 	return nil
 }

@@ -163,6 +163,11 @@ func logPolicy(log *slog.Logger, pol *policy.Policy, names []string) {
 	}
 	log.Info("policy", "source", pol.Source, "allow", strings.Join(allow, ","), "approve", strings.Join(approve, ","), "deny", strings.Join(deny, ","),
 		"package_rules", !pol.Packages.Empty())
+	if len(allow) == 0 && len(approve) == 0 && len(names) > 0 {
+		// A policy file with only a network section is the usual way in:
+		// without a default it denies every tool it does not list.
+		log.Warn("the policy allows no tool: every call will be refused and tools/list is empty. A policy denies the tools it does not list unless it says default: allow; add that, or list the tools", "source", pol.Source)
+	}
 	// Rules that parse but can never take effect: most likely not what
 	// the policy's author meant.
 	for _, w := range pol.Warnings {

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pysandbox/pysandbox/internal/policy"
 )
 
 // TestServeConfigValidate: what serve refuses before it starts anything,
@@ -155,5 +157,26 @@ func TestSDKLogger(t *testing.T) {
 	out := buf.String()
 	if strings.Contains(out, "chatter") || strings.Contains(out, "server run cancelled") || !strings.Contains(out, "a real failure") {
 		t.Errorf("logged:\n%s", out)
+	}
+}
+
+// TestLogPolicyWarnsWhenNothingIsAllowed: a policy that allows no tool
+// (a network section alone, no default) is warned about at startup; one
+// with default: allow is not.
+func TestLogPolicyWarnsWhenNothingIsAllowed(t *testing.T) {
+	tools := []string{"run_python", "check_environment"}
+	for doc, warn := range map[string]bool{
+		"version: \"1\"\nnetwork: {allow: [\"api.github.com\"]}\n":                 true,
+		"version: \"1\"\ndefault: allow\nnetwork: {allow: [\"api.github.com\"]}\n": false,
+	} {
+		pol, err := policy.Parse([]byte(doc), "p.yaml", tools)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		logPolicy(slog.New(slog.NewTextHandler(&buf, nil)), pol, tools)
+		if got := strings.Contains(buf.String(), "the policy allows no tool"); got != warn {
+			t.Errorf("%q: warned %v, want %v:\n%s", doc, got, warn, buf.String())
+		}
 	}
 }
