@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/pysandbox/pysandbox/internal/govern"
 	"mime"
 	"net/http"
 	"net/url"
@@ -15,6 +14,9 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/pysandbox/pysandbox/internal/govern"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/pysandbox/pysandbox/internal/workspace"
@@ -260,6 +262,11 @@ func (s *server) downloadFile(ctx context.Context, req *mcp.CallToolRequest, in 
 		return err
 	})
 	uri := fileURI(in.SessionID, p)
+	if errors.Is(err, workspace.ErrTooLarge) && info.Size > s.maxDownload {
+		// Not even resources/read returns it: say so now, not after a
+		// second request.
+		return nil, nil, errorResult(fmt.Sprintf("%s is %d bytes, more than the %s this server returns in one reply (its --max-reply). Have the session split it into parts of at most that size (or compress it), then download each part.", p, info.Size, byteSize(s.maxDownload)))
+	}
 	if errors.Is(err, workspace.ErrTooLarge) {
 		mt := mimeType(p, nil)
 		out := &FileOutput{Path: p, Size: info.Size, MIMEType: mt, URI: uri}
@@ -295,7 +302,7 @@ func (s *server) readFileResource(ctx context.Context, req *mcp.ReadResourceRequ
 	})
 	if err != nil {
 		if errors.Is(err, workspace.ErrTooLarge) {
-			return nil, fmt.Errorf("%s is larger than the %d MiB this server returns; have the session split or compress it", p, s.maxDownload>>20)
+			return nil, tooLarge(fmt.Sprintf("%s is larger than the %s this server returns in one reply (its --max-reply); have the session split it into parts of at most that size, or compress it", p, byteSize(s.maxDownload)))
 		}
 		return nil, mcp.ResourceNotFoundError(uri)
 	}
@@ -355,4 +362,23 @@ func argGiven(raw json.RawMessage, key string) bool {
 	}
 	v, ok := args[key]
 	return ok && string(bytes.TrimSpace(v)) != "null"
+}
+
+// tooLarge refuses a resources/read of something larger than a reply may
+// be, as a request the client can change (invalid params), not as the
+// SDK's code 0 that a plain error becomes.
+func tooLarge(msg string) error {
+	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: msg}
+}
+
+// byteSize is n bytes for a message: exact below a KiB, else in KiB or
+// MiB with one decimal (2.9 MiB, not a rounded-down 2).
+func byteSize(n int64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB (%d bytes)", float64(n)/(1<<20), n)
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB (%d bytes)", float64(n)/(1<<10), n)
+	}
+	return fmt.Sprintf("%d bytes", n)
 }

@@ -1,11 +1,16 @@
 package tools
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // TestListFilesEscapesNames: file names that code in a session chose are
@@ -113,5 +118,26 @@ func TestUploadNeedsContent(t *testing.T) {
 	res, out = call(t, cs, "run_python", map[string]any{"session_id": id, "code": "import os\n(os.path.exists('forgot.txt'), os.path.getsize('empty.txt'))"})
 	if res.IsError || fmt.Sprint(out["return_value"]) != "[false 0]" {
 		t.Errorf("the workspace: %s %#v", text(res), out)
+	}
+}
+
+// TestDownloadTooLarge: a session file larger than any reply says so at
+// download_file, with the limit in exact bytes and what to do; a
+// resources/read of it is refused as invalid params, not as an error of
+// code 0.
+func TestDownloadTooLarge(t *testing.T) {
+	cs := connect(t, nil)
+	id := newSession(t, cs)
+	if res, _ := call(t, cs, "run_python", map[string]any{"session_id": id, "code": "open('big.bin', 'wb').write(b'x' * (8 << 20))"}); res.IsError {
+		t.Fatal(text(res))
+	}
+	res, out := call(t, cs, "download_file", map[string]any{"session_id": id, "path": "big.bin"})
+	if !res.IsError || out["status"] != "invalid_request" || !strings.Contains(text(res), "big.bin is 8388608 bytes, more than the ") || !strings.Contains(text(res), "split it") {
+		t.Errorf("download_file: %s", text(res))
+	}
+	_, err := cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "pysandbox://sessions/" + id + "/files/big.bin"})
+	var je *jsonrpc.Error
+	if !errors.As(err, &je) || je.Code != jsonrpc.CodeInvalidParams || !strings.Contains(je.Message, "bytes)") {
+		t.Errorf("resources/read: %v", err)
 	}
 }
