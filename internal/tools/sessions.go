@@ -135,10 +135,18 @@ func (s *server) listSessions(ctx context.Context, req *mcp.CallToolRequest, _ L
 }
 
 func (s *server) closeSession(ctx context.Context, req *mcp.CallToolRequest, in SessionIDInput) (*mcp.CallToolResult, *CloseSessionOutput, error) {
-	if err := s.ownSession(req, in.SessionID); err != nil {
-		return nil, nil, sessionError(ctx, err)
+	err := s.ownSession(req, in.SessionID)
+	if err == nil {
+		err = s.sessions.Close(in.SessionID)
 	}
-	if err := s.sessions.Close(in.SessionID); err != nil {
+	if err != nil {
+		// An ended session is its owner's to hear of (CheckOwner).
+		if gone, ok := errors.AsType[*engine.SessionGoneError](err); ok {
+			// What the caller asked for is so already: nothing to close,
+			// and no failure (the tool is idempotent).
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("session %s had already ended (%s); there is nothing left to close.", in.SessionID, gone.Why)}}},
+				&CloseSessionOutput{SessionID: in.SessionID, Closed: false}, nil
+		}
 		return nil, nil, sessionError(ctx, err)
 	}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "session " + in.SessionID + " closed; its files are deleted."}}},

@@ -313,3 +313,17 @@ func TestRefusalHasNoPlaceholders(t *testing.T) {
 		}
 	}
 }
+
+// TestCloseEndedSession: closing a session whose worker has died is not
+// a failure: there is nothing left to close, and the answer says why.
+func TestCloseEndedSession(t *testing.T) {
+	cs := connect(t, nil)
+	id := newSession(t, cs)
+	call(t, cs, "run_python", map[string]any{"session_id": id, "code": "import os\nos._exit(0)"})
+	for range 2 {
+		res, out := call(t, cs, "close_session", map[string]any{"session_id": id})
+		if res.IsError || out["closed"] != false || !strings.Contains(text(res), "had already ended") {
+			t.Errorf("close of an ended session: %s %v", text(res), out)
+		}
+	}
+}
