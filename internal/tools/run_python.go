@@ -20,7 +20,7 @@ import (
 // session to run in, dependencies to install first and the interpreter.
 type RunPythonInput struct {
 	Code           string     `json:"code" jsonschema:"Python 3 source code to run. The value of the last expression statement is returned as return_value, like a notebook cell. Top-level await works. Print to show output."`
-	TimeoutSeconds float64    `json:"timeout_seconds,omitempty" jsonschema:"Wall-clock limit in seconds (default 30; the server's maximum applies). Every process the code started is killed when it passes."`
+	TimeoutSeconds float64    `json:"timeout_seconds,omitempty" jsonschema:"Wall-clock limit in seconds (default 30; the server's maximum applies). Every process the code started is killed when it passes. Many clients give up on a call after 60 s without news: pass a progress token (and let progress reset the client's timeout) and the server sends the run's output and a heartbeat every 5 s."`
 	Inputs         JSONInputs `json:"inputs,omitempty" jsonschema:"JSON values to pass in: each key becomes a global variable of that name before the code runs."`
 	SessionID      string     `json:"session_id,omitempty" jsonschema:"Run in this session (from create_session): its variables, imports and files persist between calls. Omit for a fresh sandbox."`
 	Dependencies   []string   `json:"dependencies,omitempty" jsonschema:"PEP 508 requirements to install first, e.g. [\"pandas>=2\", \"requests\"]; merged with an inline '# /// script' block in the code. Installed once and cached."`
