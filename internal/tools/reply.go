@@ -165,22 +165,39 @@ func (s *server) cutStreams(res *RunPythonOutput, sessionID string, run int, own
 			b, _ := govern.PlainJSON(res.ReturnValue, "")
 			text = string(b)
 		}
-		if len(text) > n {
+		// A value over the worker's return limit comes as the start of its
+		// repr, ending in the worker's mark: nothing here has the rest, and
+		// the note must not say otherwise.
+		capped := isString && strings.HasSuffix(text, returnCutMark)
+		switch {
+		case len(text) > n:
 			uri, why := s.keepOutput(text, "return", sessionID, run, owner)
 			res.ReturnValue, res.ReturnTruncated, res.ReturnURI = keepEndsNoting(text, n, uri), true, uri
 			note := fmt.Sprintf("return_value: this reply shows the first and last %d of its %d bytes, as text", n/2, len(text))
-			if uri != "" {
+			if capped {
+				note = fmt.Sprintf("return_value: the value is larger than a run returns, so the sandbox sent the start of its repr (%d bytes); this reply shows the first and last %d of those. For the whole, write it to a file (a session's /work) or return a summary", len(text), n/2)
+			}
+			switch {
+			case uri != "" && capped:
+				note += "; what was returned: " + uri
+			case uri != "":
 				note += "; all of it: " + uri
-			} else {
+			default:
 				note += "; the whole could not be kept: " + why
 			}
 			notes = append(notes, note)
+		case capped:
+			notes = append(notes, fmt.Sprintf("return_value: the value is larger than a run returns, so the sandbox sent the start of its repr (%d bytes). For the whole, write it to a file (a session's /work) or return a summary", len(text)))
 		}
 	}
 	if len(notes) > 0 {
 		res.Message = joinMessage(res.Message, strings.Join(notes, "; "))
 	}
 }
+
+// returnCutMark ends a return value the worker cut to its return limit
+// (worker.py's TRUNCATED).
+const returnCutMark = "\u2026 (truncated)"
 
 // keepEndsNoting keeps about n bytes of s, head and tail, with a mark
 // where the middle was that says where the whole is.

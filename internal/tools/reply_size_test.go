@@ -3,6 +3,7 @@ package tools
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -136,5 +137,22 @@ func TestWholeOutputReadable(t *testing.T) {
 	_, out = call(t, cs, "run_python", map[string]any{"session_id": id, "code": "import glob; sorted(glob.glob('/work/.pysandbox/output/*'))"})
 	if files, _ := out["return_value"].([]any); len(files) != 1 {
 		t.Errorf("the session's output files: %v", out["return_value"])
+	}
+}
+
+// TestCappedReturnValue: a value larger than a run returns comes as the
+// start of its repr, and the message says so, how to get the whole, and
+// never calls what the server has "all of it".
+func TestCappedReturnValue(t *testing.T) {
+	cs := connect(t, nil)
+	res, out := call(t, cs, "run_python", map[string]any{"code": "list(range(100000))"})
+	msg := fmt.Sprint(out["message"])
+	if res.IsError || !strings.Contains(msg, "larger than a run returns") || !strings.Contains(msg, "write it to a file") || strings.Contains(msg, "all of it") {
+		t.Errorf("message %q", msg)
+	}
+	// A large value that was not cut keeps "all of it".
+	_, out = call(t, cs, "run_python", map[string]any{"code": "'z' * 30000"})
+	if msg := fmt.Sprint(out["message"]); !strings.Contains(msg, "all of it") || strings.Contains(msg, "larger than a run returns") {
+		t.Errorf("an uncut value: %q", msg)
 	}
 }
