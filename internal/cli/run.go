@@ -32,7 +32,13 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) 
 		return 0, err
 	}
 	if fs.NArg() != 1 {
-		return 0, usageError{fmt.Errorf("run takes one FILE (or - for stdin)\n%s", shortUsage("run"))}
+		msg := "run takes one FILE (or - for stdin)"
+		if fs.NArg() > 1 && strings.HasPrefix(fs.Arg(1), "-") {
+			// Go's flag package stops at the first argument that is not
+			// a flag: what follows FILE is taken for more files.
+			msg += fmt.Sprintf("; flags go before it: pysandbox run %s %s", strings.Join(fs.Args()[1:], " "), fs.Arg(0))
+		}
+		return 0, usageError{fmt.Errorf("%s\n%s", msg, shortUsage("run"))}
 	}
 	name := fs.Arg(0)
 	var src io.Reader = stdin

@@ -210,21 +210,27 @@ func (s *server) listFiles(ctx context.Context, req *mcp.CallToolRequest, in Lis
 	if out.Files == nil {
 		out.Files = []workspace.FileInfo{}
 	}
-	text := listText(out)
+	text := listText(out, dir)
 	// Names are hostile: 1000 entries of 8 KiB paths full of characters
 	// JSON escapes six times over would make a reply of ~100 MB. Keep the
 	// entries that fit the reply limit (structured and text together).
 	for n := len(out.Files); encodedLen(out)+encodedLen(text) > s.maxReply-replyOverhead && n > 0; {
 		n /= 2
 		out.Files, out.Truncated = out.Files[:n], true
-		text = listText(out)
+		text = listText(out, dir)
 	}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, out, nil
 }
 
-func listText(out *ListFilesOutput) string {
+// listText is list_files' text; dir is the listed directory, relative to
+// /work ("" or "." for /work itself).
+func listText(out *ListFilesOutput, dir string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d entries in /work", len(out.Files))
+	where := "/work"
+	if dir != "" && dir != "." {
+		where += "/" + workspace.DisplayPath(dir)
+	}
+	fmt.Fprintf(&b, "%d entries in %s", len(out.Files), where)
 	if out.Truncated {
 		b.WriteString(" (truncated: list a subdirectory to see the rest)")
 	}

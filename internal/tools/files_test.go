@@ -99,6 +99,9 @@ func TestListFilesHidden(t *testing.T) {
 	if got := paths(out); res.IsError || got != ".cache/fontconfig .cache/fontconfig/a .cache/fontconfig/b .cache/fontconfig/c" {
 		t.Errorf("list_files .cache: %s", got)
 	}
+	if first, _, _ := strings.Cut(text(res), "\n"); first != "4 entries in /work/.cache" {
+		t.Errorf("list_files .cache text: %q", first)
+	}
 }
 
 // TestUploadNeedsContent: an upload_file call without content and
