@@ -82,6 +82,22 @@ func (r *NetworkRules) warnings(field string) []string {
 			}
 		}
 	}
+	// A loopback address is the run's own: HTTP clients in the sandbox
+	// reach it directly (NO_PROXY), not through the proxy, so the rule
+	// serves only code that uses the proxy on purpose. A name pinned to it
+	// works for every client.
+	for li, l := range lists[1:] {
+		for j, b := range l.rules {
+			if b.Addr.IsValid() && b.Addr.IsLoopback() {
+				port := ""
+				if b.Port != 0 {
+					port = fmt.Sprintf(":%d", b.Port)
+				}
+				out = append(out, fmt.Sprintf("%s.%s[%d] %q: inside a sandbox %s is the run's own loopback, which HTTP clients reach directly (NO_PROXY), not through the proxy, so only code that sends its requests to the proxy on purpose gets through this rule; to reach a service on the host's loopback, pin a name to it (\"svc.local%s=%s\") and have the code use that name",
+					field, lists[li+1].name, j, b.String(), b.Addr, port, b.Addr))
+			}
+		}
+	}
 	if len(r.Deny) > 0 && !r.Enabled() {
 		out = append(out, fmt.Sprintf("%s.deny: nothing is allowed or approved, so runs have no network at all and these rules decide nothing", field))
 	}

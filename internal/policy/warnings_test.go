@@ -25,6 +25,11 @@ func TestWarnings(t *testing.T) {
 			`network.allow[4] "10.0.0.7:443": network.allow[0] "*", earlier in the list, matches every host and port it does, and the first match decides, so this rule is never used`,
 		},
 		"testdata/warnings/clean.yaml": nil,
+		// A loopback address is the run's own; a name pinned to it is not.
+		"testdata/warnings/network-loopback.yaml": {
+			`network.approve[0] "[::1]": inside a sandbox ::1 is the run's own loopback, which HTTP clients reach directly (NO_PROXY), not through the proxy, so only code that sends its requests to the proxy on purpose gets through this rule; to reach a service on the host's loopback, pin a name to it ("svc.local=::1") and have the code use that name`,
+			`network.allow[0] "127.0.0.1:28999": inside a sandbox 127.0.0.1 is the run's own loopback, which HTTP clients reach directly (NO_PROXY), not through the proxy, so only code that sends its requests to the proxy on purpose gets through this rule; to reach a service on the host's loopback, pin a name to it ("svc.local:28999=127.0.0.1") and have the code use that name`,
+		},
 		"testdata/warnings/network-deny-only.json": {
 			`network.deny: nothing is allowed or approved, so runs have no network at all and these rules decide nothing`,
 		},
