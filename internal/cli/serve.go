@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -151,7 +152,11 @@ func reloadTokens(ctx context.Context, hup <-chan os.Signal, keys *httpserver.Ke
 // that the file they meant is in force.
 func logPolicy(log *slog.Logger, pol *policy.Policy, names []string) {
 	var allow, deny, approve []string
+	upstream := slices.ContainsFunc(names, func(n string) bool { return strings.HasSuffix(n, ".*") })
 	for _, name := range names {
+		if name == "list_tools_in_sandbox" && !upstream {
+			continue // offered only with --upstream
+		}
 		switch pol.Decide(name).Action {
 		case policy.Allow:
 			allow = append(allow, name)
