@@ -59,7 +59,7 @@ func Reclaim() (removed []string, err error) {
 			}
 			dir := filepath.Join(parent, e.Name())
 			pid, _ := strconv.Atoi(m[1])
-			if !stale(pid) {
+			if !stale(pid) || !ours(dir) {
 				continue
 			}
 			if err := removeStale(dir); err != nil {
@@ -70,6 +70,24 @@ func Reclaim() (removed []string, err error) {
 		}
 	}
 	return removed, errors.Join(errs...)
+}
+
+// ours reports whether this process may remove the group at dir: root
+// may remove any; another user may remove only the groups it owns. A
+// normal user's `check` tried to remove root servers' leftovers and
+// warned of two dozen permission errors about groups that were never its
+// own.
+func ours(dir string) bool { return ownedBy(dir, os.Geteuid()) }
+
+func ownedBy(dir string, euid int) bool {
+	if euid == 0 {
+		return true
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return false
+	}
+	return int(st.Uid) == euid
 }
 
 // stale reports whether the server that made a group (pid) is gone. A

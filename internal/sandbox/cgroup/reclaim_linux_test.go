@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -80,5 +81,27 @@ func TestReclaimStaleGroups(t *testing.T) {
 	// Reclaiming again finds nothing.
 	if again, err := Reclaim(); err != nil || len(again) > 0 {
 		t.Errorf("second Reclaim: %v %v", again, err)
+	}
+}
+
+// TestReclaimLeavesOtherUsersGroups: a server that is not root removes
+// only the stale groups it owns; root may remove any.
+func TestReclaimLeavesOtherUsersGroups(t *testing.T) {
+	dir := t.TempDir()
+	mine := filepath.Join(dir, "mine")
+	if err := os.Mkdir(mine, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		if err := os.Chown(mine, 999, 999); err != nil {
+			t.Fatal(err)
+		}
+	}
+	owner := 999
+	if os.Geteuid() != 0 {
+		owner = os.Geteuid()
+	}
+	if !ownedBy(mine, owner) || ownedBy(dir, owner) && os.Geteuid() == 0 || !ownedBy(dir, 0) {
+		t.Errorf("ownedBy: own %v, another's %v, root %v", ownedBy(mine, owner), ownedBy(dir, owner), ownedBy(dir, 0))
 	}
 }
