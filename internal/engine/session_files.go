@@ -52,7 +52,9 @@ func (s *Sessions) Install(ctx context.Context, id string, packages []string, pr
 	if s.e.cfg.Deps == nil {
 		return nil, &RequestError{Msg: "this server installs no packages (it was started without a dependency cache)"}
 	}
-	sess.runMu.Lock()
+	if err := sess.runMu.LockCtx(ctx); err != nil {
+		return nil, err // cancelled while a run had the session: nothing done
+	}
 	defer sess.runMu.Unlock()
 	reqs, errs := pep.MergeRequirements(sess.reqs, packages)
 	if len(errs) > 0 {

@@ -184,7 +184,9 @@ func (s *Sessions) saveID(ctx context.Context, id string, stop bool) (*PauseResu
 	if err != nil {
 		return nil, err
 	}
-	sess.runMu.Lock()
+	if err := sess.runMu.LockCtx(ctx); err != nil {
+		return nil, err // cancelled while a run had the session: nothing done
+	}
 	defer sess.runMu.Unlock()
 	return s.save(ctx, sess, stop, !stop, false)
 }

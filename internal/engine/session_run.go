@@ -81,8 +81,27 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	// SIGINT, which keeps the session and its state; a worker that does not
 	// answer within the grace period is killed, and the session with it.
 	const grace = 3 * time.Second
-	const reinterruptEvery = 200 * time.Millisecond
 	interrupted := make(chan string, 1)
+	// Every interrupt of this run goes through interrupt, which sends
+	// nothing once the run is over: a SIGINT meant for this run must not
+	// reach the worker after its answer, where code of the caller's own
+	// (a SIGINT handler, a stream's flush) could take it, nor the next
+	// run.
+	var intMu sync.Mutex
+	runOver := false
+	interrupt := func() {
+		intMu.Lock()
+		defer intMu.Unlock()
+		if !runOver {
+			sess.sb.(sandbox.Sessioner).Interrupt()
+		}
+	}
+	defer func() {
+		intMu.Lock()
+		runOver = true
+		intMu.Unlock()
+	}()
+	handedAt := time.Now() // as near as this side knows, when the worker has the run
 	// The run's tool calls end when the run is interrupted, not when the
 	// worker finally answers: an upstream call is cancelled at the
 	// timeout (its cause says so).
@@ -96,14 +115,16 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 		default:
 		}
 		stopTools(context.DeadlineExceeded)
-		sess.sb.(sandbox.Sessioner).Interrupt()
+		interrupt()
 	})
 	defer timer.Stop()
 	// A cancellation that comes as the run is handed to the worker finds
 	// it not yet interruptible, and the worker ignores the signal (as it
 	// must one meant for a run that has just ended); the grace period then
-	// killed the session. So the interrupt is sent again until the run
-	// ends, and the loop has ended before the next run can start.
+	// killed the session. So while the run is young the interrupt is sent
+	// again; only then, since a run that has long started took the first
+	// one, and more would cut short the code's own cleanup (a finally, an
+	// except KeyboardInterrupt), as a timeout's single interrupt does not.
 	reinterrupted := make(chan struct{})
 	stopCancel := context.AfterFunc(ctx, func() {
 		defer close(reinterrupted)
@@ -111,17 +132,15 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 		case interrupted <- "cancelled":
 		default:
 		}
-		sess.sb.(sandbox.Sessioner).Interrupt()
+		interrupt()
 		t := time.NewTicker(reinterruptEvery)
 		defer t.Stop()
-		for {
+		for time.Since(handedAt) < reinterruptFor {
 			select {
 			case <-callCtx.Done():
 				return
 			case <-t.C:
-				if callCtx.Err() == nil {
-					sess.sb.(sandbox.Sessioner).Interrupt()
-				}
+				interrupt()
 			}
 		}
 	})
@@ -140,7 +159,7 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 		default:
 		}
 		stopTools(context.Canceled)
-		sess.sb.(sandbox.Sessioner).Interrupt()
+		interrupt()
 		time.AfterFunc(grace, cancel)
 	})
 	go func() {
@@ -186,14 +205,24 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 		sess.sb.Kill()
 		exit = sess.sb.Wait()
 	}
-	r := rs.finish(ctx, callCtx, res, runErr, exit)
+	// A SIGINT that raced with the run's normal end interrupted nothing.
+	interruptedRun := res != nil && res.Error != nil && res.Error.Type == "KeyboardInterrupt"
+	// Cancelled, but the code ran to its end (it finished first, or caught
+	// the interrupt): its result is what happened, not a kill.
+	completed := why == "cancelled" && runErr == nil && res != nil && !interruptedRun
+	fctx := ctx
+	if completed {
+		fctx = context.WithoutCancel(ctx)
+	}
+	r := rs.finish(fctx, callCtx, res, runErr, exit)
+	if completed {
+		r.Message = joinSentences(r.Message, "the call was cancelled, but the run had already gone to its end (or caught the interrupt): this is its result, and what it did in the session is kept")
+	}
 	if d := sessionCPU(sess) - cpuBefore; d > 0 {
 		// The session's cgroup outlives the run: its CPU time is the
 		// difference (including what its background work did meanwhile).
 		r.CPUTimeMS = d.Milliseconds()
 	}
-	// A SIGINT that raced with the run's normal end interrupted nothing.
-	interruptedRun := res != nil && res.Error != nil && res.Error.Type == "KeyboardInterrupt"
 	switch {
 	case why == "timeout" && interruptedRun:
 		r.Status, r.ExitCode = StatusTimeout, -1
@@ -312,6 +341,14 @@ func (r *router) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// reinterruptEvery and reinterruptFor: a cancelled run's interrupt is
+// sent again every reinterruptEvery until the run is reinterruptFor old
+// (see Run).
+const (
+	reinterruptEvery = 20 * time.Millisecond
+	reinterruptFor   = 250 * time.Millisecond
+)
+
 // idle holds a session's processes to a thousandth of a CPU, or gives
 // them back their quota (see sandbox.Sessioner). Without a CPU cgroup (an
 // unprivileged server without delegation) nothing happens: a session's
@@ -332,4 +369,12 @@ func sessionCPU(sess *Session) time.Duration {
 		return c.CPUUsage()
 	}
 	return 0
+}
+
+// joinSentences is a and b as one message.
+func joinSentences(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
 }

@@ -67,3 +67,31 @@ func TestSessionCancelAtOnce(t *testing.T) {
 		t.Fatalf("the session after 30 cancelled calls: %+v", r)
 	}
 }
+
+// TestSessionCancelLetsCleanupRun: a run cancelled well after it started
+// gets one interrupt, as at a timeout, so its own cleanup (a finally
+// block) runs to its end; and one that catches the interrupt and goes on
+// to its end is reported with its result, not as killed.
+func TestSessionCancelLetsCleanupRun(t *testing.T) {
+	s := newSessions(t, nil, SessionConfig{})
+	id := create(t, s)
+	srun(t, s, id, "state = []")
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(700*time.Millisecond, cancel)
+	r, err := s.Run(ctx, id, RunRequest{Code: "import time\ntry:\n    time.sleep(30)\nfinally:\n    for i in range(10):\n        time.sleep(0.05)\n        state.append(i)", Timeout: time.Minute})
+	if err != nil || r.Status != StatusCancelled {
+		t.Fatalf("%v %+v", err, r)
+	}
+	if r := srun(t, s, id, "len(state)"); fmt.Sprint(r.ReturnValue) != "10" {
+		t.Errorf("the finally block ran %v of 10 steps", r.ReturnValue)
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	time.AfterFunc(700*time.Millisecond, cancel)
+	r, err = s.Run(ctx, id, RunRequest{Code: "import time\ntry:\n    time.sleep(30)\nexcept KeyboardInterrupt:\n    pass\nn = 7\n'done'", Timeout: time.Minute})
+	if err != nil || r.Status != StatusSuccess || fmt.Sprint(r.ReturnValue) != "done" || !strings.Contains(r.Message, "the call was cancelled, but the run had already gone to its end") {
+		t.Errorf("a run that caught the interrupt: %v %+v", err, r)
+	}
+	if r := srun(t, s, id, "n"); fmt.Sprint(r.ReturnValue) != "7" {
+		t.Errorf("n = %v", r.ReturnValue)
+	}
+}
