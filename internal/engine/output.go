@@ -150,3 +150,12 @@ func (c *capture) Total() int64 {
 	defer c.mu.Unlock()
 	return c.total
 }
+
+// JoinMessage is two parts of a result's message as one ("; " between
+// them), either of which may be empty.
+func JoinMessage(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}

@@ -156,3 +156,11 @@ func TestHead(t *testing.T) {
 		}
 	}
 }
+
+func TestJoinMessage(t *testing.T) {
+	for _, c := range [][3]string{{"", "b", "b"}, {"a", "b", "a; b"}, {"a", "", "a; "}} {
+		if got := JoinMessage(c[0], c[1]); got != c[2] {
+			t.Errorf("JoinMessage(%q, %q) = %q", c[0], c[1], got)
+		}
+	}
+}

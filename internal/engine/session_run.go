@@ -216,7 +216,7 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 	}
 	r := rs.finish(fctx, callCtx, res, runErr, exit)
 	if completed {
-		r.Message = joinSentences(r.Message, "the call was cancelled, but the run had already gone to its end (or caught the interrupt): this is its result, and what it did in the session is kept")
+		r.Message = JoinMessage(r.Message, "the call was cancelled, but the run had already gone to its end (or caught the interrupt): this is its result, and what it did in the session is kept")
 	}
 	if d := sessionCPU(sess) - cpuBefore; d > 0 {
 		// The session's cgroup outlives the run: its CPU time is the
@@ -369,12 +369,4 @@ func sessionCPU(sess *Session) time.Duration {
 		return c.CPUUsage()
 	}
 	return 0
-}
-
-// joinSentences is a and b as one message.
-func joinSentences(a, b string) string {
-	if a == "" {
-		return b
-	}
-	return a + "; " + b
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/workspace"
 )
 
@@ -228,7 +229,7 @@ func (s *server) figureContent(res *RunPythonOutput, sessionID string, run int, 
 		room -= 512
 	}
 	if linked > 0 {
-		res.Message = joinMessage(res.Message, fmt.Sprintf("%d figure(s) did not fit the reply limit (--max-reply) and are returned as resource links; read them with resources/read", linked))
+		res.Message = engine.JoinMessage(res.Message, fmt.Sprintf("%d figure(s) did not fit the reply limit (--max-reply) and are returned as resource links; read them with resources/read", linked))
 	}
 	return out
 }

@@ -100,11 +100,11 @@ func (s *server) boundReply(res *RunPythonOutput, sessionID, owner string) []mcp
 			if *f.uri == "" && *f.text != f.orig {
 				if uri, _ := s.keepOutput(f.orig, f.name, sessionID, run, owner); uri != "" {
 					*f.uri = uri
-					res.Message = joinMessage(res.Message, fmt.Sprintf("%s: all %d bytes: %s", f.name, len(f.orig), uri))
+					res.Message = engine.JoinMessage(res.Message, fmt.Sprintf("%s: all %d bytes: %s", f.name, len(f.orig), uri))
 				}
 			}
 		}
-		res.Message = joinMessage(res.Message, fmt.Sprintf("the reply was cut further to fit its %d-byte text budget (5 x --max-reply-output, within --max-reply): output was shortened, its head and tail kept", budget))
+		res.Message = engine.JoinMessage(res.Message, fmt.Sprintf("the reply was cut further to fit its %d-byte text budget (5 x --max-reply-output, within --max-reply): output was shortened, its head and tail kept", budget))
 	}
 	textRoom := budget - size()
 	// Images get what the text leaves of --max-reply on the wire.
@@ -191,7 +191,7 @@ func (s *server) cutStreams(res *RunPythonOutput, sessionID string, run int, own
 		}
 	}
 	if len(notes) > 0 {
-		res.Message = joinMessage(res.Message, strings.Join(notes, "; "))
+		res.Message = engine.JoinMessage(res.Message, strings.Join(notes, "; "))
 	}
 }
 
@@ -312,13 +312,6 @@ func shrinkLargest(res *RunPythonOutput) bool {
 func keepEnds(s string, n int) string {
 	head, tail := engine.Ends(s, n)
 	return head + fmt.Sprintf("\n[... %d bytes cut to fit the reply limit ...]\n", len(s)-len(head)-len(tail)) + tail
-}
-
-func joinMessage(a, b string) string {
-	if a == "" {
-		return b
-	}
-	return a + "; " + b
 }
 
 // plainLen is v's size as JSON once decoded by a client: without the
