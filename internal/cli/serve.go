@@ -152,7 +152,7 @@ func reloadTokens(ctx context.Context, hup <-chan os.Signal, keys *httpserver.Ke
 // that the file they meant is in force.
 func logPolicy(log *slog.Logger, pol *policy.Policy, names []string) {
 	var allow, deny, approve []string
-	upstream := slices.ContainsFunc(names, func(n string) bool { return strings.HasSuffix(n, ".*") })
+	upstream := slices.ContainsFunc(names, func(n string) bool { return strings.HasSuffix(n, policy.UpstreamPattern("")) })
 	for _, name := range names {
 		if name == "list_tools_in_sandbox" && !upstream {
 			continue // offered only with --upstream
