@@ -100,3 +100,45 @@ func normalizeGlob(g string) (string, error) {
 	}
 	return n, nil
 }
+
+func (v *validator) packages(field string, x any) PackageRules {
+	m := v.object(field, x, "allow", "deny")
+	var r PackageRules
+	if m == nil {
+		return r
+	}
+	r.Allow = v.globs(field+".allow", m["allow"])
+	r.Deny = v.globs(field+".deny", m["deny"])
+	// An empty allow list written out would allow nothing, which is
+	// surely not what anyone meant to write: say so.
+	if a, ok := m["allow"].([]any); ok && len(a) == 0 {
+		v.fail(field+".allow", "an empty list would refuse every package; remove the field to allow all, or list the packages")
+	}
+	return r
+}
+
+func (v *validator) globs(field string, x any) []string {
+	if x == nil {
+		return nil
+	}
+	list, ok := x.([]any)
+	if !ok {
+		v.fail(field, "want a list of package name patterns, got %s", kind(x))
+		return nil
+	}
+	var out []string
+	for i, item := range list {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		s, ok := v.str(f, item)
+		if !ok {
+			continue
+		}
+		g, err := normalizeGlob(s)
+		if err != nil {
+			v.fail(f, "%v", err)
+			continue
+		}
+		out = append(out, g)
+	}
+	return out
+}

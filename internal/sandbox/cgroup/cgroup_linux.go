@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	cgroups "github.com/containerd/cgroups/v3"
-	"github.com/containerd/cgroups/v3/cgroup1"
 	"golang.org/x/sys/unix"
 )
 
@@ -56,143 +54,6 @@ type Limits struct {
 	// CPUWeight is the group's share when CPUs are contended, on the v2
 	// scale (1 to 10000, default 100; v1 shares are 1024/100 of it).
 	CPUWeight uint64
-}
-
-// cpuPeriod is the CFS period a quota is expressed in (the kernel's
-// default, 100 ms).
-const cpuPeriod = 100_000
-
-// quota turns CPUMilli into microseconds per cpuPeriod.
-func (l Limits) quota() int64 { return l.CPUMilli * cpuPeriod / 1000 }
-
-// Idle CPU quota: 1 ms per second, a thousandth of a CPU. A session is
-// held to it between runs. Freezing would stop it entirely, but a process
-// frozen by the v1 freezer does not act on SIGKILL until thawed, so a
-// server killed while its sessions are frozen would leave them behind,
-// stopped, for ever; a throttled process still dies at once.
-const (
-	idleQuota  = 1_000
-	idlePeriod = 1_000_000
-)
-
-// CanIdle reports whether the group can be held to the idle quota (it has
-// the CPU controller).
-func (g *Group) CanIdle() bool {
-	if g.v2 != nil {
-		return exists(filepath.Join(g.v2.dir, "cpu.max"))
-	}
-	return g.v1.dirs[cgroup1.Cpu] != ""
-}
-
-// SetIdle holds the group to the idle quota (true), or gives it back the
-// quota it was made with (false).
-func (g *Group) SetIdle(idle bool) error {
-	if err := g.live(); err != nil {
-		return err
-	}
-	quota, period := g.lim.quota(), int64(cpuPeriod)
-	if idle {
-		quota, period = idleQuota, idlePeriod
-	}
-	var err error
-	if g.v2 != nil {
-		v := "max"
-		if quota > 0 {
-			v = strconv.FormatInt(quota, 10)
-		}
-		err = os.WriteFile(filepath.Join(g.v2.dir, "cpu.max"), []byte(v+" "+strconv.FormatInt(period, 10)), 0)
-	} else {
-		d := g.v1.dirs[cgroup1.Cpu]
-		if quota <= 0 {
-			quota = -1
-		}
-		err = g.v1.f.write(filepath.Join(d, "cpu.cfs_period_us"), strconv.FormatInt(period, 10))
-		if err == nil {
-			err = g.v1.f.write(filepath.Join(d, "cpu.cfs_quota_us"), strconv.FormatInt(quota, 10))
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("cgroup: %s: set idle=%v: %w", g.Path(), idle, err)
-	}
-	g.idle.Store(idle)
-	return nil
-}
-
-// CPUQuota is the group's CPU quota as the kernel has it: microseconds
-// per period (-1: none). It is what SetIdle and Reset leave behind.
-func (g *Group) CPUQuota() (quota, period int64, err error) {
-	if err := g.live(); err != nil {
-		return 0, 0, err
-	}
-	if g.v2 != nil {
-		b, err := os.ReadFile(filepath.Join(g.v2.dir, "cpu.max"))
-		if err != nil {
-			return 0, 0, err
-		}
-		q, p, ok := strings.Cut(strings.TrimSpace(string(b)), " ")
-		if !ok {
-			return 0, 0, fmt.Errorf("cgroup: cpu.max %q", b)
-		}
-		if period, err = strconv.ParseInt(p, 10, 64); err != nil {
-			return 0, 0, err
-		}
-		if q == "max" {
-			return -1, period, nil
-		}
-		quota, err = strconv.ParseInt(q, 10, 64)
-		return quota, period, err
-	}
-	d := g.v1.dirs[cgroup1.Cpu]
-	if d == "" {
-		return 0, 0, errors.New("cgroup: no cpu controller")
-	}
-	if quota, err = readInt(filepath.Join(d, "cpu.cfs_quota_us")); err != nil {
-		return 0, 0, err
-	}
-	period, err = readInt(filepath.Join(d, "cpu.cfs_period_us"))
-	return quota, period, err
-}
-
-// SetWeight sets the group's share of contended CPUs (100 is a plain
-// process's; v2 cpu.weight, v1 cpu.shares scaled the same way). A group
-// without the CPU controller ignores it.
-func (g *Group) SetWeight(w uint64) error {
-	if err := g.live(); err != nil {
-		return err
-	}
-	w = min(max(w, 1), 10000)
-	var err error
-	if g.v2 != nil {
-		p := filepath.Join(g.v2.dir, "cpu.weight")
-		if !exists(p) {
-			return nil
-		}
-		err = os.WriteFile(p, []byte(strconv.FormatUint(w, 10)), 0)
-	} else if d := g.v1.dirs[cgroup1.Cpu]; d != "" {
-		err = g.v1.f.write(filepath.Join(d, "cpu.shares"), strconv.FormatUint(max(w*1024/100, 2), 10))
-	}
-	if err != nil {
-		return fmt.Errorf("cgroup: %s: set weight %d: %w", g.Path(), w, err)
-	}
-	return nil
-}
-
-// Stats is a snapshot of a group's usage.
-type Stats struct {
-	// MemoryPeakBytes is the high-water mark: memory.memsw.max_usage_in_bytes
-	// (or memory.max_usage_in_bytes without swap accounting) on v1,
-	// memory.peak on v2 (kernel 5.19+; older kernels report at least the
-	// current usage).
-	MemoryPeakBytes    int64
-	MemoryCurrentBytes int64
-	// OOMKills counts processes the kernel OOM killer killed in the group.
-	OOMKills int64
-	// PidsCurrent counts tasks in the group; PidsMax is its limit, 0 when
-	// unlimited.
-	PidsCurrent, PidsMax int64
-	// CPUUsage is user+system time used by the group, from cpuacct (v1) or
-	// cpu.stat usage_usec (v2); 0 when that controller is not available.
-	CPUUsage time.Duration
 }
 
 // Group is one run's control group. Its methods are safe for concurrent use.
@@ -373,114 +234,6 @@ func (g *Group) AddProc(pid int) error {
 		return fmt.Errorf("cgroup: add pid %d to %s: %w", pid, g.Path(), err)
 	}
 	return nil
-}
-
-// Stats reads the group's current usage.
-func (g *Group) Stats() (Stats, error) {
-	if err := g.live(); err != nil {
-		return Stats{}, err
-	}
-	var (
-		st  Stats
-		err error
-	)
-	if g.v2 != nil {
-		st, err = g.v2.stats()
-	} else {
-		st, err = g.v1.stats()
-	}
-	if err != nil {
-		return Stats{}, fmt.Errorf("cgroup: stats %s: %w", g.Path(), err)
-	}
-	st.OOMKills -= g.oomBase.Load()
-	return st, nil
-}
-
-// Figures are what a run reports of itself when it ends: its peak
-// memory, its CPU time and its OOM kills. Reading only these (three
-// files on v1) rather than every counter matters: the pool reads them
-// for every run.
-type Figures struct {
-	MemoryPeakBytes int64
-	CPUUsage        time.Duration
-	OOMKills        int64
-}
-
-// Figures reads the group's figures (see Stats for each one's source).
-func (g *Group) Figures() (Figures, error) {
-	if err := g.live(); err != nil {
-		return Figures{}, err
-	}
-	var (
-		f   Figures
-		err error
-	)
-	if g.v2 != nil {
-		f, err = g.v2.figures()
-	} else {
-		f, err = g.v1.figures()
-	}
-	if err != nil {
-		return Figures{}, fmt.Errorf("cgroup: figures %s: %w", g.Path(), err)
-	}
-	f.OOMKills -= g.oomBase.Load()
-	return f, nil
-}
-
-// MemoryCurrent reads the group's memory usage now (RAM and swap where
-// swap is accounted), from one file.
-func (g *Group) MemoryCurrent() (int64, error) {
-	if err := g.live(); err != nil {
-		return 0, err
-	}
-	var (
-		n   int64
-		err error
-	)
-	if g.v2 != nil {
-		n, err = g.v2.memoryCurrent()
-	} else {
-		n, err = g.v1.memoryCurrent()
-	}
-	if err != nil {
-		return 0, fmt.Errorf("cgroup: memory %s: %w", g.Path(), err)
-	}
-	return n, nil
-}
-
-// CPUUsage reads the group's CPU time so far, from one file; 0 without a
-// CPU accounting controller.
-func (g *Group) CPUUsage() (time.Duration, error) {
-	if err := g.live(); err != nil {
-		return 0, err
-	}
-	var (
-		d   time.Duration
-		err error
-	)
-	if g.v2 != nil {
-		d, err = g.v2.cpuUsage()
-	} else {
-		d, err = g.v1.cpuUsage()
-	}
-	if err != nil {
-		return 0, fmt.Errorf("cgroup: cpu %s: %w", g.Path(), err)
-	}
-	return d, nil
-}
-
-// OOMKilled reports whether the kernel OOM killer killed a process in this
-// group (v1: memory.oom_control oom_kill > 0; v2: memory.events oom_kill >
-// 0). On old v1 kernels without that counter it reports false; the caller
-// may then treat memory.failcnt > 0 together with a SIGKILL as an OOM kill.
-func (g *Group) OOMKilled() bool {
-	if g.live() != nil {
-		return false
-	}
-	if g.v2 != nil {
-		return g.v2.oomKills() > 0
-	}
-	return g.v1.oomKills() > g.oomBase.Load()
 }
 
 // Kill SIGKILLs every process in the group and waits, about a second at
