@@ -20,38 +20,26 @@ package deps
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/singleflight"
-	"golang.org/x/sys/unix"
 
-	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/pep"
 	"github.com/pysandbox/pysandbox/internal/sandbox"
 )
-
-// keyVersion changes whenever the layout of an environment or the way it is
-// built changes, so that old envs are never mistaken for new ones.
-const keyVersion = "pysandbox-deps/1"
 
 const (
 	// DefaultMaxBytes is the LRU cap when Config.MaxBytes is 0.
@@ -62,19 +50,6 @@ const (
 	// every requirement is a line in the key and an argument to the installer.
 	MaxRequirements = 256
 )
-
-// IndexConfig says where the installer may fetch packages from.
-type IndexConfig struct {
-	IndexURL       string   // "" = the installer's default (PyPI)
-	ExtraIndexURLs []string // more indexes, each passed as --extra-index-url
-	// FindLinks are local wheelhouse directories (absolute host paths,
-	// bind-mounted read-only into the installer's sandbox) or http(s) URLs.
-	FindLinks []string
-	NoIndex   bool // only FindLinks (offline)
-	// AllowSdist lets the installer build source distributions, which runs
-	// their setup code. By default only wheels are accepted.
-	AllowSdist bool
-}
 
 // Config configures a Cache.
 type Config struct {
@@ -95,39 +70,6 @@ type Config struct {
 	// --find-links wheelhouses work.
 	Network func(l net.Listener, trusted []string) (stop func())
 	Logger  *slog.Logger
-}
-
-// Targets are the host:port of every index and find-links URL: where the
-// installer must be able to connect.
-func (ix IndexConfig) Targets() []string {
-	var out []string
-	add := func(raw string) {
-		u, err := url.Parse(raw)
-		if err != nil || u.Host == "" {
-			return
-		}
-		hp := egress.Target(u)
-		if !slices.Contains(out, hp) {
-			out = append(out, hp)
-		}
-	}
-	if !ix.NoIndex {
-		if ix.IndexURL == "" {
-			// pip's and uv's default: PyPI's pages and its file host.
-			out = append(out, "pypi.org:443", "files.pythonhosted.org:443")
-		} else {
-			add(ix.IndexURL)
-		}
-		for _, u := range ix.ExtraIndexURLs {
-			add(u)
-		}
-	}
-	for _, fl := range ix.FindLinks {
-		if isHTTPURL(fl) {
-			add(fl)
-		}
-	}
-	return out
 }
 
 // Env is a finished environment. Site is the host directory to put on
@@ -242,50 +184,6 @@ func New(cfg Config) (*Cache, error) {
 	return c, nil
 }
 
-// checkIndex validates the index configuration once, so a bad flag fails at
-// start-up rather than as a puzzling install error.
-func checkIndex(ix *IndexConfig) error {
-	urls := append([]string(nil), ix.ExtraIndexURLs...)
-	if ix.IndexURL != "" {
-		urls = append(urls, ix.IndexURL)
-	}
-	for _, u := range urls {
-		if !isHTTPURL(u) {
-			return fmt.Errorf("deps: index URL %q must be an http or https URL", u)
-		}
-	}
-	for _, fl := range ix.FindLinks {
-		if isHTTPURL(fl) {
-			continue
-		}
-		if !filepath.IsAbs(fl) || filepath.Clean(fl) != fl || fl == "/" {
-			return fmt.Errorf("deps: find-links %q must be an http(s) URL or a clean absolute directory path", fl)
-		}
-		fi, err := os.Stat(fl)
-		if err != nil {
-			return fmt.Errorf("deps: find-links: %w", err)
-		}
-		if !fi.IsDir() {
-			return fmt.Errorf("deps: find-links %s is not a directory", fl)
-		}
-		// A root server's installer runs as a sandbox uid of its own, which
-		// is "other" to the wheelhouse; without this check pip would just
-		// say that no matching distribution exists.
-		if os.Geteuid() == 0 && fi.Mode().Perm()&0o005 != 0o005 {
-			return fmt.Errorf("deps: find-links directory %s (mode %04o) must be readable and searchable by others: the installer runs as an unprivileged sandbox user", fl, fi.Mode().Perm())
-		}
-	}
-	if ix.NoIndex && len(ix.FindLinks) == 0 {
-		return errors.New("deps: NoIndex without FindLinks leaves the installer nothing to install from")
-	}
-	return nil
-}
-
-func isHTTPURL(s string) bool {
-	u, err := url.Parse(s)
-	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
-}
-
 // findUV returns uv's path when it is on PATH and lies under /usr, the only
 // host tree every sandbox sees; a uv elsewhere could not run inside.
 func findUV() string {
@@ -322,94 +220,6 @@ func (c *Cache) cleanStale() {
 			removeTree(filepath.Join(c.buildDir, e.Name()))
 		}
 	}
-}
-
-// RequirementError is a request's requirements that no install may be
-// made of: the caller's to fix, not the server's.
-type RequirementError struct{ Msg string }
-
-func (e *RequirementError) Error() string { return "deps: " + e.Msg }
-
-// Canonicalize validates reqs and returns them canonical (names and extras
-// normalized, specifiers sorted), de-duplicated and sorted: the form the key
-// hashes and the installer receives. URL requirements are refused: "name @
-// url" would let the request point the installer at arbitrary archives (or
-// paths) outside the configured indexes, and a URL's content is not
-// addressed by its text, so the cache could not key it.
-func Canonicalize(reqs []string) ([]string, error) {
-	if len(reqs) == 0 {
-		return nil, &RequirementError{Msg: "no requirements"}
-	}
-	if len(reqs) > MaxRequirements {
-		return nil, &RequirementError{Msg: fmt.Sprintf("%d requirements (limit %d)", len(reqs), MaxRequirements)}
-	}
-	seen := map[string]bool{}
-	var out []string
-	for _, s := range reqs {
-		r, err := pep.ParseRequirement(strings.Trim(s, " \t"))
-		if err != nil {
-			return nil, &RequirementError{Msg: "invalid requirement: " + err.Error()}
-		}
-		if r.URL != "" {
-			return nil, &RequirementError{Msg: fmt.Sprintf("requirement %q: direct URL requirements (name @ url) are not supported; name the package and a version instead (e.g. %s==1.0), installed from the configured index", s, r.Normalized)}
-		}
-		r.Name = r.Normalized
-		if len(r.Extras) > 0 {
-			ex := make([]string, len(r.Extras))
-			for i, e := range r.Extras {
-				ex[i] = pep.NormalizeName(e)
-			}
-			slices.Sort(ex)
-			r.Extras = slices.Compact(ex)
-		}
-		if r.Specifier != "" {
-			// A comma is a conjunction: order carries no meaning.
-			sp := strings.Split(r.Specifier, ",")
-			slices.Sort(sp)
-			r.Specifier = strings.Join(slices.Compact(sp), ",")
-		}
-		cs := r.String()
-		if !seen[cs] {
-			seen[cs] = true
-			out = append(out, cs)
-		}
-	}
-	sort.Strings(out)
-	return out, nil
-}
-
-// Key returns the content address of reqs on py with this cache's index
-// configuration. It fails only for invalid requirements.
-func (c *Cache) Key(py *interp.Interpreter, reqs []string) (string, error) {
-	if py == nil {
-		return "", errors.New("deps: no interpreter")
-	}
-	canon, err := Canonicalize(reqs)
-	if err != nil {
-		return "", err
-	}
-	return c.key(py, canon), nil
-}
-
-func (c *Cache) key(py *interp.Interpreter, canon []string) string {
-	path := py.Path
-	if real, err := filepath.EvalSymlinks(path); err == nil {
-		path = real
-	}
-	installer := "pip"
-	if c.uv != "" {
-		installer = "uv"
-	}
-	// JSON keeps the fields unambiguous: no value can forge a separator.
-	data, _ := json.Marshal(struct {
-		V            string
-		Installer    string
-		Python, Path string
-		Requirements []string
-		Index        IndexConfig
-	}{keyVersion, installer, py.Version, path, canon, c.cfg.Index})
-	sum := sha256.Sum256(data)
-	return hex.EncodeToString(sum[:])[:32]
 }
 
 func (c *Cache) envDir(key string) string { return filepath.Join(c.envsDir, key) }
@@ -498,269 +308,6 @@ func (c *Cache) ensure(ctx context.Context, key, kind, what string, build func(*
 		}
 		built = true
 	}
-}
-
-// acquire returns the env and marks it in use, or nil when it is not built.
-// The mutex orders it against Prune, which moves envs away under it.
-func (c *Cache) acquire(key string) (*Env, func(), error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	env, err := c.readMeta(key)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, nil
-	}
-	if err != nil {
-		// A damaged env is rebuilt: the build moves it away first.
-		c.log.Warn("deps: unreadable environment, rebuilding", "key", key, "err", err)
-		return nil, nil, nil
-	}
-	now := time.Now()
-	if err := os.Chtimes(filepath.Join(c.envDir(key), metaName), now, now); err != nil {
-		c.log.Warn("deps: touch", "key", key, "err", err)
-	} else {
-		env.LastUsed = now
-	}
-	if c.inUse[key] == 0 {
-		lock, err := c.lockShared(key)
-		if err != nil {
-			// Evicted by another process between our read and our lock:
-			// build it again.
-			c.log.Info("deps: environment went away while being opened; rebuilding", "key", key, "err", err)
-			return nil, nil, nil
-		}
-		c.locks[key] = lock
-	}
-	c.inUse[key]++
-	var once sync.Once
-	release := func() {
-		once.Do(func() {
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			if c.inUse[key]--; c.inUse[key] <= 0 {
-				delete(c.inUse, key)
-				if f := c.locks[key]; f != nil {
-					f.Close() // drops the shared lock
-					delete(c.locks, key)
-				}
-			}
-		})
-	}
-	return env, release, nil
-}
-
-// lockShared takes a shared lock on an env's meta.json, for as long as
-// this process uses the env. Prune in another process takes the exclusive
-// lock before moving an env away; if it moved one while we waited, our
-// file is no longer at the path, and the env counts as gone.
-func (c *Cache) lockShared(key string) (*os.File, error) {
-	p := filepath.Join(c.envDir(key), metaName)
-	f, err := os.OpenFile(p, os.O_RDONLY|noFollow, 0)
-	if err != nil {
-		return nil, err
-	}
-	if err := flock(f, unix.LOCK_SH); err != nil {
-		f.Close()
-		return nil, err
-	}
-	held, err1 := f.Stat()
-	now, err2 := os.Stat(p)
-	if err1 != nil || err2 != nil || !os.SameFile(held, now) {
-		f.Close()
-		return nil, fs.ErrNotExist
-	}
-	return f, nil
-}
-
-// lockedByOthers reports whether another process uses an env: it cannot
-// take the exclusive lock. When it returns false, the caller holds that
-// lock through f until it closes it (after moving the env away).
-func (c *Cache) lockedByOthers(key string) (bool, *os.File) {
-	f, err := os.OpenFile(filepath.Join(c.envDir(key), metaName), os.O_RDONLY|noFollow, 0)
-	if err != nil {
-		return false, nil // no meta.json (a broken env): nobody can be using it
-	}
-	if err := flock(f, unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		return true, nil
-	}
-	return false, f
-}
-
-func flock(f *os.File, how int) error {
-	for {
-		err := unix.Flock(int(f.Fd()), how)
-		if err != unix.EINTR {
-			if err != nil {
-				return os.NewSyscallError("flock", err)
-			}
-			return nil
-		}
-	}
-}
-
-// errAbandoned is a build killed because every caller waiting for it left.
-var errAbandoned = errors.New("deps: build abandoned by its callers")
-
-// buildState is shared by the callers waiting for one key's build. The
-// build runs under its own context, detached from any one caller: it is
-// cancelled only when the last waiter leaves, so a caller that gives up
-// does not kill the build others still wait for.
-type buildState struct {
-	ctx     context.Context
-	cancel  context.CancelFunc
-	waiters int
-
-	pmu      sync.Mutex
-	nextID   int
-	progress map[int]func(string)
-}
-
-func (b *buildState) emit(line string) {
-	b.pmu.Lock()
-	fns := make([]func(string), 0, len(b.progress))
-	for _, f := range b.progress {
-		fns = append(fns, f)
-	}
-	b.pmu.Unlock()
-	for _, f := range fns {
-		f(line)
-	}
-}
-
-// waitBuild joins (or starts) the build of key and waits for it or for ctx.
-func (c *Cache) waitBuild(ctx context.Context, key string, build func(*buildState) error, progress func(string)) error {
-	c.mu.Lock()
-	st := c.builds[key]
-	if st == nil {
-		bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		st = &buildState{ctx: bctx, cancel: cancel, progress: map[int]func(string){}}
-		c.builds[key] = st
-	}
-	st.waiters++
-	c.mu.Unlock()
-	st.pmu.Lock()
-	id := st.nextID
-	st.nextID++
-	if progress != nil {
-		st.progress[id] = progress
-	}
-	st.pmu.Unlock()
-	leave := func() {
-		st.pmu.Lock()
-		delete(st.progress, id)
-		st.pmu.Unlock()
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if st.waiters--; st.waiters == 0 {
-			st.cancel()
-			if c.builds[key] == st {
-				delete(c.builds, key)
-			}
-		}
-	}
-	ch := c.flight.DoChan(key, func() (any, error) {
-		c.mu.Lock()
-		cur := c.builds[key]
-		c.mu.Unlock()
-		if cur == nil {
-			// Whoever started this flight has already left.
-			return nil, errAbandoned
-		}
-		return nil, build(cur)
-	})
-	select {
-	case r := <-ch:
-		leave()
-		return r.Err
-	case <-ctx.Done():
-		leave()
-		return ctx.Err()
-	}
-}
-
-// List returns every finished environment, most recently used first.
-func (c *Cache) List() ([]Env, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	envs, _, err := c.listLocked()
-	return envs, err
-}
-
-// listLocked reads every env's meta.json; broken lists the entries of envs/
-// that are not readable envs.
-func (c *Cache) listLocked() (envs []Env, broken []string, err error) {
-	ents, err := os.ReadDir(c.envsDir)
-	if err != nil {
-		return nil, nil, fmt.Errorf("deps: %w", err)
-	}
-	for _, e := range ents {
-		env, err := c.readMeta(e.Name())
-		if err != nil {
-			broken = append(broken, e.Name())
-			continue
-		}
-		if env.Accounting != diskAccounting {
-			c.measureOldLocked(env)
-		}
-		envs = append(envs, *env)
-	}
-	sort.Slice(envs, func(i, j int) bool { return envs[i].LastUsed.After(envs[j].LastUsed) })
-	return envs, broken, nil
-}
-
-// measureOldLocked replaces the apparent size an env written before
-// diskAccounting carries with what it takes on disk, measured once.
-func (c *Cache) measureOldLocked(env *Env) {
-	if c.measured == nil {
-		c.measured = map[string]int64{}
-	}
-	n, ok := c.measured[env.Key]
-	if !ok {
-		var err error
-		if n, err = diskUsage(c.envDir(env.Key)); err != nil {
-			c.log.Warn("deps: measure an older environment", "key", env.Key, "err", err)
-			return
-		}
-		c.measured[env.Key] = n
-	}
-	env.SizeBytes = n
-}
-
-// Prune evicts the least recently used envs that are not in use until
-// what they take on disk is at most maxBytes (0 removes every unused env),
-// and returns what it evicted. Envs are moved to trash/ under the lock,
-// which is quick, and deleted after it is released, so cache hits never
-// wait for a delete; until deleted they still count against the cap for
-// installs in progress.
-func (c *Cache) Prune(maxBytes int64) ([]Env, error) {
-	c.mu.Lock()
-	envs, broken, err := c.listLocked()
-	if err != nil {
-		c.mu.Unlock()
-		return nil, err
-	}
-	var doomed []string
-	for _, name := range broken {
-		// Half-written or damaged (not something this package publishes):
-		// it can only get in the way of a rebuild.
-		if c.inUse[name] == 0 {
-			d, err := c.moveToTrashLocked(name)
-			if err != nil {
-				c.log.Warn("deps: evict broken env", "name", name, "err", err)
-				continue
-			}
-			doomed = append(doomed, d)
-		}
-	}
-	var total int64
-	for _, e := range envs {
-		total += e.SizeBytes
-	}
-	evicted, more, freed, _ := c.evictLocked(envs, total-maxBytes, true)
-	c.trashing += freed
-	c.mu.Unlock()
-	c.discard(append(doomed, more...), evicted, freed)
-	return evicted, nil
 }
 
 // Installs is the number of installer runs so far.

@@ -2,15 +2,19 @@ package pydist
 
 import (
 	"bytes"
+	"context"
 	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
+	"os"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/pysandbox/pysandbox/internal/interp"
 	"github.com/pysandbox/pysandbox/internal/pep"
@@ -263,4 +267,82 @@ func Mirrored(u, mirror string) string {
 		return u
 	}
 	return strings.TrimRight(mirror, "/") + rest
+}
+
+func readFile(p string) ([]byte, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, fmt.Errorf("pydist: download metadata: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxMetadataBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("pydist: download metadata: %w", err)
+	}
+	return data, nil
+}
+
+// Catalog returns the download metadata, fetching it on first need when
+// it is a URL.
+func (m *Manager) Catalog(ctx context.Context, who Who) (*Catalog, error) {
+	m.mu.Lock()
+	c := m.catalog
+	m.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	// One fetch for every caller, bounded in time whoever started it;
+	// each caller waits only as long as its own context allows.
+	ch := m.flight.DoChan("metadata", func() (any, error) {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), metadataTimeout)
+		defer cancel()
+		var b strings.Builder
+		lw := &limitWriter{w: &b, n: MaxMetadataBytes}
+		if _, _, err := m.fetch(fctx, m.cfg.Metadata, who, lw, func(int64) error { return nil }, nil); err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				err = fmt.Errorf("%s did not send it within %s", redact(m.cfg.Metadata), metadataTimeout)
+			}
+			return nil, err
+		}
+		c, err := ParseCatalog([]byte(b.String()), redact(m.cfg.Metadata))
+		if err != nil {
+			return nil, err
+		}
+		m.mu.Lock()
+		m.catalog = c
+		m.mu.Unlock()
+		return c, nil
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, fmt.Errorf("the download metadata could not be read: %w", r.Err)
+		}
+		return r.Val.(*Catalog), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// metadataTimeout bounds the fetch of metadata given as a URL.
+const metadataTimeout = 60 * time.Second
+
+// LoadedCatalog is the metadata if it has been read, without fetching it.
+func (m *Manager) LoadedCatalog() *Catalog {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.catalog
+}
+
+type limitWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (l *limitWriter) Write(p []byte) (int, error) {
+	if int64(len(p)) > l.n {
+		return 0, fmt.Errorf("pydist: the download metadata is over %d MiB", MaxMetadataBytes>>20)
+	}
+	l.n -= int64(len(p))
+	return l.w.Write(p)
 }

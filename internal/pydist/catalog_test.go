@@ -1,8 +1,12 @@
 package pydist
 
 import (
+	"context"
+	"errors"
+	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pysandbox/pysandbox/internal/pep"
 	"github.com/pysandbox/pysandbox/internal/pydist/hostbuild"
@@ -93,5 +97,68 @@ func TestMirrored(t *testing.T) {
 	}
 	if got := Mirrored(DefaultPrefix+"x/y", "https://m"); got != DefaultPrefix+"x/y" {
 		t.Errorf("a longer prefix became %s", got)
+	}
+}
+
+// Metadata behind a URL is fetched through the proxy on first need.
+func TestMetadataFromURL(t *testing.T) {
+	a := systemArchive(t)
+	f := newFixture(t)
+	f.mirror.PutBytes("/meta.json", hostbuild.Metadata(hostbuild.EntryOf(a, DefaultPrefix+"/"+tag+"/"+a.Name())))
+	f.m.cfg.Metadata, f.m.catalog = f.mirror.URL+"/meta.json", nil
+	if _, err := f.m.Find(ctxFor(t), Request{Version: a.MajorMinor()}); err != nil {
+		t.Fatal(err)
+	}
+	if f.mirror.Hits("/meta.json") != 1 {
+		t.Errorf("metadata hits = %d", f.mirror.Hits("/meta.json"))
+	}
+	// A URL that does not answer: a clear error, and a retry next time.
+	f.m.cfg.Metadata, f.m.catalog = f.mirror.URL+"/missing.json", nil
+	_, err := f.m.Catalog(ctxFor(t), Who{})
+	if err == nil || !strings.Contains(err.Error(), "404") {
+		t.Fatalf("missing metadata: %v", err)
+	}
+}
+
+// Metadata from a host that sends a byte now and then: a caller waits
+// only as long as its own context allows, and check_environment's
+// summary never starts the fetch.
+func TestSlowMetadataHost(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.Read(make([]byte, 4096))
+				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{"))
+				for {
+					time.Sleep(100 * time.Millisecond)
+					if _, err := c.Write([]byte(" ")); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	f := newFixture(t)
+	f.m.cfg.Metadata, f.m.catalog = "http://"+l.Addr().String()+"/meta.json", nil
+	if f.m.LoadedCatalog() != nil {
+		t.Fatal("a catalog before any fetch")
+	}
+	for range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		_, err := f.m.Find(ctx, Request{Version: "3.13"})
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("err = %v, want the caller's deadline", err)
+		}
 	}
 }
