@@ -239,6 +239,14 @@ type Result struct {
 	CPUTimeMS       int64
 }
 
+// Completed tells whether the code ran to its end without an exception:
+// a success, or an output_limit whose run went on to exit 0 with only
+// its printed output cut to head and tail (not one stopped for flooding).
+// Such a run's result is not a failure, whatever its status says.
+func (r *Result) Completed() bool {
+	return r.Status == StatusSuccess || r.Status == StatusOutputLimit && r.Error == nil && r.ExitCode == 0
+}
+
 // timeout picks the effective timeout of a request.
 func (e *Engine) timeout(d time.Duration) time.Duration {
 	if d <= 0 {

@@ -85,8 +85,7 @@ func mcpRunPython(opts Options) tools.Profile {
 func runPythonCodeResult(res *engine.Result, maxReply int64) *mcp.CallToolResult {
 	output := res.Stdout + withoutTraceback(res)
 	switch {
-	case res.Status == engine.StatusSuccess,
-		res.Status == engine.StatusOutputLimit && res.Error == nil && res.ExitCode == 0:
+	case res.Completed():
 		// (Output cut to its head and tail, by pysandbox's output cap,
 		// from a run that completed.)
 		return xmlResult("success", output, res.ReturnValue, "", maxReply)

@@ -207,7 +207,7 @@ func runFile(ctx context.Context, h *tools.Host, req *mcp.CallToolRequest, sessi
 	case res.Status == engine.StatusTimeout:
 		msg, _, _ := strings.Cut(res.Message, ";")
 		return wrappedCut(h, errPrefix+"TimeoutError: "+msg)
-	case res.Status != engine.StatusSuccess && !(res.Status == engine.StatusOutputLimit && res.Error == nil):
+	case !res.Completed():
 		msg := res.Message
 		if res.Error != nil {
 			msg = pyErrorText(res.Error.Type, res.Error.Message)

@@ -53,7 +53,7 @@ const runPythonDescription = `Run Python 3 code in a fresh, isolated sandbox and
 
 Without session_id each call starts from a clean interpreter: no variables, files or processes survive between calls. With a session_id from create_session the code runs in that session, where variables, imports and files in /work persist. The sandbox has no network access, cannot see the host's files, and has limited memory, processes and time (see check_environment). /tmp and the working directory /work are writable scratch space, held in memory (their files count towards the memory limit), discarded after a one-shot run and when a session ends.
 
-The result has status (success, error, timeout, memory_limit, output_limit, killed or cancelled; a call refused before anything ran says invalid_request, denied, busy, quota, install_error or sandbox_error, with a message saying what to do), exit_code, stdout, stderr (tracebacks use your code's own line numbers), return_value (the JSON value of the last expression, or its repr if it is not JSON-serialisable, or null), and duration_ms. Use inputs to pass data in as global variables instead of pasting it into the code. matplotlib figures left open (or shown with plt.show()) come back as PNG images; those that do not fit the server's reply limit come back as resource links. Each run gets a CPU quota (see check_environment); between runs a session's processes get almost no CPU.`
+The result has status (success, error, timeout, memory_limit, output_limit, killed or cancelled; a call refused before anything ran says invalid_request, denied, busy, quota, install_error or sandbox_error, with a message saying what to do; only output_limit of a run that completed, its output cut to head and tail, is not an error), exit_code, stdout, stderr (tracebacks use your code's own line numbers), return_value (the JSON value of the last expression, or its repr if it is not JSON-serialisable, or null), and duration_ms. Use inputs to pass data in as global variables instead of pasting it into the code. matplotlib figures left open (or shown with plt.show()) come back as PNG images; those that do not fit the server's reply limit come back as resource links. Each run gets a CPU quota (see check_environment); between runs a session's processes get almost no CPU.`
 
 func (s *server) addRunPython(srv *mcp.Server) {
 	desc := runPythonDescription
@@ -92,7 +92,9 @@ func (s *server) runPython(ctx context.Context, req *mcp.CallToolRequest, in Run
 	if out.Resumed != "" {
 		content = append([]mcp.Content{&mcp.TextContent{Text: out.Resumed + "."}}, content...)
 	}
-	return &mcp.CallToolResult{IsError: out.Status != engine.StatusSuccess, Content: content}, out, nil
+	// A run that completed with its output cut is a result, not a
+	// failure: its status says what was cut.
+	return &mcp.CallToolResult{IsError: !res.Completed(), Content: content}, out, nil
 }
 
 // execute runs code as run_python does (the caller's quota, its session,

@@ -54,6 +54,27 @@ func TestRunPythonError(t *testing.T) {
 	}
 }
 
+// TestRunPythonOutputCut: a run that completes with more output than the
+// server keeps (64 KiB a stream here) is output_limit without isError,
+// since the code did what it was asked; one that then fails is an error.
+func TestRunPythonOutputCut(t *testing.T) {
+	cs := connect(t, nil)
+	for _, c := range []struct {
+		code, status string
+		exit         float64
+		isError      bool
+	}{
+		{"print('x' * 200_000)\n41 + 1", "output_limit", 0, false},
+		{"import sys\nprint('x' * 200_000)\nsys.exit(3)", "error", 3, true},
+		{"print('x' * 200_000)\n1 / 0", "error", 1, true},
+	} {
+		res, out := call(t, cs, "run_python", map[string]any{"code": c.code})
+		if res.IsError != c.isError || out["status"] != c.status || out["exit_code"] != c.exit || out["stdout_truncated"] != true {
+			t.Errorf("%q: isError %v status %v exit %v stdout_truncated %v; want %v %s %v true", c.code, res.IsError, out["status"], out["exit_code"], out["stdout_truncated"], c.isError, c.status, c.exit)
+		}
+	}
+}
+
 func TestRunPythonAwaitAndRepr(t *testing.T) {
 	cs := connect(t, nil)
 	_, out := call(t, cs, "run_python", map[string]any{"code": "import asyncio\nawait asyncio.sleep(0.01)\nobject"})
