@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/pysandbox/pysandbox/internal/httpserver"
 	"github.com/pysandbox/pysandbox/internal/policy"
@@ -125,6 +128,21 @@ func setupCmd(args []string, stdout, stderr io.Writer) error {
 		if bin, err = filepath.Abs(bin); err != nil {
 			return err
 		}
+		if cfg.State.dir == "" {
+			// Each client's server its own state directory: a directory
+			// is held by one server at a time, so with the one default
+			// the second client's server could keep no paused session.
+			if d := defaultStateDir(); d != "" {
+				dir := filepath.Join(d, clientStateDir(c.ID, *name))
+				// serve refuses to start with a --state-dir it cannot
+				// make, where the default only costs a warning.
+				if err := canMakeDir(dir); err != nil {
+					fmt.Fprintf(stderr, "pysandbox: warning: the entry names no --state-dir: %s cannot be made (%v), so its server keeps paused sessions only where the default allows\n", dir, err)
+				} else {
+					abs = append([]string{"--state-dir", dir}, abs...)
+				}
+			}
+		}
 		e.Command, e.Args = bin, append([]string{"serve"}, abs...)
 		e.ToolTimeout = toolTimeout(time.Duration(cfg.maxTimeout), time.Duration(cfg.installTimeout))
 	}
@@ -161,6 +179,39 @@ func setupCmd(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// clientStateDir names a client's server's state directory below the
+// default one: the client's id, and the entry's name when it is not the
+// default (two entries in one client are two servers). The name is the
+// user's, so only its letters, digits, '.', '-' and '_' are kept.
+func clientStateDir(client, name string) string {
+	if name == "pysandbox" {
+		return client
+	}
+	clean := strings.Map(func(r rune) rune {
+		if r < utf8.RuneSelf && (r == '.' || r == '-' || r == '_' || '0' <= r && r <= '9' || 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z') {
+			return r
+		}
+		return '_'
+	}, name)
+	return client + "-" + strings.Trim(clean, ".")
+}
+
+// canMakeDir tells whether this user could make dir (or has it): its
+// nearest existing ancestor must be a directory it may write to.
+func canMakeDir(dir string) error {
+	for p := dir; ; p = filepath.Dir(p) {
+		st, err := os.Stat(p)
+		switch {
+		case err == nil && !st.IsDir():
+			return fmt.Errorf("%s is not a directory", p)
+		case err == nil:
+			return unix.Access(p, unix.W_OK|unix.X_OK)
+		case !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.ENOTDIR) || p == filepath.Dir(p):
+			return err
+		}
+	}
 }
 
 // toolTimeout is the client's tool-call timeout for a server whose runs

@@ -18,6 +18,7 @@ func runSetup(t *testing.T, dir string, args ...string) (int, string) {
 	t.Helper()
 	t.Chdir(dir)
 	t.Setenv("HOME", "/home/u")
+	t.Setenv("XDG_STATE_HOME", "/home/u/.local/state")
 	var out bytes.Buffer
 	code := Main(append([]string{"setup"}, args...), nil, &out, &out)
 	return code, strings.ReplaceAll(out.String(), dir, "DIR")
@@ -93,6 +94,41 @@ func TestSetupAbsolutePaths(t *testing.T) {
 		t.Fatalf("exit %d\n%s", code, out)
 	}
 	setupGolden(t, "absolute-paths.txt", out)
+}
+
+// TestSetupStateDir: without --state-dir, each client's server (and each
+// entry of one client) gets a state directory of its own below the
+// default, since a directory serves one server at a time; one given is
+// kept, and so is none.
+func TestSetupStateDir(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"cursor"}, "--state-dir /home/u/.local/state/pysandbox/cursor"},
+		{[]string{"codex"}, "/home/u/.local/state/pysandbox/codex"},
+		{[]string{"cursor", "--name", "data/../x y"}, "--state-dir /home/u/.local/state/pysandbox/cursor-data_.._x_y"},
+		{[]string{"cursor", "--", "--state-dir", "s"}, "--state-dir DIR/s"},
+		{[]string{"cursor", "--", "--state-dir=none"}, "--state-dir=none"},
+	} {
+		code, out := runSetup(t, dir, append([]string{"--binary", "/usr/local/bin/pysandbox"}, c.args...)...)
+		flat := strings.Join(strings.Fields(strings.NewReplacer(`"`, "", ",", "").Replace(out)), " ")
+		if code != 0 || !strings.Contains(flat, c.want) {
+			t.Errorf("setup %q: exit %d, want %q in\n%s", c.args, code, c.want, out)
+		}
+		if strings.Count(out, "state-dir") != 1 {
+			t.Errorf("setup %q: want one --state-dir:\n%s", c.args, out)
+		}
+	}
+	// A default that cannot be made is left to serve (where it is a
+	// warning, not a refusal to start), with a warning now.
+	t.Setenv("XDG_STATE_HOME", "/dev/null")
+	var b bytes.Buffer
+	code, out := Main([]string{"setup", "cursor"}, nil, &b, &b), b.String()
+	if code != 0 || strings.Contains(out, `"--state-dir"`) || !strings.Contains(out, "/dev/null is not a directory") {
+		t.Errorf("a default that cannot be made: exit %d\n%s", code, out)
+	}
 }
 
 // TestSetupURL: --url gives each client that documents one a streamable
