@@ -326,4 +326,13 @@ func TestCloseEndedSession(t *testing.T) {
 			t.Errorf("close of an ended session: %s %v", text(res), out)
 		}
 	}
+	// Closing twice is the same: the second close finds it closed.
+	id = newSession(t, cs)
+	if res, out := call(t, cs, "close_session", map[string]any{"session_id": id}); res.IsError || out["closed"] != true {
+		t.Fatalf("close: %s", text(res))
+	}
+	res, out := call(t, cs, "close_session", map[string]any{"session_id": id})
+	if res.IsError || out["closed"] != false || !strings.Contains(text(res), "closed with close_session") {
+		t.Errorf("a second close: %s %v", text(res), out)
+	}
 }
