@@ -168,11 +168,7 @@ func pythonCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	o.onPython = func(e pydist.Event) {
-		if e.Outcome != "installed" && e.Outcome != "removed" {
-			log.Warn("python "+e.Action, "version", e.Version, "outcome", e.Outcome, "err", e.Error)
-		}
-	}
+	// No event is logged: the command's own result says what happened.
 	m, err := o.pythons(cache, backend, log)
 	if err != nil {
 		return err

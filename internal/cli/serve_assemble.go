@@ -256,6 +256,12 @@ func (s *server) watchSignals() error {
 // interpreters to the audit log, once it is open, and to the log.
 func (s *server) routePythonEvents() error {
 	s.o.onPython = func(e pydist.Event) {
+		switch {
+		case e.Action == "install" && e.Outcome == "installed":
+			s.log.Info("python installed", "version", e.Version, "url", e.URL, "bytes", e.Bytes, "took", e.Duration.Round(time.Millisecond))
+		case e.Outcome != "installed" && e.Outcome != "removed":
+			s.log.Warn("python "+e.Action+" "+e.Outcome, "version", e.Version, "url", e.URL, "err", e.Error)
+		}
 		if w := s.pyAudit.Load(); w != nil {
 			if err := w.Append(pythonRecord(e)); err != nil {
 				s.log.Error("audit log: python record", "err", err)

@@ -130,12 +130,9 @@ func (m *Manager) fill(ctx context.Context, d *Download, u string, who Who, dir 
 		default:
 			ev.Outcome, ev.Error = "failed", err.Error()
 		}
+		// The event is the one report: serve logs and audits it, and
+		// `pysandbox python install` says it once, as its own result.
 		m.event(ev)
-		if err != nil {
-			m.log.Warn("pydist: install failed", "version", d.Version(), "url", ev.URL, "err", err)
-		} else {
-			m.log.Info("pydist: installed", "version", d.Version(), "url", ev.URL, "bytes", ev.Bytes, "took", ev.Duration.Round(time.Millisecond))
-		}
 	}()
 	archive := filepath.Join(filepath.Dir(dir), "archive.tar.gz")
 	f, err := os.OpenFile(archive, os.O_RDWR|os.O_CREATE|os.O_EXCL|os.O_TRUNC|noFollow, 0o600)
