@@ -185,7 +185,7 @@ func (s *server) readFigure(ctx context.Context, req *mcp.ReadResourceRequest) (
 		return nil, mcp.ResourceNotFoundError(req.Params.URI)
 	}
 	if int64(len(png)) > s.maxDownload {
-		return nil, tooLarge(fmt.Sprintf("this figure is %d bytes, more than the %s this server returns in one reply (--max-reply); draw it smaller (figsize, dpi)", len(png), byteSize(s.maxDownload)))
+		return nil, tooLarge(fmt.Sprintf("this figure is %d bytes, more than the %s this server returns in one reply (--max-reply); draw it smaller (figsize, dpi)", len(png), byteSize(s.maxDownload, true)))
 	}
 	return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, MIMEType: "image/png", Blob: png}}}, nil
 }

@@ -271,7 +271,7 @@ func (s *server) downloadFile(ctx context.Context, req *mcp.CallToolRequest, in 
 	if errors.Is(err, workspace.ErrTooLarge) && info.Size > s.maxDownload {
 		// Not even resources/read returns it: say so now, not after a
 		// second request.
-		return nil, nil, errorResult(fmt.Sprintf("%s is %d bytes, more than the %s this server returns in one reply (its --max-reply). Have the session split it into parts of at most that size (or compress it), then download each part.", p, info.Size, byteSize(s.maxDownload)))
+		return nil, nil, errorResult(fmt.Sprintf("%s is %d bytes, more than the %s this server returns in one reply (its --max-reply). Have the session split it into parts of at most that size (or compress it), then download each part.", p, info.Size, byteSize(s.maxDownload, true)))
 	}
 	if errors.Is(err, workspace.ErrTooLarge) {
 		mt := mimeType(p, nil)
@@ -308,7 +308,7 @@ func (s *server) readFileResource(ctx context.Context, req *mcp.ReadResourceRequ
 	})
 	if err != nil {
 		if errors.Is(err, workspace.ErrTooLarge) {
-			return nil, tooLarge(fmt.Sprintf("%s is larger than the %s this server returns in one reply (its --max-reply); have the session split it into parts of at most that size, or compress it", p, byteSize(s.maxDownload)))
+			return nil, tooLarge(fmt.Sprintf("%s is larger than the %s this server returns in one reply (its --max-reply); have the session split it into parts of at most that size, or compress it", p, byteSize(s.maxDownload, true)))
 		}
 		return nil, mcp.ResourceNotFoundError(uri)
 	}
@@ -378,13 +378,18 @@ func tooLarge(msg string) error {
 }
 
 // byteSize is n bytes for a message: exact below a KiB, else in KiB or
-// MiB with one decimal (2.9 MiB, not a rounded-down 2).
-func byteSize(n int64) string {
+// MiB with one decimal (2.9 MiB, not a rounded-down 2), and with exact
+// the byte count besides, for a limit the caller must stay within.
+func byteSize(n int64, exact bool) string {
+	unit, name := int64(1<<20), "MiB"
 	switch {
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB (%d bytes)", float64(n)/(1<<20), n)
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB (%d bytes)", float64(n)/(1<<10), n)
+	case n < 1<<10:
+		return fmt.Sprintf("%d bytes", n)
+	case n < 1<<20:
+		unit, name = 1<<10, "KiB"
 	}
-	return fmt.Sprintf("%d bytes", n)
+	if exact {
+		return fmt.Sprintf("%.1f %s (%d bytes)", float64(n)/float64(unit), name, n)
+	}
+	return fmt.Sprintf("%.1f %s", float64(n)/float64(unit), name)
 }

@@ -144,3 +144,24 @@ func TestDownloadTooLarge(t *testing.T) {
 		t.Errorf("resources/read: %v", err)
 	}
 }
+
+// TestByteSize: exact bytes below a KiB; above, one decimal in the unit,
+// never rounded down to a whole one, and with exact the count besides.
+func TestByteSize(t *testing.T) {
+	for _, c := range []struct {
+		n     int64
+		exact bool
+		want  string
+	}{
+		{0, true, "0 bytes"},
+		{1023, false, "1023 bytes"},
+		{1024, false, "1.0 KiB"},
+		{3 << 20, false, "3.0 MiB"},
+		{3<<20 - 1<<10*100, true, "2.9 MiB (3043328 bytes)"},
+		{1536, true, "1.5 KiB (1536 bytes)"},
+	} {
+		if got := byteSize(c.n, c.exact); got != c.want {
+			t.Errorf("byteSize(%d, %v) = %q, want %q", c.n, c.exact, got, c.want)
+		}
+	}
+}

@@ -85,7 +85,7 @@ func (s *server) readStored(st *figureStore) mcp.ResourceHandler {
 			return nil, mcp.ResourceNotFoundError(req.Params.URI)
 		}
 		if int64(len(data)) > s.maxDownload {
-			return nil, tooLarge(fmt.Sprintf("this resource is %d bytes, more than the %s this server returns in one reply (--max-reply)", len(data), byteSize(s.maxDownload)))
+			return nil, tooLarge(fmt.Sprintf("this resource is %d bytes, more than the %s this server returns in one reply (--max-reply)", len(data), byteSize(s.maxDownload, true)))
 		}
 		c := &mcp.ResourceContents{URI: req.Params.URI, MIMEType: mime}
 		if textMIME(mime) {

@@ -90,7 +90,7 @@ func (s *server) pauseSession(ctx context.Context, req *mcp.CallToolRequest, in 
 		Files: res.Files, Skipped: res.Skipped, ExpiresAt: res.ExpiresAt.UTC()}
 	var b strings.Builder
 	fmt.Fprintf(&b, "session %s paused: %d variables and %d files saved (%s on disk); its memory is freed. Any call on it, or resume_session, brings it back. It is deleted at %s unless resumed.",
-		res.ID, len(res.Saved), res.Files, sizeWords(res.Bytes), out.ExpiresAt.Format(time.RFC3339))
+		res.ID, len(res.Saved), res.Files, byteSize(res.Bytes, false), out.ExpiresAt.Format(time.RFC3339))
 	if len(res.Unsaveable) > 0 {
 		b.WriteString("\nNot saved (define these again after resuming):")
 		for i, u := range res.Unsaveable {
@@ -156,15 +156,4 @@ func pauseError(ctx context.Context, err error) *govern.Refusal {
 		return refusal(govern.StatusSandboxError, fmt.Sprintf("Not paused: %v; the session keeps running. Tell the server's operator.", err))
 	}
 	return sessionError(ctx, err)
-}
-
-// sizeWords is a byte count for people.
-func sizeWords(n int64) string {
-	switch {
-	case n >= 10<<20:
-		return fmt.Sprintf("%d MiB", n>>20)
-	case n >= 10<<10:
-		return fmt.Sprintf("%d KiB", n>>10)
-	}
-	return fmt.Sprintf("%d bytes", n)
 }

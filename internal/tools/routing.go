@@ -313,7 +313,7 @@ func (s *server) listAllSessions(ctx context.Context, req *mcp.CallToolRequest, 
 	text := fmt.Sprintf("%d session(s)\n", len(out.Sessions))
 	for _, i := range out.Sessions {
 		if i.State == engine.StatePaused {
-			text += fmt.Sprintf("%s: paused at %s, %d runs, snapshot %s, deleted at %s unless resumed\n", i.ID, i.LastUsed.Format(time.RFC3339), i.Runs, sizeWords(i.SnapshotBytes),
+			text += fmt.Sprintf("%s: paused at %s, %d runs, snapshot %s, deleted at %s unless resumed\n", i.ID, i.LastUsed.Format(time.RFC3339), i.Runs, byteSize(i.SnapshotBytes, false),
 				i.ExpiresAt.Format(time.RFC3339))
 			continue
 		}

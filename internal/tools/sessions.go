@@ -119,7 +119,7 @@ func (s *server) listSessions(ctx context.Context, req *mcp.CallToolRequest, _ L
 	fmt.Fprintf(&b, "%d session(s)\n", len(list))
 	for _, i := range list {
 		if i.State == engine.StatePaused {
-			fmt.Fprintf(&b, "%s: paused at %s, %d runs, snapshot %s, deleted at %s unless resumed\n", i.ID, i.LastUsed.Format(time.RFC3339), i.Runs, sizeWords(i.SnapshotBytes),
+			fmt.Fprintf(&b, "%s: paused at %s, %d runs, snapshot %s, deleted at %s unless resumed\n", i.ID, i.LastUsed.Format(time.RFC3339), i.Runs, byteSize(i.SnapshotBytes, false),
 				i.ExpiresAt.Format(time.RFC3339))
 			continue
 		}
