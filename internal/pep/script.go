@@ -29,6 +29,10 @@ const (
 type ScriptMetadata struct {
 	RequiresPython string   // "" when absent
 	Dependencies   []string // as written; each is a valid PEP 508 requirement
+	// Entries are the block's string entries as written, in order, the
+	// invalid ones too (InspectScriptMetadata's problems say why each is),
+	// so that a report can list every one where it stands.
+	Entries []string
 	// StartLine and EndLine are the 1-based lines of the "# /// script" and
 	// closing "# ///" lines in the source.
 	StartLine, EndLine int
@@ -267,6 +271,7 @@ func decodeMetadata(content string, b block) (md *ScriptMetadata, problems []err
 						Err: fmt.Errorf("must be a string, not %s", tomlType(item)), notString: true})
 					continue
 				}
+				md.Entries = append(md.Entries, s)
 				if _, err := ParseRequirement(s); err != nil {
 					problems = append(problems, &DependencyError{Line: b.valueLine(s, "dependencies"), Index: i, Requirement: s, Err: err})
 					continue

@@ -72,7 +72,7 @@ func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, i
 	if meta != nil {
 		out.ScriptBlock = true
 		out.RequiresPython = meta.RequiresPython
-		fromBlock = blockEntries(meta, blockProblems)
+		fromBlock = meta.Entries
 	}
 	for _, err := range blockProblems {
 		if de, ok := errors.AsType[*pep.DependencyError](err); ok && de.Requirement != "" {
@@ -150,30 +150,4 @@ func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, i
 		}
 	}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, out, nil
-}
-
-// blockEntries are the block's dependencies as written, valid or not, in
-// their order: the valid ones with each invalid string put back in its
-// place, so that the check below reports every one. An entry that is not
-// a string has no requirement to show; it is the block's problem instead.
-func blockEntries(meta *pep.ScriptMetadata, problems []error) []string {
-	bad := map[int]*pep.DependencyError{}
-	for _, err := range problems {
-		if de, ok := errors.AsType[*pep.DependencyError](err); ok {
-			bad[de.Index] = de
-		}
-	}
-	out := make([]string, 0, len(meta.Dependencies)+len(bad))
-	valid := meta.Dependencies
-	for i := 0; len(valid) > 0 || i < len(meta.Dependencies)+len(bad); i++ {
-		switch de, ok := bad[i]; {
-		case ok && de.Requirement != "":
-			out = append(out, de.Requirement)
-		case ok: // not a string
-		case len(valid) > 0:
-			out = append(out, valid[0])
-			valid = valid[1:]
-		}
-	}
-	return out
 }
