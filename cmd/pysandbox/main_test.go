@@ -97,6 +97,12 @@ func TestRunCommand(t *testing.T) {
 	if code != 124 || !strings.Contains(errOut, "1s timeout (--timeout)") || !strings.Contains(errOut, "pass a larger --timeout") || strings.Contains(errOut, "timeout_seconds") {
 		t.Fatalf("timeout: code %d stderr %q", code, errOut)
 	}
+	// More output than the server keeps of a run (--max-output) goes to
+	// the terminal whole, and a run that completes exits 0, quietly.
+	out, errOut, code = runBin(t, "print('x' * 100_000)\n", "run", "--max-output", "64KiB", "-")
+	if code != 0 || len(out) != 100_001 || errOut != "" {
+		t.Fatalf("more output than --max-output: code %d, %d bytes, stderr %q", code, len(out), errOut)
+	}
 	_, errOut, code = runBin(t, "", "run", filepath.Join(dir, "missing.py"))
 	if code != 1 || !strings.Contains(errOut, "no such file") {
 		t.Fatalf("missing file: code %d stderr %q", code, errOut)

@@ -91,8 +91,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) 
 	if err != nil {
 		return 0, err
 	}
-	switch res.Status {
-	case engine.StatusSuccess, engine.StatusError:
+	// The output went to the terminal whole, as it came: a run that
+	// completed is not cut short by what the server keeps of it.
+	if res.Completed() || res.Status == engine.StatusError {
 		return res.ExitCode, nil
 	}
 	fmt.Fprintf(stderr, "pysandbox: %s: %s\n", res.Status, o.runMessage(res))

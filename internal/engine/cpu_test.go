@@ -120,8 +120,13 @@ func TestSessionOutputFlood(t *testing.T) {
 	s := newSessions(t, func(c *Config) { c.MaxOutput = 4096 }, SessionConfig{})
 	id := create(t, s)
 	r, err := s.Run(context.Background(), id, RunRequest{Code: "import os\nx = 1\nwhile True:\n    os.write(1, b'x' * 65536)", Timeout: time.Minute})
-	if err != nil || r.Status != StatusOutputLimit {
+	if err != nil || r.Status != StatusOutputLimit || r.Completed() {
 		t.Fatalf("flood: %v %+v", err, r)
+	}
+	// Stopped, even when the code catches the interrupt and ends well.
+	r, err = s.Run(context.Background(), id, RunRequest{Code: "import os\ntry:\n    while True:\n        os.write(1, b'x' * 65536)\nexcept KeyboardInterrupt:\n    pass\n", Timeout: time.Minute})
+	if err != nil || r.Status != StatusOutputLimit || r.Completed() {
+		t.Fatalf("a flood whose interrupt is caught: %v %+v", err, r)
 	}
 	if r := srun(t, s, id, "x + 41"); fmt.Sprint(r.ReturnValue) != "42" {
 		t.Fatalf("the session after an interrupted flood: %+v", r)

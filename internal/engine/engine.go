@@ -237,6 +237,9 @@ type Result struct {
 	// Resource use, for the audit trail.
 	PeakMemoryBytes int64
 	CPUTimeMS       int64
+	// Flooded: the server stopped the run (interrupted or killed it) for
+	// printing more than the flood limit, whatever its exit said.
+	Flooded bool
 }
 
 // Completed tells whether the code ran to its end without an exception:
@@ -244,7 +247,7 @@ type Result struct {
 // its printed output cut to head and tail (not one stopped for flooding).
 // Such a run's result is not a failure, whatever its status says.
 func (r *Result) Completed() bool {
-	return r.Status == StatusSuccess || r.Status == StatusOutputLimit && r.Error == nil && r.ExitCode == 0
+	return r.Status == StatusSuccess || r.Status == StatusOutputLimit && !r.Flooded && r.Error == nil && r.ExitCode == 0
 }
 
 // timeout picks the effective timeout of a request.
@@ -430,7 +433,11 @@ func (e *Engine) Run(ctx context.Context, req RunRequest) (*Result, error) {
 	}
 	r := rs.finish(ctx, runCtx, res, err, exit)
 	if rs.flooded.Load() && r.Status != StatusTimeout && r.Status != StatusCancelled {
-		r.Status = StatusOutputLimit
+		// Killed for it, though the process may have exited 0 first.
+		r.Status, r.Flooded = StatusOutputLimit, true
+		if r.ExitCode == 0 {
+			r.ExitCode = -1
+		}
 		r.Message = fmt.Sprintf("the run printed more than %d bytes and was stopped; print less, or write large results to a file", rs.flood)
 	}
 	return r, nil

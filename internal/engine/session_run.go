@@ -231,7 +231,7 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 		r.Status, r.ExitCode = StatusCancelled, -1
 		r.Message = "the run was cancelled and interrupted (KeyboardInterrupt); the session and its state are kept"
 	case why == "output" && runErr == nil:
-		r.Status = StatusOutputLimit
+		r.Status, r.Flooded = StatusOutputLimit, true
 		r.Message = fmt.Sprintf("the run printed more than %d bytes and was interrupted (KeyboardInterrupt); the session and its state are kept. Print less, or write large results to a file", rs.flood)
 	case runErr != nil:
 		whyDead := describeExit(exit, s.e.cfg.Limits.MemoryBytes)
@@ -243,7 +243,7 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 			r.Status, r.ExitCode = StatusCancelled, -1
 			whyDead = "the run was cancelled and the worker did not stop, so it was killed"
 		case why == "output":
-			r.Status, r.ExitCode = StatusOutputLimit, -1
+			r.Status, r.ExitCode, r.Flooded = StatusOutputLimit, -1, true
 			whyDead = fmt.Sprintf("the run printed more than %d bytes and did not stop when interrupted, so it was killed", rs.flood)
 		}
 		r.Message = "the session has ended: " + whyDead + "; its state is lost. Create a new session with create_session"

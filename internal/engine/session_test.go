@@ -104,7 +104,7 @@ func TestSessionOutputFloodIsCapped(t *testing.T) {
 	s := newSessions(t, func(c *Config) { c.MaxOutput = 4096 }, SessionConfig{})
 	id := create(t, s)
 	r := srun(t, s, id, "for i in range(4000): print('line', i)")
-	if r.Status != StatusOutputLimit || !r.StdoutTruncated || !strings.HasSuffix(r.Stdout, "line 3999\n") {
+	if r.Status != StatusOutputLimit || !r.StdoutTruncated || !strings.HasSuffix(r.Stdout, "line 3999\n") || !r.Completed() {
 		t.Fatalf("status %s truncated %v tail %q", r.Status, r.StdoutTruncated, r.Stdout[max(0, len(r.Stdout)-40):])
 	}
 	if r := srun(t, s, id, "print('next')"); r.Stdout != "next\n" {

@@ -476,11 +476,16 @@ func (c *inflight) outcome(out any, res *mcp.CallToolResult) govern.Outcome {
 // output as it went to the client, or from the run a profile's tool made.
 func runOutcome[R *RunPythonOutput | *engine.Result](run R, res *mcp.CallToolResult) govern.Outcome {
 	var r *RunPythonOutput
+	// A run that completed with its output cut is recorded as the client
+	// was told of it: without an error.
+	var failed bool
 	switch v := any(run).(type) {
 	case *RunPythonOutput:
 		r = v
+		failed = r.Status != engine.StatusSuccess && (res == nil || res.IsError)
 	case *engine.Result:
 		r = runPythonOutput(v, runUsage{})
+		failed = !v.Completed()
 	}
 	exit := r.ExitCode
 	o := govern.Outcome{Status: string(r.Status), ExitCode: &exit, PeakMemoryBytes: r.PeakMemoryBytes, CPUTimeMS: r.CPUTimeMS}
@@ -496,7 +501,7 @@ func runOutcome[R *RunPythonOutput | *engine.Result](run R, res *mcp.CallToolRes
 			o.LimitsHit = append(o.LimitsHit, govern.HitOutput)
 		}
 	}
-	if r.Status != engine.StatusSuccess && res != nil {
+	if failed && res != nil {
 		o.Error = resultText(res)
 	}
 	return o
