@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -82,6 +84,9 @@ func setupCmd(args []string, stdout, stderr io.Writer) error {
 		}
 		return usageError{fmt.Errorf("setup: name a client: %s", strings.Join(setup.IDs(), ", "))}
 	}
+	if strings.TrimSpace(*name) == "" {
+		return usageError{errors.New("setup: --name: the server needs a name in the client (the default is pysandbox)")}
+	}
 	e := setup.Entry{Name: *name}
 	if *rawURL != "" {
 		if dashes {
@@ -128,10 +133,11 @@ func setupCmd(args []string, stdout, stderr io.Writer) error {
 		if bin, err = filepath.Abs(bin); err != nil {
 			return err
 		}
-		if cfg.State.dir == "" {
-			// Each client's server its own state directory: a directory
-			// is held by one server at a time, so with the one default
-			// the second client's server could keep no paused session.
+		// Each client's server its own state directory: a directory is
+		// held by one server at a time, so with the one default the
+		// second client's server could keep no paused session. (In a
+		// container the launcher keeps its own, in a volume.)
+		if !namesFlag(abs, "state-dir") && cfg.Container == "" {
 			if d := defaultStateDir(); d != "" {
 				dir := filepath.Join(d, clientStateDir(c.ID, *name))
 				// serve refuses to start with a --state-dir it cannot
@@ -184,25 +190,48 @@ func setupCmd(args []string, stdout, stderr io.Writer) error {
 // clientStateDir names a client's server's state directory below the
 // default one: the client's id, and the entry's name when it is not the
 // default (two entries in one client are two servers). The name is the
-// user's, so only its letters, digits, '.', '-' and '_' are kept.
+// user's: only its letters, digits, '-' and '_' are kept, at most 48 of
+// them, and a name that lost anything gets a digest of the whole, so
+// that two names never share a directory.
 func clientStateDir(client, name string) string {
 	if name == "pysandbox" {
 		return client
 	}
 	clean := strings.Map(func(r rune) rune {
-		if r < utf8.RuneSelf && (r == '.' || r == '-' || r == '_' || '0' <= r && r <= '9' || 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z') {
+		if r < utf8.RuneSelf && (r == '-' || r == '_' || '0' <= r && r <= '9' || 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z') {
 			return r
 		}
 		return '_'
 	}, name)
-	return client + "-" + strings.Trim(clean, ".")
+	if len(clean) > 48 {
+		clean = clean[:48]
+	}
+	if clean != name {
+		sum := sha256.Sum256([]byte(name))
+		clean += "-" + hex.EncodeToString(sum[:4])
+	}
+	return client + "-" + clean
+}
+
+// namesFlag tells whether serve's args (checked already) give the flag,
+// with any value, an empty one included.
+func namesFlag(args []string, name string) bool {
+	fs, _ := newServeFlags(io.Discard)
+	fs.Usage = func() {}
+	return fs.Parse(args) == nil && isSet(fs, name)
 }
 
 // canMakeDir tells whether this user could make dir (or has it): its
 // nearest existing ancestor must be a directory it may write to.
 func canMakeDir(dir string) error {
 	for p := dir; ; p = filepath.Dir(p) {
-		st, err := os.Stat(p)
+		st, err := os.Lstat(p)
+		if err == nil && st.Mode()&fs.ModeSymlink != 0 {
+			// mkdir of a dangling link's name fails: it exists.
+			if st, err = os.Stat(p); err != nil {
+				return fmt.Errorf("%s is a symbolic link to nothing", p)
+			}
+		}
 		switch {
 		case err == nil && !st.IsDir():
 			return fmt.Errorf("%s is not a directory", p)

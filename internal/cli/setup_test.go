@@ -108,18 +108,31 @@ func TestSetupStateDir(t *testing.T) {
 	}{
 		{[]string{"cursor"}, "--state-dir /home/u/.local/state/pysandbox/cursor"},
 		{[]string{"codex"}, "/home/u/.local/state/pysandbox/codex"},
-		{[]string{"cursor", "--name", "data/../x y"}, "--state-dir /home/u/.local/state/pysandbox/cursor-data_.._x_y"},
-		{[]string{"cursor", "--", "--state-dir", "s"}, "--state-dir DIR/s"},
+		{[]string{"cursor", "--name", "data"}, "--state-dir /home/u/.local/state/pysandbox/cursor-data "},
+		{[]string{"cursor", "--name", "data/../x y"}, "--state-dir /home/u/.local/state/pysandbox/cursor-data____x_y-"},
+		{[]string{"cursor", "--name", strings.Repeat("n", 300)}, "/cursor-" + strings.Repeat("n", 48) + "-"},
+		{[]string{"cursor", "--", "--memory", "1GiB", "--state-dir", "s"}, "--state-dir DIR/s"},
 		{[]string{"cursor", "--", "--state-dir=none"}, "--state-dir=none"},
+		{[]string{"cursor", "--", "--state-dir="}, "--state-dir="},
+		{[]string{"cursor", "--", "--container", "podman"}, "serve --container podman ]"},
 	} {
 		code, out := runSetup(t, dir, append([]string{"--binary", "/usr/local/bin/pysandbox"}, c.args...)...)
 		flat := strings.Join(strings.Fields(strings.NewReplacer(`"`, "", ",", "").Replace(out)), " ")
 		if code != 0 || !strings.Contains(flat, c.want) {
 			t.Errorf("setup %q: exit %d, want %q in\n%s", c.args, code, c.want, out)
 		}
-		if strings.Count(out, "state-dir") != 1 {
+		if want := 1 - strings.Count(c.want, "container"); strings.Count(out, "state-dir") != want {
 			t.Errorf("setup %q: want one --state-dir:\n%s", c.args, out)
 		}
+	}
+	// Names that differ only in what is dropped get directories apart.
+	_, ab1 := runSetup(t, dir, "--binary", "/usr/local/bin/pysandbox", "cursor", "--name", "a b")
+	_, ab2 := runSetup(t, dir, "--binary", "/usr/local/bin/pysandbox", "cursor", "--name", "a/b")
+	if dirOf := func(out string) string { _, d, _ := strings.Cut(out, "cursor-a_b"); d, _, _ = strings.Cut(d, `"`); return d }; dirOf(ab1) == dirOf(ab2) {
+		t.Errorf("two names, one directory:\n%s\n%s", ab1, ab2)
+	}
+	if code, out := runSetup(t, dir, "cursor", "--name", " "); code != 2 || !strings.Contains(out, "needs a name") {
+		t.Errorf("an empty name: exit %d %s", code, out)
 	}
 	// A default that cannot be made is left to serve (where it is a
 	// warning, not a refusal to start), with a warning now.
