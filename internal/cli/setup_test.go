@@ -128,7 +128,11 @@ func TestSetupStateDir(t *testing.T) {
 	// Names that differ only in what is dropped get directories apart.
 	_, ab1 := runSetup(t, dir, "--binary", "/usr/local/bin/pysandbox", "cursor", "--name", "a b")
 	_, ab2 := runSetup(t, dir, "--binary", "/usr/local/bin/pysandbox", "cursor", "--name", "a/b")
-	if dirOf := func(out string) string { _, d, _ := strings.Cut(out, "cursor-a_b"); d, _, _ = strings.Cut(d, `"`); return d }; dirOf(ab1) == dirOf(ab2) {
+	if dirOf := func(out string) string {
+		_, d, _ := strings.Cut(out, "cursor-a_b")
+		d, _, _ = strings.Cut(d, `"`)
+		return d
+	}; dirOf(ab1) == dirOf(ab2) {
 		t.Errorf("two names, one directory:\n%s\n%s", ab1, ab2)
 	}
 	if code, out := runSetup(t, dir, "cursor", "--name", " "); code != 2 || !strings.Contains(out, "needs a name") {

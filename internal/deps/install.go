@@ -64,13 +64,20 @@ func (c *Cache) build(st *buildState, key string, py *interp.Interpreter, canon 
 	out := newOutput(maxOutput, st.emit)
 	spec.Stdout, spec.Stderr = out, out
 	// The installer's output goes with every refusal of ours too.
+	start := time.Now()
 	defer func() {
 		var ie *InstallError
 		if errors.As(err, &ie) && ie.Output == "" {
 			ie.Output = out.text()
 		}
+		// The operator's log has the failure too, not only the agent.
+		switch {
+		case ie != nil:
+			c.log.Warn("deps: install failed", "key", key, "requirements", canon, "python", py.Version, "why", ie.Summary(), "took", time.Since(start).Round(time.Millisecond))
+		case err != nil && !errors.Is(err, errAbandoned):
+			c.log.Warn("deps: install failed", "key", key, "requirements", canon, "python", py.Version, "err", err)
+		}
 	}()
-	start := time.Now()
 	c.log.Info("deps: installing", "key", key, "requirements", canon, "python", py.Version, "network", spec.Proxy)
 	c.installs.Add(1)
 	exit, err := c.run(ctx, spec, bdir, res)

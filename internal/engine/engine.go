@@ -125,6 +125,8 @@ type Engine struct {
 	slots        chan struct{}
 	waiting      atomic.Int64
 	log          *slog.Logger
+	// baseDists are each interpreter's own distributions (preinstalled.go).
+	baseDists sync.Map
 }
 
 // New checks cfg and returns an Engine.
@@ -234,6 +236,8 @@ type Result struct {
 	// Displays are the run's rich outputs (display(), rich reprs).
 	Displays        []Display
 	DisplaysOmitted int
+	// FiguresOmitted counts the open figures beyond worker.MaxFigures.
+	FiguresOmitted int
 	// Resource use, for the audit trail.
 	PeakMemoryBytes int64
 	CPUTimeMS       int64

@@ -84,15 +84,19 @@ func (e *Engine) resolve(ctx context.Context, code, version, caller string, extr
 	if len(reqs) == 0 {
 		return r, nil
 	}
+	// The package rules see what was asked for, preinstalled or not.
+	if err := e.checkRequested(reqs); err != nil {
+		return nil, err
+	}
+	if reqs, _ = e.notPreinstalled(ctx, py, reqs, progress); len(reqs) == 0 {
+		return r, nil
+	}
 	if e.cfg.Deps == nil {
 		why := "it was started without a dependency cache"
 		if e.cfg.NoDepsReason != "" {
 			why = e.cfg.NoDepsReason
 		}
 		return nil, &RequestError{Msg: "this server installs no dependencies (" + why + "); use only the standard library and preinstalled packages"}
-	}
-	if err := e.checkRequested(reqs); err != nil {
-		return nil, err
 	}
 	env, release, err := e.cfg.Deps.Ensure(ctx, py, reqs, progress)
 	if err != nil {

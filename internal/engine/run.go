@@ -128,6 +128,7 @@ func (rs *runState) finish(ctx, runCtx context.Context, res *worker.Result, runE
 			r.Figures = append(r.Figures, Figure{Width: f.Width, Height: f.Height, Bytes: len(f.PNG), TooLarge: f.TooLarge, PNG: f.PNG})
 		}
 		r.Displays, r.DisplaysOmitted = displaysOf(res.Displays), res.DisplaysOmitted
+		r.FiguresOmitted = res.FiguresOmitted
 	}
 	if r.Status == StatusSuccess && (r.StdoutTruncated || r.StderrTruncated) {
 		r.Status = StatusOutputLimit

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/pysandbox/pysandbox/internal/deps"
 	"github.com/pysandbox/pysandbox/internal/pep"
 	"github.com/pysandbox/pysandbox/internal/workspace"
 )
@@ -44,13 +43,10 @@ const sessionPackages = ".packages"
 // copied into the session's workspace (the cached environment itself stays
 // read-only and shared). Modules the session already imported keep their
 // old versions until it restarts.
-func (s *Sessions) Install(ctx context.Context, id string, packages []string, progress func(string)) (*deps.Env, error) {
+func (s *Sessions) Install(ctx context.Context, id string, packages []string, progress func(string)) (*Installed, error) {
 	sess, err := s.get(id)
 	if err != nil {
 		return nil, err
-	}
-	if s.e.cfg.Deps == nil {
-		return nil, &RequestError{Msg: "this server installs no packages (it was started without a dependency cache)"}
 	}
 	if err := sess.runMu.LockCtx(ctx); err != nil {
 		return nil, err // cancelled while a run had the session: nothing done
@@ -63,6 +59,14 @@ func (s *Sessions) Install(ctx context.Context, id string, packages []string, pr
 	if err := s.e.checkRequested(reqs); err != nil {
 		return nil, err
 	}
+	added, have := s.e.notPreinstalled(ctx, sess.renv.py, packages, progress)
+	if len(added) == 0 {
+		return &Installed{Requirements: sess.reqs, Preinstalled: have}, nil
+	}
+	if s.e.cfg.Deps == nil {
+		return nil, &RequestError{Msg: "this server installs no packages (it was started without a dependency cache)"}
+	}
+	reqs, _ = pep.MergeRequirements(sess.reqs, added)
 	env, release, err := s.e.cfg.Deps.Ensure(ctx, sess.renv.py, reqs, progress)
 	if err != nil {
 		return nil, requestError(err)
@@ -77,7 +81,15 @@ func (s *Sessions) Install(ctx context.Context, id string, packages []string, pr
 	}
 	sess.reqs = env.Requirements
 	sess.installed = true
-	return env, nil
+	return &Installed{Requirements: env.Requirements, Preinstalled: have}, nil
+}
+
+// Installed is what install_package did: the session's requirements, as
+// installed for it, and the packages asked for that the server's Python
+// has already ("name version"), which were not installed.
+type Installed struct {
+	Requirements []string
+	Preinstalled []string
 }
 
 // copyTree copies the regular files under src into the workspace at dst.

@@ -12,6 +12,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/pysandbox/pysandbox/internal/engine"
+	"github.com/pysandbox/pysandbox/internal/worker"
 	"github.com/pysandbox/pysandbox/internal/workspace"
 )
 
@@ -230,6 +231,9 @@ func (s *server) figureContent(res *RunPythonOutput, sessionID string, run int, 
 	}
 	if linked > 0 {
 		res.Message = engine.JoinMessage(res.Message, fmt.Sprintf("%d figure(s) did not fit the reply limit (--max-reply) and are returned as resource links; read them with resources/read", linked))
+	}
+	if res.FiguresOmitted > 0 {
+		res.Message = engine.JoinMessage(res.Message, fmt.Sprintf("%d more figure(s) were left open and not returned: a run returns at most %d; close those you do not need (plt.close), or save the rest with savefig and download them", res.FiguresOmitted, worker.MaxFigures))
 	}
 	return out
 }

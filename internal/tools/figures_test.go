@@ -3,7 +3,10 @@ package tools
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"testing"
+
+	"github.com/pysandbox/pysandbox/internal/worker"
 )
 
 // TestFigureStoreShares: one owner's figures cannot push another's out of
@@ -46,5 +49,17 @@ func TestFigureStoreShares(t *testing.T) {
 	g.put(big, "carol", "")
 	if _, ok := g.get(first, "carol"); ok || g.bytes > maxFigureBytesPerOwner {
 		t.Errorf("carol holds %d bytes, share %d", g.bytes, maxFigureBytesPerOwner)
+	}
+}
+
+// TestFiguresOmitted: figures beyond the most a run returns are counted,
+// and the reply says so and what to do, rather than dropping them unsaid.
+func TestFiguresOmitted(t *testing.T) {
+	cs := connect(t, nil)
+	code := "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\nfor i in range(" + fmt.Sprint(worker.MaxFigures+3) + "):\n    plt.figure(figsize=(1, 1), dpi=20)\n"
+	res, out := call(t, cs, "run_python", map[string]any{"code": code, "timeout_seconds": 60})
+	figs, _ := out["figures"].([]any)
+	if res.IsError || len(figs) != worker.MaxFigures || out["figures_omitted"] != 3.0 || !strings.Contains(text(res), "3 more figure(s) were left open and not returned") {
+		t.Errorf("%d figures, %v omitted: %.500s", len(figs), out["figures_omitted"], text(res))
 	}
 }

@@ -40,6 +40,8 @@ type RunPythonOutput struct {
 	Sandbox string `json:"sandbox"`
 	// Figures are the matplotlib figures the run left open, as PNG.
 	Figures []Figure `json:"figures,omitempty"`
+	// FiguresOmitted counts the open figures beyond the most a run returns.
+	FiguresOmitted int `json:"figures_omitted,omitempty"`
 	// ReturnText is a text rendering of a pandas return value.
 	ReturnText string `json:"return_text,omitempty"`
 	// Displays are the run's rich outputs (display(), rich reprs); their
@@ -143,6 +145,7 @@ func runPythonOutput(r *engine.Result, use runUsage) *RunPythonOutput {
 		Sandbox:         r.Sandbox,
 		ReturnText:      r.ReturnText,
 		DisplaysOmitted: r.DisplaysOmitted,
+		FiguresOmitted:  r.FiguresOmitted,
 		PeakMemoryBytes: r.PeakMemoryBytes,
 		CPUTimeMS:       r.CPUTimeMS,
 		Network:         use.network,

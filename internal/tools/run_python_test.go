@@ -114,7 +114,7 @@ func TestRunPythonBadInput(t *testing.T) {
 		{"bad input name", map[string]any{"code": "1", "inputs": map[string]any{"not valid": 1}}, "not a valid Python variable name"},
 		{"keyword input name", map[string]any{"code": "1", "inputs": map[string]any{"class": 1}}, "not a valid Python variable name"},
 		{"unknown session", map[string]any{"code": "1", "session_id": "abc"}, "create_session"},
-		{"no dependency cache", map[string]any{"code": "1", "dependencies": []any{"numpy"}}, "installs no dependencies"},
+		{"no dependency cache", map[string]any{"code": "1", "dependencies": []any{"pysbx-nonexistent"}}, "installs no dependencies"},
 		{"bad requirement", map[string]any{"code": "1", "dependencies": []any{"numpy>="}}, "invalid requirement"},
 		{"unknown python", map[string]any{"code": "1", "python_version": "3.99"}, "available:"},
 		{"bad inline block", map[string]any{"code": "# /// script\n# dependencies = 5\n# ///\n1"}, "inline script metadata"},

@@ -164,6 +164,9 @@ type InstallPackageOutput struct {
 	SessionID    string   `json:"session_id"`
 	Status       string   `json:"status"` // "installed" or "install_error"
 	Requirements []string `json:"requirements"`
+	// Preinstalled are the packages asked for that the server's Python
+	// has already, in versions that meet the request: not installed.
+	Preinstalled []string `json:"preinstalled,omitempty" jsonschema:"packages asked for that the server's Python already has (name and version), which were not installed"`
 	Message      string   `json:"message,omitempty"`
 	// Resumed: see RunPythonOutput.Resumed.
 	Resumed string `json:"resumed,omitempty" jsonschema:"set when the session was paused and this call resumed it: what was restored and what was not"`
@@ -177,7 +180,7 @@ func (s *server) addInstallPackage(srv *mcp.Server) {
 		Title: "Install packages into a session",
 		Description: "Install Python packages (PEP 508 requirements) into a session; they can be imported from its next run_python call on. " +
 			"The installer runs in a sandbox of its own and its result is cached, so installing the same set again is instant. Modules the session already imported keep their old version. " +
-			"Wheels only unless the server allows source builds.",
+			"Wheels only unless the server allows source builds. A package the server's Python already has, in a version that meets the requirement, is not installed again (the reply lists it in preinstalled).",
 		Annotations: &mcp.ToolAnnotations{OpenWorldHint: ptr(true)},
 	}, s.installPackage)
 }
@@ -194,7 +197,7 @@ func (s *server) installPackage(ctx context.Context, req *mcp.CallToolRequest, i
 		return nil, nil, refused
 	}
 	defer release()
-	env, err := s.sessions.Install(ctx, in.SessionID, in.Packages, progressFunc(ctx, req))
+	inst, err := s.sessions.Install(ctx, in.SessionID, in.Packages, progressFunc(ctx, req))
 	var ie *deps.InstallError
 	var reqErr *engine.RequestError
 	switch {
@@ -213,8 +216,15 @@ func (s *server) installPackage(ctx context.Context, req *mcp.CallToolRequest, i
 	case err != nil:
 		return nil, nil, sessionError(ctx, err)
 	}
-	out := &InstallPackageOutput{SessionID: in.SessionID, Status: "installed", Requirements: env.Requirements}
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "installed: " + strings.Join(env.Requirements, ", ") + "; import them in the next run_python call"}}}, out, nil
+	out := &InstallPackageOutput{SessionID: in.SessionID, Status: "installed", Requirements: inst.Requirements, Preinstalled: inst.Preinstalled}
+	var text []string
+	if len(inst.Preinstalled) > 0 {
+		text = append(text, "already in the server's Python, not installed: "+strings.Join(inst.Preinstalled, ", "))
+	}
+	if len(inst.Requirements) > 0 {
+		text = append(text, "installed: "+strings.Join(inst.Requirements, ", "))
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Join(text, "; ") + "; import them in the next run_python call"}}}, out, nil
 }
 
 // ownSession refuses a session another caller created: sessions are

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pysandbox/pysandbox/internal/interp"
 )
 
 func newSession(t *testing.T, cs *mcp.ClientSession) string {
@@ -334,5 +336,36 @@ func TestCloseEndedSession(t *testing.T) {
 	res, out := call(t, cs, "close_session", map[string]any{"session_id": id})
 	if res.IsError || out["closed"] != false || !strings.Contains(text(res), "closed with close_session") {
 		t.Errorf("a second close: %s %v", text(res), out)
+	}
+}
+
+// TestInstallPreinstalled: install_package of a package the server's
+// Python has already (in a version that meets the request) installs
+// nothing, needs no installer (this server has none), and says so.
+func TestInstallPreinstalled(t *testing.T) {
+	py, err := interp.Find(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dists, err := py.Distributions(context.Background())
+	if err != nil || len(dists) == 0 {
+		t.Skipf("the interpreter has no packages of its own: %v", err)
+	}
+	name := ""
+	for n := range dists {
+		if name == "" || n < name {
+			name = n
+		}
+	}
+	cs := connect(t, nil)
+	id := newSession(t, cs)
+	res, out := call(t, cs, "install_package", map[string]any{"session_id": id, "packages": []any{name + ">=0"}})
+	want := name + " " + dists[name]
+	if pre, _ := out["preinstalled"].([]any); res.IsError || out["status"] != "installed" || len(pre) != 1 || pre[0] != want || !strings.Contains(text(res), "not installed: "+want) {
+		t.Errorf("install_package %s: %s %v", name, text(res), out)
+	}
+	// One the server's Python does not have still needs the installer.
+	if res, _ := call(t, cs, "install_package", map[string]any{"session_id": id, "packages": []any{"pysbx-nonexistent"}}); !res.IsError || !strings.Contains(text(res), "installs no packages") {
+		t.Errorf("a package to install: %s", text(res))
 	}
 }

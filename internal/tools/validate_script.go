@@ -36,16 +36,19 @@ type ValidateScriptOutput struct {
 	Valid       bool                `json:"valid"`
 	SyntaxError *worker.SyntaxError `json:"syntax_error"`
 	// ScriptBlock is true when the code has a PEP 723 "# /// script" block.
-	ScriptBlock    bool         `json:"script_block"`
-	RequiresPython string       `json:"requires_python"`
-	Dependencies   []Dependency `json:"dependencies"`
-	Problems       []string     `json:"problems"`
+	ScriptBlock    bool   `json:"script_block"`
+	RequiresPython string `json:"requires_python"`
+	// Python is the interpreter a run would get for requires_python:
+	// the host's, a managed one, or one downloaded on first use.
+	Python       string       `json:"python,omitempty" jsonschema:"for a requires-python: the interpreter run_python would use, and whether it would first be downloaded"`
+	Dependencies []Dependency `json:"dependencies"`
+	Problems     []string     `json:"problems"`
 	// Network lists the hosts the code names in http(s) URLs, and whether
 	// the network policy lets a run reach them.
 	Network []NetworkTarget `json:"network,omitempty"`
 }
 
-const validateScriptDescription = `Check Python code without running it: it is compiled inside the sandbox, and any syntax error is reported with its line, column and message. An inline PEP 723 metadata block ("# /// script" ... "# ///") is parsed: its requires-python is checked against the server's interpreter, and its dependencies, merged with the dependencies argument, are each checked against PEP 508 syntax. valid is true only when there are no problems.`
+const validateScriptDescription = `Check Python code without running it: it is compiled inside the sandbox, and any syntax error is reported with its line, column and message. An inline PEP 723 metadata block ("# /// script" ... "# ///") is parsed: its requires-python is checked against the interpreters the server has or can download (python names the one a run would use, and whether it is downloaded on first use), and its dependencies, merged with the dependencies argument, are each checked against PEP 508 syntax. valid is true only when there are no problems.`
 
 func (s *server) addValidateScript(srv *mcp.Server) {
 	addTool(s, srv, &mcp.Tool{
@@ -109,9 +112,11 @@ func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, i
 	if out.RequiresPython != "" {
 		// What run_python would do: the server's Python, another the
 		// host has, or one it downloads.
-		if _, err := s.eng.WhichPython("", out.RequiresPython); err != nil {
+		py, err := s.eng.WhichPython("", out.RequiresPython)
+		if err != nil {
 			out.Problems = append(out.Problems, fmt.Sprintf("requires-python %q: %v", out.RequiresPython, err))
 		}
+		out.Python = py
 	}
 
 	var netProblems []string
@@ -143,6 +148,10 @@ func (s *server) validateScript(ctx context.Context, req *mcp.CallToolRequest, i
 	}
 	out.Valid = len(out.Problems) == 0
 	text := "valid"
+	if out.Valid && out.Python != "" {
+		// A download can still fail (no network): worth knowing now.
+		text += "; requires-python " + out.RequiresPython + " runs on Python " + out.Python
+	}
 	if !out.Valid {
 		text = "invalid:"
 		for _, p := range out.Problems {

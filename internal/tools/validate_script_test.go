@@ -34,6 +34,10 @@ func TestValidateScript(t *testing.T) {
 		if out["script_block"] != true || out["requires_python"] != ">=3.8" {
 			t.Fatalf("block not parsed: %v", out)
 		}
+		// The interpreter a run would get: the server's, by its path.
+		if py, _ := out["python"].(string); !strings.Contains(py, "/") {
+			t.Errorf("python %q", py)
+		}
 		deps := out["dependencies"].([]any)
 		var names []string
 		for _, d := range deps {
