@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/pysandbox/pysandbox/internal/audit"
 	"github.com/pysandbox/pysandbox/internal/httpserver"
@@ -49,6 +52,10 @@ func serve(args []string, stderr io.Writer) error {
 // serveStdio serves MCP on stdin and stdout until the client goes.
 func (s *server) serveStdio() error {
 	s.log.Info("serving MCP on stdio", "backend", s.posture.Backend, "posture", s.posture.Posture, "python", s.posture.Python.Version)
+	if _, err := unix.IoctlGetTermios(int(os.Stdin.Fd()), unix.TCGETS); err == nil {
+		// A person at a terminal, not a client: say what this waits for.
+		fmt.Fprintln(s.stderr, "pysandbox: serve speaks MCP (JSON-RPC) on stdin and stdout, for an MCP client to start it: see pysandbox setup CLIENT, or try pysandbox run FILE. Ctrl-D or Ctrl-C ends it.")
+	}
 	// Run returns nil on a clean EOF from the client.
 	// The client goes away (it closes stdin: it quits, or restarts), or
 	// the server is told to stop (SIGTERM, SIGINT): either way the

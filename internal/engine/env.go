@@ -132,7 +132,7 @@ func (e *Engine) interpreter(ctx context.Context, version, requiresPython, calle
 			Who: pydist.Who{Identity: caller, Tool: "run"}, Progress: progress})
 	}
 	if version != "" && !pythonVersionRE.MatchString(version) {
-		return nil, &RequestError{Msg: fmt.Sprintf("python_version %.40q is not a version such as 3.12 or 3.12.4", version)}
+		return nil, &RequestError{Msg: fmt.Sprintf("python_version %.40q is not one pysandbox runs: give a Python 3 version (3.8 or later), such as 3.12 or 3.12.4", version)}
 	}
 	asked := version != "" || (set != nil && !set.Contains(e.cfg.Python.Version))
 	switch {

@@ -164,7 +164,7 @@ func (s *server) uploadFile(ctx context.Context, req *mcp.CallToolRequest, in Up
 		return nil, nil, errorResult("pass either content (text) or content_base64 (binary), not both.")
 	case in.ContentBase64 != "":
 		if int64(base64.StdEncoding.DecodedLen(len(in.ContentBase64))) > s.maxUpload+3 {
-			return nil, nil, errorResult(fmt.Sprintf("the file is larger than the %d MiB upload limit.", s.maxUpload>>20))
+			return nil, nil, errorResult(fmt.Sprintf("the file is larger than the %d MiB upload limit. Compress it, or upload it in parts and join them in the session (open(path, 'ab')).", s.maxUpload>>20))
 		}
 		if data, err = base64.StdEncoding.DecodeString(in.ContentBase64); err != nil {
 			return nil, nil, errorResult(fmt.Sprintf("content_base64 is not valid base64: %v.", err))
@@ -173,7 +173,7 @@ func (s *server) uploadFile(ctx context.Context, req *mcp.CallToolRequest, in Up
 		data = []byte(in.Content)
 	}
 	if int64(len(data)) > s.maxUpload {
-		return nil, nil, errorResult(fmt.Sprintf("the file is %d bytes, above the %d MiB upload limit.", len(data), s.maxUpload>>20))
+		return nil, nil, errorResult(fmt.Sprintf("the file is %d bytes, above the %d MiB upload limit. Compress it, or upload it in parts and join them in the session (open(path, 'ab')).", len(data), s.maxUpload>>20))
 	}
 	err = s.sessions.Workspace(in.SessionID, func(d *workspace.Dir) error { return d.Write(p, data, s.maxUpload) })
 	if err != nil {
