@@ -265,6 +265,47 @@ func TestStdioSessionSurvivesClientRestart(t *testing.T) {
 	}
 }
 
+// TestStdioTwoServersOneStateDir: two servers on one state directory
+// (two windows of one client): the second keeps its sessions below the
+// directory, can pause them, and when both have gone, the next server
+// resumes the sessions of both.
+func TestStdioTwoServersOneStateDir(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	ctxA, a := serveStdio(t, "--state-dir", state)
+	ids := map[string]string{}
+	_, _, out := callJSON(ctxA, t, a, "create_session", nil)
+	ids["first"], _ = out["session_id"].(string)
+	if isErr, text, _ := callJSON(ctxA, t, a, "run_python", map[string]any{"session_id": ids["first"], "code": "kept = 'first'"}); isErr {
+		t.Fatal(text)
+	}
+	ctxB, b := serveStdio(t, "--state-dir", state)
+	_, _, out = callJSON(ctxB, t, b, "create_session", nil)
+	ids["second"], _ = out["session_id"].(string)
+	if isErr, text, _ := callJSON(ctxB, t, b, "run_python", map[string]any{"session_id": ids["second"], "code": "kept = 'second'"}); isErr {
+		t.Fatal(text)
+	}
+	if isErr, text, _ := callJSON(ctxB, t, b, "pause_session", map[string]any{"session_id": ids["second"]}); isErr {
+		t.Fatalf("pause on the second server: %s", text)
+	}
+	b.Close()
+	a.Close()
+	deadline := time.Now().Add(time.Minute) // guards a hang only
+	for name, id := range ids {
+		for {
+			ctx, cs := serveStdio(t, "--state-dir", state)
+			isErr, text, _ := callJSON(ctx, t, cs, "run_python", map[string]any{"session_id": id, "code": "print(kept)"})
+			cs.Close()
+			if !isErr && strings.Contains(text, name) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the %s server's session after both stopped: %s", name, text)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+}
+
 // TestStdioDrainInterruptsRun: SIGTERM to a stdio server with a run in
 // flight: the drain interrupts the run at --drain-timeout, its caller
 // gets the reply, and the session is saved with what its finished runs

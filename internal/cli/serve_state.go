@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -97,6 +98,16 @@ func (s *server) openState() (engine.SnapshotConfig, error) {
 		return cfg, nil
 	}
 	unlock, holder, err := snapshot.Lock(dir)
+	// A second server on the directory (two windows of one client, each
+	// with its own server): an instance directory below it, whose
+	// snapshots the next server to hold the directory adopts. Replicas
+	// each have a directory of their own and hand sessions over instead.
+	instance := ""
+	if errors.Is(err, snapshot.ErrLocked) && s.rep.cl == nil {
+		if sub, unlockSub, ierr := snapshot.LockInstance(dir); ierr == nil {
+			instance, unlock, err = sub, unlockSub, nil
+		}
+	}
 	switch {
 	case errors.Is(err, snapshot.ErrLocked):
 		s.stateNote = fmt.Sprintf("sessions are not kept across restarts: the state directory %s is in use by another pysandbox server%s; give this one its own --state-dir", dir, holder)
@@ -121,7 +132,7 @@ func (s *server) openState() (engine.SnapshotConfig, error) {
 	} else if key, err = snapshot.LoadKey(dir); err != nil {
 		return cfg, fmt.Errorf("--state-dir: %w", err)
 	}
-	st, err := snapshot.Open(filepath.Join(dir, "sessions"), key)
+	st, err := snapshot.Open(filepath.Join(cmp.Or(instance, dir), "sessions"), key)
 	if err != nil {
 		return cfg, fmt.Errorf("--state-dir: %w", err)
 	}
@@ -130,6 +141,19 @@ func (s *server) openState() (engine.SnapshotConfig, error) {
 		cfg.Replica = s.rep.cl.Self().Name
 	}
 	s.stateNote = fmt.Sprintf("paused sessions are kept in %s for %s (--checkpoint %s)", st.Dir(), time.Duration(f.pausedTTL), f.checkpoint)
+	if instance != "" {
+		s.stateNote += fmt.Sprintf("; the state directory %s is in use by another pysandbox server%s, so this one keeps its own below it, which the next server on %s takes over", dir, holder, dir)
+		s.log.Info("state directory in use by another server: keeping this one's sessions below it", "dir", dir, "instance", instance, "holder", strings.TrimSpace(holder))
+		return cfg, nil
+	}
+	if s.rep.cl == nil {
+		// What other servers on this directory paused, and left.
+		if n, err := st.Adopt(dir); err != nil {
+			s.log.Warn("state directory: taking over another server's sessions", "dir", dir, "adopted", n, "err", err)
+		} else if n > 0 {
+			s.log.Info("state directory: took over the paused sessions of other servers on it", "dir", dir, "sessions", n)
+		}
+	}
 	s.log.Info("state directory", "dir", dir, "paused_ttl", time.Duration(f.pausedTTL), "checkpoint", f.checkpoint)
 	return cfg, nil
 }
