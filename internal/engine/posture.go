@@ -307,6 +307,10 @@ func (e *Engine) Measure(ctx context.Context, interpreters []*interp.Interpreter
 		mem, pids, mode, reason := nb.CgroupSupport()
 		L.CgroupMemory = Layer{Active: mem, Detail: cgDetail(mem, mode, reason)}
 		L.CgroupPids = Layer{Active: pids, Detail: cgDetail(pids, mode, reason)}
+		if !mem && !pids && reason != "" {
+			// One cause for both: said once, on the memory row.
+			L.CgroupPids.Detail = "not available, for the reason the memory group is not (cgroup memory)"
+		}
 		if mem {
 			p.Limits.MemoryEnforcedBy = "cgroup " + mode
 		}
