@@ -222,7 +222,10 @@ type Result struct {
 	ReturnValue     any
 	StdoutTruncated bool
 	StderrTruncated bool
-	DurationMS      int64
+	// StdoutBytes and StderrBytes are how much the run printed, all of it,
+	// however little the server kept (--max-output).
+	StdoutBytes, StderrBytes int64
+	DurationMS               int64
 	// Error names the exception that ended the run, when there was one.
 	Error *worker.Exception
 	// Message explains a non-success status in words an agent can act on.

@@ -81,6 +81,7 @@ func (rs *runState) finish(ctx, runCtx context.Context, res *worker.Result, runE
 	}
 	r.Stdout, r.StdoutTruncated = rs.stdout.String()
 	r.Stderr, r.StderrTruncated = rs.stderr.String()
+	r.StdoutBytes, r.StderrBytes = rs.stdout.Total(), rs.stderr.Total()
 	switch {
 	case ctx.Err() != nil:
 		r.Status, r.ExitCode = StatusCancelled, -1

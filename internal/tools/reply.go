@@ -125,11 +125,12 @@ func (s *server) cutStreams(res *RunPythonOutput, sessionID string, run int, own
 	n := int(s.maxStream)
 	var notes []string
 	for _, f := range []struct {
-		name string
-		text *string
-		flag *bool
-		uri  *string
-	}{{"stdout", &res.Stdout, &res.StdoutTruncated, &res.StdoutURI}, {"stderr", &res.Stderr, &res.StderrTruncated, &res.StderrURI}} {
+		name    string
+		text    *string
+		flag    *bool
+		uri     *string
+		printed int64
+	}{{"stdout", &res.Stdout, &res.StdoutTruncated, &res.StdoutURI, res.printed[0]}, {"stderr", &res.Stderr, &res.StderrTruncated, &res.StderrURI, res.printed[1]}} {
 		if len(*f.text) <= n {
 			continue
 		}
@@ -143,7 +144,11 @@ func (s *server) cutStreams(res *RunPythonOutput, sessionID string, run int, own
 		*f.text = keepEndsNoting(whole, n, where)
 		note := fmt.Sprintf("%s: this reply shows the first and last %d of its %d bytes (--max-reply-output)", f.name, n/2, len(whole))
 		if captureCut {
-			note += "; the server captured only the head and tail of what the run printed (--max-output): the middle is gone"
+			printed := "what the run printed"
+			if f.printed > 0 {
+				printed = fmt.Sprintf("the %d bytes the run printed", f.printed)
+			}
+			note += "; the server captured only the head and tail of " + printed + " (--max-output): the middle is gone"
 		}
 		if uri != "" {
 			note += fmt.Sprintf("; all %d captured bytes: %s (resources/read", len(whole), uri)

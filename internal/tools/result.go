@@ -16,10 +16,13 @@ type RunPythonOutput struct {
 	Stderr   string        `json:"stderr"`
 	// ReturnValue is the last expression's value (null when none): decoded
 	// JSON, or its repr() string when it was not JSON-able.
-	ReturnValue     any   `json:"return_value" jsonschema:"the value of the last expression as JSON, its repr() when not JSON-serialisable, or null"`
-	StdoutTruncated bool  `json:"stdout_truncated"`
-	StderrTruncated bool  `json:"stderr_truncated"`
-	DurationMS      int64 `json:"duration_ms"`
+	ReturnValue     any  `json:"return_value" jsonschema:"the value of the last expression as JSON, its repr() when not JSON-serialisable, or null"`
+	StdoutTruncated bool `json:"stdout_truncated"`
+	StderrTruncated bool `json:"stderr_truncated"`
+	// printed are the streams' sizes as the run printed them, for the
+	// reply's note on what was cut.
+	printed    [2]int64
+	DurationMS int64 `json:"duration_ms"`
 	// StdoutURI and StderrURI are where the whole stream (as captured)
 	// can be read when the reply shows only its head and tail: a session
 	// file, or a resource of the caller's for a one-shot run.
@@ -138,6 +141,7 @@ func runPythonOutput(r *engine.Result, use runUsage) *RunPythonOutput {
 		Stderr:          r.Stderr,
 		ReturnValue:     r.ReturnValue,
 		StdoutTruncated: r.StdoutTruncated,
+		printed:         [2]int64{r.StdoutBytes, r.StderrBytes},
 		StderrTruncated: r.StderrTruncated,
 		DurationMS:      r.DurationMS,
 		Error:           r.Error,
