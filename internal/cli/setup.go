@@ -191,8 +191,8 @@ func setupCmd(args []string, stdout, stderr io.Writer) error {
 // default one: the client's id, and the entry's name when it is not the
 // default (two entries in one client are two servers). The name is the
 // user's: only its letters, digits, '-' and '_' are kept, at most 48 of
-// them, and a name that lost anything gets a digest of the whole, so
-// that two names never share a directory.
+// them, and a name that lost anything gets a digest of the whole after a
+// '.', so that two names never share a directory.
 func clientStateDir(client, name string) string {
 	if name == "pysandbox" {
 		return client
@@ -207,8 +207,10 @@ func clientStateDir(client, name string) string {
 		clean = clean[:48]
 	}
 	if clean != name {
+		// After a '.', which no kept name has: "a_-c0e0aaae" as a name
+		// stays apart from "a!" with its digest.
 		sum := sha256.Sum256([]byte(name))
-		clean += "-" + hex.EncodeToString(sum[:4])
+		clean += "." + hex.EncodeToString(sum[:4])
 	}
 	return client + "-" + clean
 }

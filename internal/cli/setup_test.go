@@ -109,8 +109,8 @@ func TestSetupStateDir(t *testing.T) {
 		{[]string{"cursor"}, "--state-dir /home/u/.local/state/pysandbox/cursor"},
 		{[]string{"codex"}, "/home/u/.local/state/pysandbox/codex"},
 		{[]string{"cursor", "--name", "data"}, "--state-dir /home/u/.local/state/pysandbox/cursor-data "},
-		{[]string{"cursor", "--name", "data/../x y"}, "--state-dir /home/u/.local/state/pysandbox/cursor-data____x_y-"},
-		{[]string{"cursor", "--name", strings.Repeat("n", 300)}, "/cursor-" + strings.Repeat("n", 48) + "-"},
+		{[]string{"cursor", "--name", "data/../x y"}, "--state-dir /home/u/.local/state/pysandbox/cursor-data____x_y."},
+		{[]string{"cursor", "--name", strings.Repeat("n", 300)}, "/cursor-" + strings.Repeat("n", 48) + "."},
 		{[]string{"cursor", "--", "--memory", "1GiB", "--state-dir", "s"}, "--state-dir DIR/s"},
 		{[]string{"cursor", "--", "--state-dir=none"}, "--state-dir=none"},
 		{[]string{"cursor", "--", "--state-dir="}, "--state-dir="},
@@ -126,6 +126,12 @@ func TestSetupStateDir(t *testing.T) {
 		}
 	}
 	// Names that differ only in what is dropped get directories apart.
+	// A kept name that looks like another's with its digest stays apart.
+	_, foo := runSetup(t, dir, "--binary", "/usr/local/bin/pysandbox", "cursor", "--name", "foo!")
+	_, fooLike := runSetup(t, dir, "--binary", "/usr/local/bin/pysandbox", "cursor", "--name", "foo_-c0e0aaae")
+	if !strings.Contains(foo, "cursor-foo_.c0e0aaae") || !strings.Contains(fooLike, "cursor-foo_-c0e0aaae\"") {
+		t.Errorf("digests:\n%s\n%s", foo, fooLike)
+	}
 	_, ab1 := runSetup(t, dir, "--binary", "/usr/local/bin/pysandbox", "cursor", "--name", "a b")
 	_, ab2 := runSetup(t, dir, "--binary", "/usr/local/bin/pysandbox", "cursor", "--name", "a/b")
 	if dirOf := func(out string) string {

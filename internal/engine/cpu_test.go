@@ -128,6 +128,12 @@ func TestSessionOutputFlood(t *testing.T) {
 	if err != nil || r.Status != StatusOutputLimit || r.Completed() {
 		t.Fatalf("a flood whose interrupt is caught: %v %+v", err, r)
 	}
+	// The same after a timeout whose interrupt the code caught first.
+	code := "import time, os\ntry:\n    time.sleep(30)\nexcept KeyboardInterrupt:\n    pass\ntry:\n    while True:\n        os.write(1, b'x' * 65536)\nexcept KeyboardInterrupt:\n    pass\n"
+	r, err = s.Run(context.Background(), id, RunRequest{Code: code, Timeout: time.Second})
+	if err != nil || r.Completed() {
+		t.Fatalf("a flood after a caught timeout: %v %+v", err, r)
+	}
 	if r := srun(t, s, id, "x + 41"); fmt.Sprint(r.ReturnValue) != "42" {
 		t.Fatalf("the session after an interrupted flood: %+v", r)
 	}

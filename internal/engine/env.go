@@ -47,6 +47,10 @@ type runEnv struct {
 	py      *interp.Interpreter
 	env     *deps.Env
 	release func()
+	// declared are the requirements the interpreter met as it is, when
+	// env is nil for that reason: a session keeps them, so that what it
+	// installs later is resolved with them.
+	declared []string
 }
 
 func (r *runEnv) close() {
@@ -88,7 +92,9 @@ func (e *Engine) resolve(ctx context.Context, code, version, caller string, extr
 	if err := e.checkRequested(reqs); err != nil {
 		return nil, err
 	}
-	if reqs, _ = e.notPreinstalled(ctx, py, reqs, progress); len(reqs) == 0 {
+	if have, ok := e.preinstalled(ctx, py, reqs); ok {
+		tellPreinstalled(py, have, progress)
+		r.declared = reqs
 		return r, nil
 	}
 	if e.cfg.Deps == nil {

@@ -342,6 +342,8 @@ func (s *Sessions) Create(ctx context.Context, ttl time.Duration, opts ...Create
 	sess.lastUsed = sess.Created
 	if renv.env != nil {
 		sess.reqs = renv.env.Requirements
+	} else {
+		sess.reqs = renv.declared
 	}
 	if err := s.start(ctx, sess, o.Network); err != nil {
 		return nil, err

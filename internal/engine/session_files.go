@@ -59,14 +59,19 @@ func (s *Sessions) Install(ctx context.Context, id string, packages []string, pr
 	if err := s.e.checkRequested(reqs); err != nil {
 		return nil, err
 	}
-	added, have := s.e.notPreinstalled(ctx, sess.renv.py, packages, progress)
-	if len(added) == 0 {
-		return &Installed{Requirements: sess.reqs, Preinstalled: have}, nil
+	// Met by the interpreter as it is, with everything the session asked
+	// for before (and nothing installed into the session to shadow it):
+	// kept as the session's requirements, for what it installs later.
+	if !sess.installed && sess.renv.env == nil {
+		if have, ok := s.e.preinstalled(ctx, sess.renv.py, reqs); ok {
+			tellPreinstalled(sess.renv.py, have, progress)
+			sess.reqs = reqs
+			return &Installed{Preinstalled: have}, nil
+		}
 	}
 	if s.e.cfg.Deps == nil {
 		return nil, &RequestError{Msg: "this server installs no packages (it was started without a dependency cache)"}
 	}
-	reqs, _ = pep.MergeRequirements(sess.reqs, added)
 	env, release, err := s.e.cfg.Deps.Ensure(ctx, sess.renv.py, reqs, progress)
 	if err != nil {
 		return nil, requestError(err)
@@ -81,12 +86,12 @@ func (s *Sessions) Install(ctx context.Context, id string, packages []string, pr
 	}
 	sess.reqs = env.Requirements
 	sess.installed = true
-	return &Installed{Requirements: env.Requirements, Preinstalled: have}, nil
+	return &Installed{Requirements: env.Requirements}, nil
 }
 
 // Installed is what install_package did: the session's requirements, as
-// installed for it, and the packages asked for that the server's Python
-// has already ("name version"), which were not installed.
+// installed for it; or, when the server's Python met all of them as it
+// is, nothing installed and those it met ("name version").
 type Installed struct {
 	Requirements []string
 	Preinstalled []string

@@ -252,6 +252,12 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 		sess.mu.Unlock()
 		go s.remove(sess, whyDead)
 	}
+	// Flooded after another stop came first (a timeout whose interrupt
+	// the code caught): stopped all the same, whatever else it says.
+	if rs.flooded.Load() && !r.Flooded && (r.Status == StatusSuccess || r.Status == StatusOutputLimit || r.Status == StatusError) {
+		r.Status, r.Flooded = StatusOutputLimit, true
+		r.Message = JoinMessage(r.Message, fmt.Sprintf("the run printed more than %d bytes and was interrupted; the session and its state are kept. Print less, or write large results to a file", rs.flood))
+	}
 	if runErr == nil && s.cfg.Snapshots.EveryRun && s.cfg.Snapshots.Store != nil {
 		// --checkpoint every-run: a crash from now on loses nothing of
 		// this run. The run's own context may be ending: the checkpoint

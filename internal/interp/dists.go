@@ -54,7 +54,7 @@ func (i *Interpreter) Distributions(ctx context.Context) (map[string]string, err
 		f.Close()
 		read += len(names)
 		for _, n := range names {
-			if name, version, ok := distName(n); ok {
+			if name, version, py, ok := distName(n); ok && (py == "" || py == i.MajorMinor()) {
 				if _, seen := dists[name]; !seen {
 					dists[name] = version
 				}
@@ -68,25 +68,25 @@ func (i *Interpreter) Distributions(ctx context.Context) (map[string]string, err
 }
 
 // distName splits a metadata entry's name into the distribution's
-// normalised name and its version.
-func distName(entry string) (name, version string, ok bool) {
+// normalised name, its version and, for an egg built for one Python, that
+// Python ("3.11"; an egg of another is not the interpreter's).
+func distName(entry string) (name, version, py string, ok bool) {
 	base, ok := strings.CutSuffix(entry, ".dist-info")
 	if !ok {
 		if base, ok = strings.CutSuffix(entry, ".egg-info"); !ok {
-			return "", "", false
+			return "", "", "", false
 		}
-		// An egg's name may end in the Python it was built for.
 		if i := strings.LastIndex(base, "-py"); i > 0 && strings.Count(base, "-") >= 2 {
-			base = base[:i]
+			base, py = base[:i], base[i+len("-py"):]
 		}
 	}
 	// The name has no '-' (it is escaped to '_'), so it ends at the first.
 	name, version, ok = strings.Cut(base, "-")
 	if !ok || name == "" || version == "" || strings.Contains(version, "-") {
-		return "", "", false
+		return "", "", "", false
 	}
 	if _, err := pep.ParseVersion(version); err != nil {
-		return "", "", false
+		return "", "", "", false
 	}
-	return pep.NormalizeName(name), version, true
+	return pep.NormalizeName(name), version, py, true
 }

@@ -7,19 +7,19 @@ import (
 )
 
 func TestDistName(t *testing.T) {
-	for _, c := range []struct{ entry, name, version string }{
-		{"pandas-1.5.3.egg-info", "pandas", "1.5.3"},
-		{"python_dateutil-2.8.2.egg-info", "python-dateutil", "2.8.2"},
-		{"six-1.16.0-py3.11.egg-info", "six", "1.16.0"},
-		{"Jinja2-3.1.2.dist-info", "jinja2", "3.1.2"},
-		{"zope.interface-5.5.2.dist-info", "zope-interface", "5.5.2"},
-		{"numpy", "", ""},
-		{"broken.dist-info", "", ""},
-		{"x-not a version.dist-info", "", ""},
+	for _, c := range []struct{ entry, name, version, py string }{
+		{"pandas-1.5.3.egg-info", "pandas", "1.5.3", ""},
+		{"python_dateutil-2.8.2.egg-info", "python-dateutil", "2.8.2", ""},
+		{"six-1.16.0-py3.11.egg-info", "six", "1.16.0", "3.11"},
+		{"Jinja2-3.1.2.dist-info", "jinja2", "3.1.2", ""},
+		{"zope.interface-5.5.2.dist-info", "zope-interface", "5.5.2", ""},
+		{"numpy", "", "", ""},
+		{"broken.dist-info", "", "", ""},
+		{"x-not a version.dist-info", "", "", ""},
 	} {
-		name, version, ok := distName(c.entry)
-		if name != c.name || version != c.version || ok != (c.name != "") {
-			t.Errorf("distName(%q) = %q %q %v, want %q %q", c.entry, name, version, ok, c.name, c.version)
+		name, version, py, ok := distName(c.entry)
+		if name != c.name || version != c.version || py != c.py || ok != (c.name != "") {
+			t.Errorf("distName(%q) = %q %q %q %v, want %q %q %q", c.entry, name, version, py, ok, c.name, c.version, c.py)
 		}
 	}
 }

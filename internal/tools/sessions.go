@@ -164,9 +164,9 @@ type InstallPackageOutput struct {
 	SessionID    string   `json:"session_id"`
 	Status       string   `json:"status"` // "installed" or "install_error"
 	Requirements []string `json:"requirements"`
-	// Preinstalled are the packages asked for that the server's Python
-	// has already, in versions that meet the request: not installed.
-	Preinstalled []string `json:"preinstalled,omitempty" jsonschema:"packages asked for that the server's Python already has (name and version), which were not installed"`
+	// Preinstalled: the server's Python met every requirement of the
+	// session as it is, so nothing was installed; these are its copies.
+	Preinstalled []string `json:"preinstalled,omitempty" jsonschema:"set when the server's Python already has every package the session asked for, in versions that meet them, so nothing was installed: name and version of each"`
 	Message      string   `json:"message,omitempty"`
 	// Resumed: see RunPythonOutput.Resumed.
 	Resumed string `json:"resumed,omitempty" jsonschema:"set when the session was paused and this call resumed it: what was restored and what was not"`
@@ -216,15 +216,12 @@ func (s *server) installPackage(ctx context.Context, req *mcp.CallToolRequest, i
 	case err != nil:
 		return nil, nil, sessionError(ctx, err)
 	}
-	out := &InstallPackageOutput{SessionID: in.SessionID, Status: "installed", Requirements: inst.Requirements, Preinstalled: inst.Preinstalled}
-	var text []string
+	out := &InstallPackageOutput{SessionID: in.SessionID, Status: "installed", Requirements: append([]string{}, inst.Requirements...), Preinstalled: inst.Preinstalled}
+	text := "installed: " + strings.Join(inst.Requirements, ", ")
 	if len(inst.Preinstalled) > 0 {
-		text = append(text, "already in the server's Python, not installed: "+strings.Join(inst.Preinstalled, ", "))
+		text = "already in the server's Python, nothing installed: " + strings.Join(inst.Preinstalled, ", ")
 	}
-	if len(inst.Requirements) > 0 {
-		text = append(text, "installed: "+strings.Join(inst.Requirements, ", "))
-	}
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Join(text, "; ") + "; import them in the next run_python call"}}}, out, nil
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text + "; import them in the next run_python call"}}}, out, nil
 }
 
 // ownSession refuses a session another caller created: sessions are

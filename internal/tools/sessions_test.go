@@ -361,7 +361,7 @@ func TestInstallPreinstalled(t *testing.T) {
 	id := newSession(t, cs)
 	res, out := call(t, cs, "install_package", map[string]any{"session_id": id, "packages": []any{name + ">=0"}})
 	want := name + " " + dists[name]
-	if pre, _ := out["preinstalled"].([]any); res.IsError || out["status"] != "installed" || len(pre) != 1 || pre[0] != want || !strings.Contains(text(res), "not installed: "+want) {
+	if pre, _ := out["preinstalled"].([]any); res.IsError || out["status"] != "installed" || len(pre) != 1 || pre[0] != want || !strings.Contains(text(res), "nothing installed: "+want) {
 		t.Errorf("install_package %s: %s %v", name, text(res), out)
 	}
 	// One the server's Python does not have still needs the installer.
