@@ -144,7 +144,6 @@ func (s *server) openState() (engine.SnapshotConfig, error) {
 	if instance != "" {
 		s.stateNote += fmt.Sprintf("; the state directory %s is in use by another pysandbox server%s, so this one keeps its own below it, which the next server on %s takes over", dir, holder, dir)
 		s.log.Info("state directory in use by another server: keeping this one's sessions below it", "dir", dir, "instance", instance, "holder", strings.TrimSpace(holder))
-		return cfg, nil
 	}
 	if s.rep.cl == nil {
 		// What other servers on this directory paused, and left.

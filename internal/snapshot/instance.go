@@ -38,12 +38,16 @@ func LockInstance(dir string) (string, func(), error) {
 }
 
 // Adopt moves into st the snapshots of every instance directory below dir
-// that no server holds (their servers stopped), and removes those
-// directories' sessions: what a second window's server paused is resumed
-// by the next server on the directory, as its own are. It holds each
-// instance's lock while it moves, so that a server starting on it then
-// waits for another. A snapshot whose id st has already is left where it
-// is. It returns how many snapshots it moved.
+// that no server holds (their servers stopped) but st's own: what a
+// second window's server paused is resumed by the next server on the
+// directory, as its own are. Any server on dir adopts as it starts, the
+// holder and an instance's alike, so a window that comes back on another
+// instance finds its sessions. It holds each instance's lock while it
+// moves, so that a server starting on it takes another. Only snapshots
+// that verify under st's key move (a directory with a key of its own was
+// a state directory of its own, not an instance, and is left alone); a
+// snapshot whose id st has already stays where it is. It returns how many
+// snapshots it moved.
 func (st *Store) Adopt(dir string) (int, error) {
 	ents, err := os.ReadDir(filepath.Join(dir, instancesDir))
 	if errors.Is(err, os.ErrNotExist) {
@@ -59,6 +63,12 @@ func (st *Store) Adopt(dir string) (int, error) {
 			continue
 		}
 		sub := filepath.Join(dir, instancesDir, e.Name())
+		if filepath.Join(sub, "sessions") == st.dir {
+			continue
+		}
+		if _, err := os.Lstat(filepath.Join(sub, KeyFile)); err == nil {
+			continue
+		}
 		unlock, _, err := Lock(sub)
 		if err != nil {
 			if !errors.Is(err, ErrLocked) {
@@ -90,7 +100,13 @@ func (st *Store) adoptFrom(from string) (int, error) {
 		return 0, fmt.Errorf("snapshot: %w", err)
 	}
 	moved := 0
+	var errs []error
 	for _, e := range ents {
+		name := filepath.Join(from, e.Name())
+		if strings.HasPrefix(e.Name(), tmpPrefix) {
+			os.Remove(name) // a write its server was killed in
+			continue
+		}
 		id, ok := strings.CutSuffix(e.Name(), suffix)
 		if !ok || !ValidID(id) || !e.Type().IsRegular() {
 			continue
@@ -98,11 +114,27 @@ func (st *Store) adoptFrom(from string) (int, error) {
 		if _, err := os.Lstat(st.path(id)); err == nil {
 			continue
 		}
-		if err := os.Rename(filepath.Join(from, e.Name()), st.path(id)); err != nil {
+		if err := st.verifyAt(name, id); err != nil {
+			errs = append(errs, fmt.Errorf("snapshot: not adopted: %s: %w", name, err))
+			continue
+		}
+		if err := os.Rename(name, st.path(id)); err != nil {
 			return moved, fmt.Errorf("snapshot: adopt %s: %w", id, err)
 		}
 		moved++
 	}
 	syncDir(st.dir)
-	return moved, nil
+	return moved, errors.Join(errs...)
+}
+
+// verifyAt checks the snapshot at path, id's, whole under st's key, as
+// Open would in st.
+func (st *Store) verifyAt(path, id string) error {
+	f, err := openSnapshot(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, _, _, _, err = st.verify(f, id)
+	return err
 }

@@ -2,7 +2,9 @@ package snapshot
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -37,6 +39,18 @@ func TestInstances(t *testing.T) {
 	write(t, second, idB, "bob", []byte("globals"), nil)
 	write(t, second, idA, "alice", []byte("second's"), nil)
 	write(t, main, idA, "alice", []byte("main's"), nil)
+	// Under another key (a state directory of its own once): not adopted.
+	const idC = "s-00000000000000000000000000000000"
+	other, err := Open(t.TempDir(), key(9))
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, other, idC, "carol", []byte("x"), nil)
+	if err := os.Rename(other.path(idC), second.path(idC)); err != nil {
+		t.Fatal(err)
+	}
+	// A write its server was killed in: swept.
+	os.WriteFile(filepath.Join(second.dir, tmpPrefix+"x"), []byte("half"), 0o600)
 	if n, err := main.Adopt(dir); n != 0 || err != nil {
 		t.Fatalf("adopted %d from a live server (%v)", n, err)
 	}
@@ -46,8 +60,14 @@ func TestInstances(t *testing.T) {
 	if _, _, err := Lock(dir); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := main.Adopt(dir); n != 1 || err != nil {
-		t.Fatalf("adopted %d: %v", n, err)
+	if n, err := main.Adopt(dir); n != 1 || err == nil || !strings.Contains(err.Error(), idC) {
+		t.Fatalf("adopted %d (%v); want 1, and the one under another key refused", n, err)
+	}
+	if _, err := os.Stat(second.path(idC)); err != nil {
+		t.Errorf("the refused snapshot was not left where it was: %v", err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(second.dir, tmpPrefix+"*")); len(m) != 0 {
+		t.Errorf("left: %v", m)
 	}
 	snap, err := main.Open(idB)
 	if err != nil || snap.Meta.Owner != "bob" {

@@ -46,6 +46,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -464,12 +466,12 @@ func (s *Store) Open(id string) (*Snapshot, error) {
 	if !ValidID(id) {
 		return nil, ErrNotFound
 	}
-	f, err := os.Open(s.path(id))
+	f, err := openSnapshot(s.path(id))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, ErrNotFound
 	}
 	if err != nil {
-		return nil, fmt.Errorf("snapshot: %w", err)
+		return nil, err
 	}
 	meta, gl, fl, size, err := s.verify(f, id)
 	if err != nil {
@@ -480,17 +482,41 @@ func (s *Store) Open(id string) (*Snapshot, error) {
 	return &Snapshot{Meta: meta, Size: size, f: f, globals: [2]int64{off, gl}, files: [2]int64{off + gl, fl}}, nil
 }
 
+// openSnapshot opens a snapshot file for reading: not through a symbolic
+// link, without blocking (a FIFO planted under a snapshot's name would
+// hang the open, and with it the server's start), and only a regular
+// file with one name. A missing file is os.ErrNotExist.
+func openSnapshot(path string) (*os.File, error) {
+	fd, err := openat(unix.AT_FDCWD, path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err == unix.ENOENT {
+		return nil, os.ErrNotExist
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w (%s: %v)", ErrTampered, filepath.Base(path), os.NewSyscallError("open", err))
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("snapshot: %w", os.NewSyscallError("fstat", err))
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1 {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%w (not a regular file with one name)", ErrTampered)
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
 // Stat reads id's meta, checking its HMAC but not the rest.
 func (s *Store) Stat(id string) (Info, error) {
 	if !ValidID(id) {
 		return Info{}, ErrNotFound
 	}
-	f, err := os.Open(s.path(id))
+	f, err := openSnapshot(s.path(id))
 	if errors.Is(err, os.ErrNotExist) {
 		return Info{}, ErrNotFound
 	}
 	if err != nil {
-		return Info{}, fmt.Errorf("snapshot: %w", err)
+		return Info{}, err
 	}
 	defer f.Close()
 	meta, _, _, size, err := s.trailer(f, id)

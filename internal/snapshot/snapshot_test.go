@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -202,5 +204,39 @@ func TestOpenDirChecked(t *testing.T) {
 	chownOther(t, dir)
 	if _, err := Open(dir, key(1)); err == nil || !strings.Contains(err.Error(), "chown") {
 		t.Errorf("another uid's: %v", err)
+	}
+}
+
+// TestPlantedFilesRefused: a FIFO, a symbolic link or a second name of a
+// genuine snapshot under a snapshot's name is refused at once (a FIFO
+// would otherwise block the open, and the server's start with it).
+func TestPlantedFilesRefused(t *testing.T) {
+	s, err := Open(t.TempDir(), key(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, s, idA, "alice", []byte("g"), nil)
+	if err := unix.Mkfifo(s.path(idB), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := s.Stat(idB); done <- err }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrTampered) {
+			t.Errorf("a FIFO: %v", err)
+		}
+	case <-time.After(time.Minute): // guards a hang only
+		t.Fatal("Stat of a FIFO blocked")
+	}
+	const idC = "s-00000000000000000000000000000000"
+	os.Symlink(s.path(idA), s.path(idC))
+	if _, err := s.Open(idC); !errors.Is(err, ErrTampered) {
+		t.Errorf("a symbolic link: %v", err)
+	}
+	os.Remove(s.path(idC))
+	os.Link(s.path(idA), s.path(idC))
+	if _, err := s.Stat(idA); !errors.Is(err, ErrTampered) {
+		t.Errorf("a file with two names: %v", err)
 	}
 }
