@@ -149,7 +149,7 @@ func TestServeManagedPython(t *testing.T) {
 		t.Errorf("validate_script of a requires-python only a denied version meets: %s", text)
 	}
 	text, out = runOut(t)(cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "1", "python_version": "banana"}}))
-	if out["status"] != "invalid_request" || !strings.Contains(text, "not a version") {
+	if out["status"] != "invalid_request" || !strings.Contains(text, "is not one pysandbox runs") {
 		t.Errorf("python_version banana: %s", text)
 	}
 	// The policy denies the other version before anything is downloaded.
