@@ -341,6 +341,12 @@ func refusalResult(sc *schemas, ref *govern.Refusal) *mcp.CallToolResult {
 		if sc.props["message"] {
 			out["message"] = ref.Message
 		}
+		// Nothing ran, so no exit code: a zero would read as code that
+		// ran and exited cleanly. -1 is what a run that never reached an
+		// exit of its own reports (timed out, cancelled).
+		if sc.props["exit_code"] {
+			out["exit_code"] = -1
+		}
 		raw, _ := govern.PlainJSON(out, "")
 		res.StructuredContent = json.RawMessage(raw)
 	}

@@ -49,6 +49,10 @@ func TestPolicyLayerDocument(t *testing.T) {
 		if !res.IsError || !strings.Contains(text(res), want) || name != "check_environment" && (out["status"] != "denied" || out["message"] != text(res)) || name == "check_environment" && out != nil {
 			t.Errorf("%s %v: %v %s %v", name, args, res.IsError, text(res), out)
 		}
+		// Nothing ran: a refused run has no exit status of its own.
+		if name == "run_python" && out["exit_code"] != -1.0 {
+			t.Errorf("%s %v: exit_code %v, want -1", name, args, out["exit_code"])
+		}
 	}
 	refused("install_package", map[string]any{"session_id": "s", "packages": []string{"x"}}, "hides it")
 	refused("list_sessions", nil, "default: deny")

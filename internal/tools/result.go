@@ -11,7 +11,7 @@ import (
 // for the reply (figure links, output cut to the reply limit).
 type RunPythonOutput struct {
 	Status   engine.Status `json:"status"`
-	ExitCode int           `json:"exit_code"`
+	ExitCode int           `json:"exit_code" jsonschema:"the exit status of the code; -1 when it never reached an exit of its own: refused before it ran, cancelled or timed out"`
 	Stdout   string        `json:"stdout"`
 	Stderr   string        `json:"stderr"`
 	// ReturnValue is the last expression's value (null when none): decoded
