@@ -253,6 +253,12 @@ func TestPythonCommand(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "downloadable: ") {
 		t.Errorf("install of an unknown version: %d %s", code, errOut)
 	}
+	// A download that fails says what to do about it, here a mirror that
+	// is not there (a closed port).
+	_, errOut, code = runBin(t, "", append([]string{"python", "install"}, append(s.flags(), "--python-install-mirror", "http://127.0.0.1:1/mirror", ver)...)...)
+	if code != 1 || !strings.Contains(errOut, "could not download") || !strings.Contains(errOut, "check that the mirror (--python-install-mirror http://127.0.0.1:1/mirror) is reachable") {
+		t.Errorf("install from a mirror that is down: %d %s", code, errOut)
+	}
 	_, errOut, code = runBin(t, "", "python", "install", "--python-downloads", "sometimes", ver)
 	if code != 2 || !strings.Contains(errOut, "automatic, manual or never") {
 		t.Errorf("bad mode: %d %s", code, errOut)

@@ -180,7 +180,7 @@ func pythonCmd(args []string, stdout, stderr io.Writer) error {
 		start := time.Now()
 		in, fresh, err := m.Install(ctx, version, who, nil, func(line string) { fmt.Fprintln(stderr, line) })
 		if err != nil {
-			return err
+			return downloadAdvice(err, o.pyMirror)
 		}
 		if !fresh {
 			fmt.Fprintf(stdout, "Python %s is already installed: %s\n", in.Version, in.Path)
@@ -230,4 +230,18 @@ func listPythons(ctx context.Context, m *pydist.Manager, stdout io.Writer, who p
 		}
 	}
 	return nil
+}
+
+// downloadAdvice adds to a failed download what the person at the
+// terminal can do about it: the archive host is often what a machine
+// cannot reach, and a mirror is the way around it.
+func downloadAdvice(err error, mirror string) error {
+	var de *pydist.DownloadError
+	if !errors.As(err, &de) {
+		return err
+	}
+	if mirror != "" {
+		return fmt.Errorf("%w; check that the mirror (--python-install-mirror %s) is reachable from here and serves python-build-standalone's archives under the same paths", err, mirror)
+	}
+	return fmt.Errorf("%w; if this machine cannot reach the download host, give --python-install-mirror (or $UV_PYTHON_INSTALL_MIRROR) a mirror of python-build-standalone's releases that it can reach, or install that Python on the host itself, where runs use it as it is", err)
 }
