@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/pysandbox/pysandbox/internal/testutil/afterlife"
 )
 
 // cpuEngine is escEngine with a CPU quota of half a CPU, when this machine
@@ -143,23 +141,5 @@ func TestSessionOutputFlood(t *testing.T) {
 	r, err = s.Run(context.Background(), id, RunRequest{Code: "import os, signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    os.write(1, b'x' * 65536)", Timeout: time.Minute})
 	if err != nil || r.Status != StatusOutputLimit || !strings.Contains(r.Message, "session has ended") {
 		t.Fatalf("a flood that ignores the interrupt: %v %+v", err, r)
-	}
-}
-
-// TestNothingRunsAfterTheAnswer: a cold one-shot run that tries to go on
-// after its reply (a daemon thread, an atexit handler registered during
-// atexit, a flush after the reply) is over when the caller has its
-// answer, since its CPU time has been reported by then; and like a
-// script, the run waits for its non-daemon threads first.
-func TestNothingRunsAfterTheAnswer(t *testing.T) {
-	e := newEngine(t, nil)
-	r, err := e.Run(context.Background(), RunRequest{Code: afterlife.Code("coldafter")})
-	if err != nil || r.Status != StatusSuccess || r.Stdout != "renamed\n" {
-		t.Fatalf("%v %+v", err, r)
-	}
-	afterlife.Check(t, "coldafter")
-	r, err = e.Run(context.Background(), RunRequest{Code: afterlife.Threads})
-	if err != nil || r.Status != StatusSuccess || r.Stdout != afterlife.ThreadsOut {
-		t.Fatalf("%v %+v", err, r)
 	}
 }
