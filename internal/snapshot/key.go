@@ -104,10 +104,9 @@ func openOwn(d *os.File, dir, name string, flags int, create bool, perm uint32, 
 	path := filepath.Join(dir, name)
 	dirfd := int(d.Fd())
 	var fd int
+	var st unix.Stat_t
 	for try := 0; ; try++ {
-		// O_NONBLOCK: a FIFO in its place must not hang the open; it is
-		// refused below, and the flag cleared for a regular file.
-		fd, err = openat(dirfd, name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
+		fd, st, err = openRegular(dirfd, name, flags)
 		if err != unix.ENOENT || !create || try == 3 {
 			break
 		}
@@ -119,39 +118,75 @@ func openOwn(d *os.File, dir, name string, flags int, create bool, perm uint32, 
 			break
 		}
 	}
+	var nr *notRegularError
 	switch {
 	case err == unix.ELOOP || err == unix.EMLINK:
 		// O_NOFOLLOW's refusal of a symbolic link (EMLINK on the BSDs).
 		return nil, false, fmt.Errorf("snapshot: %s %s is a symbolic link, which the server does not follow (it would read or write the file it points to): remove the link", what, path)
+	case errors.As(err, &nr) && !nr.regular:
+		return nil, false, fmt.Errorf("snapshot: %s %s is not a regular file: remove it", what, path)
+	case errors.As(err, &nr):
+		return nil, false, fmt.Errorf("snapshot: %s %s has %d hard links (it is also a file elsewhere, which the server would read or write): remove it", what, path, nr.nlink)
+	case errors.As(err, new(*os.SyscallError)):
+		return nil, false, fmt.Errorf("snapshot: %s %s: %w", what, path, err)
 	case err != nil:
 		return nil, false, fmt.Errorf("snapshot: %s %s: %w", what, path, os.NewSyscallError("openat", err))
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, false, fmt.Errorf("snapshot: %s %s: %w", what, path, os.NewSyscallError("fstat", err))
-	}
 	euid := os.Geteuid()
 	switch {
-	case st.Mode&unix.S_IFMT != unix.S_IFREG:
-		err = fmt.Errorf("snapshot: %s %s is not a regular file: remove it", what, path)
-	case st.Nlink != 1:
-		err = fmt.Errorf("snapshot: %s %s has %d hard links (it is also a file elsewhere, which the server would read or write): remove it", what, path, st.Nlink)
 	case int(st.Uid) != euid:
 		err = fmt.Errorf("snapshot: %s %s belongs to uid %d, not to this server's uid %d: chown %d it if you made it, else remove it", what, path, st.Uid, euid, euid)
 	case st.Mode&perm != 0:
 		err = fmt.Errorf("snapshot: %s %s can be read or written by others (mode %04o); chmod 600 it", what, path, st.Mode&0o7777)
-	}
-	if err == nil {
-		if err = unix.SetNonblock(fd, false); err != nil {
-			err = fmt.Errorf("snapshot: %s %s: %w", what, path, os.NewSyscallError("fcntl", err))
-		}
 	}
 	if err != nil {
 		unix.Close(fd)
 		return nil, false, err
 	}
 	return os.NewFile(uintptr(fd), path), false, nil
+}
+
+// notRegularError is openRegular's refusal of a name that is not a
+// regular file with one name.
+type notRegularError struct {
+	regular bool
+	nlink   uint64
+}
+
+func (e *notRegularError) Error() string {
+	if !e.regular {
+		return "not a regular file"
+	}
+	return fmt.Sprintf("a regular file with %d names", e.nlink)
+}
+
+// openRegular opens name below dirfd (unix.AT_FDCWD for a path) without
+// following a symbolic link and without blocking on a FIFO in its place,
+// and keeps the descriptor only for a regular file with one name: a
+// second name is the same file elsewhere, which the server would then
+// read or write. The descriptor it returns blocks again; st is its
+// stat. A failed open is openat's bare errno, so that callers can tell
+// ENOENT; a refusal is a *notRegularError.
+func openRegular(dirfd int, name string, flags int) (fd int, st unix.Stat_t, err error) {
+	fd, err = openat(dirfd, name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return -1, st, err
+	}
+	switch err = unix.Fstat(fd, &st); {
+	case err != nil:
+		err = os.NewSyscallError("fstat", err)
+	case st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1:
+		err = &notRegularError{regular: st.Mode&unix.S_IFMT == unix.S_IFREG, nlink: uint64(st.Nlink)}
+	default:
+		if err = unix.SetNonblock(fd, false); err != nil {
+			err = os.NewSyscallError("fcntl", err)
+		}
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, st, err
+	}
+	return fd, st, nil
 }
 
 // LoadKey returns the key snapshots in dir are signed with: the one in

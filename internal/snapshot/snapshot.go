@@ -487,21 +487,17 @@ func (s *Store) Open(id string) (*Snapshot, error) {
 // hang the open, and with it the server's start), and only a regular
 // file with one name. A missing file is os.ErrNotExist.
 func openSnapshot(path string) (*os.File, error) {
-	fd, err := openat(unix.AT_FDCWD, path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err == unix.ENOENT {
+	fd, _, err := openRegular(unix.AT_FDCWD, path, unix.O_RDONLY)
+	var nr *notRegularError
+	switch {
+	case err == unix.ENOENT:
 		return nil, os.ErrNotExist
-	}
-	if err != nil {
-		return nil, fmt.Errorf("%w (%s: %v)", ErrTampered, filepath.Base(path), os.NewSyscallError("open", err))
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("snapshot: %w", os.NewSyscallError("fstat", err))
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1 {
-		unix.Close(fd)
+	case errors.As(err, &nr):
 		return nil, fmt.Errorf("%w (not a regular file with one name)", ErrTampered)
+	case errors.As(err, new(*os.SyscallError)):
+		return nil, fmt.Errorf("snapshot: %w", err)
+	case err != nil:
+		return nil, fmt.Errorf("%w (%s: %v)", ErrTampered, filepath.Base(path), os.NewSyscallError("open", err))
 	}
 	return os.NewFile(uintptr(fd), path), nil
 }
