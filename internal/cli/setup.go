@@ -118,7 +118,7 @@ func setupCmd(args []string, stdout, stderr io.Writer) error {
 		if *tokenFile != "" || isSet(fs, "max-timeout") {
 			return usageError{errors.New("setup: --token-file and --max-timeout go with --url (a server this binary starts takes its limits from the serve flags after --)")}
 		}
-		cfg, abs, err := checkServeFlags(serveFlags)
+		cfg, abs, absFS, err := checkServeFlags(serveFlags)
 		if err != nil {
 			return err
 		}
@@ -137,7 +137,7 @@ func setupCmd(args []string, stdout, stderr io.Writer) error {
 		// held by one server at a time, so with the one default the
 		// second client's server could keep no paused session. (In a
 		// container the launcher keeps its own, in a volume.)
-		if !namesFlag(abs, "state-dir") && cfg.Container == "" {
+		if !isSet(absFS, "state-dir") && cfg.Container == "" {
 			if d := defaultStateDir(); d != "" {
 				dir := filepath.Join(d, clientStateDir(c.ID, *name))
 				// serve refuses to start with a --state-dir it cannot
@@ -215,14 +215,6 @@ func clientStateDir(client, name string) string {
 	return client + "-" + clean
 }
 
-// namesFlag tells whether serve's args (checked already) give the flag,
-// with any value, an empty one included.
-func namesFlag(args []string, name string) bool {
-	fs, _ := newServeFlags(io.Discard)
-	fs.Usage = func() {}
-	return fs.Parse(args) == nil && isSet(fs, name)
-}
-
 // canMakeDir tells whether this user could make dir (or has it): its
 // nearest existing ancestor must be a directory it may write to.
 func canMakeDir(dir string) error {
@@ -270,8 +262,9 @@ func isSet(fs *flag.FlagSet, name string) bool {
 // refuses what serve would refuse before starting (Validate), a policy or
 // upstream servers' file that does not load (with serve's message), and
 // --http, which no client could talk to over stdio. It returns the flags
-// with every file argument absolute.
-func checkServeFlags(args []string) (*ServeConfig, []string, error) {
+// with every file argument absolute, and their flag set, which tells the
+// flags they give.
+func checkServeFlags(args []string) (*ServeConfig, []string, *flag.FlagSet, error) {
 	refuse := func(err error) error {
 		return usageError{fmt.Errorf("setup: serve would refuse the flags after --: %w", err)}
 	}
@@ -289,23 +282,23 @@ func checkServeFlags(args []string) (*ServeConfig, []string, error) {
 	}
 	fs, _, err := parse(args)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	// What is checked is what serve will get: the flags with their files
 	// absolute (serve itself wants --find-links absolute).
 	abs, err := absServeArgs(fs, args)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	_, cfg, err := parse(abs)
+	absFS, cfg, err := parse(abs)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if cfg.HTTP != "" {
-		return nil, nil, usageError{errors.New("setup: --http after -- would make a server the client cannot talk to (it talks over stdio); to point a client at a server running with --http, use setup CLIENT --url URL")}
+		return nil, nil, nil, usageError{errors.New("setup: --http after -- would make a server the client cannot talk to (it talks over stdio); to point a client at a server running with --http, use setup CLIENT --url URL")}
 	}
 	if err := cfg.Validate(); err != nil {
-		return nil, nil, refuse(err)
+		return nil, nil, nil, refuse(err)
 	}
 	// What serve reads before it starts, read now: a broken policy must
 	// not become a client entry that fails every time it starts.
@@ -315,27 +308,27 @@ func checkServeFlags(args []string) (*ServeConfig, []string, error) {
 		}
 		// A FIFO would block the read, and serve's too.
 		if st, err := os.Stat(f.path); err == nil && !st.Mode().IsRegular() {
-			return nil, nil, refuse(fmt.Errorf("%s: %s is not a regular file", f.flag, f.path))
+			return nil, nil, nil, refuse(fmt.Errorf("%s: %s is not a regular file", f.flag, f.path))
 		}
 	}
 	profs, native, err := cfg.Profiles.selectProfiles()
 	if err != nil {
-		return nil, nil, refuse(err)
+		return nil, nil, nil, refuse(err)
 	}
 	toolNames := profiles.ToolNames(profs, native)
 	if cfg.Upstream != "" {
 		upCfg, err := upstream.Load(cfg.Upstream)
 		if err != nil {
-			return nil, nil, refuse(err)
+			return nil, nil, nil, refuse(err)
 		}
 		toolNames = append(toolNames, upstreamPatterns(upCfg)...)
 	}
 	if cfg.Policy != "" {
 		if _, err := policy.Load(cfg.Policy, toolNames); err != nil {
-			return nil, nil, refuse(err)
+			return nil, nil, nil, refuse(err)
 		}
 	}
-	return cfg, abs, nil
+	return cfg, abs, absFS, nil
 }
 
 // serveFileFlags are serve's flags whose values are paths: setup makes
