@@ -255,6 +255,11 @@ const maxPattern = 1024
 func (c *Condition) Root() string   { return c.root }
 func (c *Condition) Keys() []string { return c.keys }
 
+// Missing is what the condition is on a call where its path leads
+// nowhere: false for every operator but exists, which is its value's
+// opposite (exists: false holds).
+func (c *Condition) Missing() bool { return c.test(nil, false) }
+
 // Rules are a tool's own argument rules, all three kinds, in order.
 func (p *Policy) Rules(tool string) []*Rule {
 	r := p.Tools[tool]

@@ -173,9 +173,13 @@ func (s *server) limitsText(timeout time.Duration) string {
 	return strings.Join(parts, ", ")
 }
 
-// warnRules logs the policy's rules that can never take effect here: a
-// condition on an argument the tool does not have, on facts of code for
-// a tool that runs none, an operator's approval without a console.
+// warnRules logs the policy's rules whose effect is fixed on this
+// server, whatever the call: a condition on an argument the tool does not
+// have, or on facts of code for a tool that runs none, is the same for
+// every call (see policy.Condition.Missing), so its rule never holds or
+// holds alone; and an operator's approval without a console refuses.
+// Each warning says what the rule does then: a require rule that never
+// holds refuses every call, which is no rule "never taking effect".
 func (s *server) warnRules() {
 	pol := s.gov.Policy()
 	for tool, r := range pol.Tools {
@@ -184,24 +188,53 @@ func (s *server) warnRules() {
 		}
 		v, ok := s.argNames.Load(tool)
 		props, _ := v.(map[string]bool)
+		kinds := map[*policy.Rule]string{}
+		for kind, list := range map[string][]policy.Rule{"require": r.Require, "deny_if": r.DenyIf, "approve_if": r.ApproveIf} {
+			for i := range list {
+				kinds[&list[i]] = kind
+			}
+		}
 		for _, rule := range pol.Rules(tool) {
 			if rule.By == policy.ApproveByOperator && s.gov.Activity() == nil {
 				s.log.Warn("policy rule never takes effect", "rule", rule.Field(), "why", "an operator must approve, and this server has no console (--console): every matching call is refused")
 			}
 			for i, c := range rule.Conditions {
 				field := fmt.Sprintf("%s.conditions[%d].path", rule.Field(), i)
+				var why string
 				switch {
 				case c.Root() == policy.RootCode && slices.Contains(Names, tool) && tool != "run_python" && tool != "validate_script":
-					s.log.Warn("policy rule never takes effect", "rule", field, "why", tool+" runs no code, so code facts are never there (exists is false, every other test is false)")
+					why = tool + " runs no code, so code facts are never there"
 				case c.Root() == policy.RootArgs && ok && len(c.Keys()) > 0 && !props[c.Keys()[0]]:
 					names := make([]string, 0, len(props))
 					for k := range props {
 						names = append(names, k)
 					}
 					slices.Sort(names)
-					s.log.Warn("policy rule never takes effect", "rule", field, "why", fmt.Sprintf("%s has no argument %q; its arguments are %s", tool, c.Keys()[0], strings.Join(names, ", ")))
+					why = fmt.Sprintf("%s has no argument %q (its arguments are %s)", tool, c.Keys()[0], strings.Join(names, ", "))
+				default:
+					continue
 				}
+				msg, effect := fixedRule(kinds[rule], tool, c.Missing(), len(rule.Conditions) == 1)
+				s.log.Warn(msg, "rule", field, "why", why+": "+effect)
 			}
 		}
 	}
+}
+
+// fixedRule says what a rule of kind does when one of its conditions is
+// the same for every call (holds): the log message and the effect.
+func fixedRule(kind, tool string, holds, alone bool) (msg, effect string) {
+	switch {
+	case !holds && kind == "require":
+		return "policy rule refuses every call", "the condition never holds, so the rule never does, and every " + tool + " call is refused"
+	case !holds:
+		return "policy rule never takes effect", "the condition never holds, so the rule never matches"
+	case !alone:
+		return "policy condition tests nothing", "the condition holds for every call, so the rule is decided by its other conditions alone"
+	case kind == "require":
+		return "policy rule never takes effect", "the condition holds for every call, so the rule always does"
+	case kind == "deny_if":
+		return "policy rule refuses every call", "the condition holds for every call, so every " + tool + " call is refused"
+	}
+	return "policy rule asks for every call", "the condition holds for every call, so every " + tool + " call waits for an approval"
 }

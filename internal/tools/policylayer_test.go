@@ -174,7 +174,9 @@ func TestCodeAwareApproval(t *testing.T) {
 // without a console.
 func TestRuleWarningsAtStart(t *testing.T) {
 	pol, err := policy.Parse([]byte(`{"version": "1", "default": "allow", "tools": {
-		"run_python": {"require": [{"conditions": [{"path": "args.timeout", "op": "lte", "value": 60}]}]},
+		"run_python": {"require": [{"conditions": [{"path": "args.timeout", "op": "lte", "value": 60}]}],
+		               "deny_if": [{"conditions": [{"path": "args.timeoutt", "op": "exists", "value": false}]},
+		                           {"conditions": [{"path": "args.timeout_seconds", "op": "gt", "value": 60}, {"path": "args.sesion_id", "op": "exists", "value": false}]}]},
 		"upload_file": {"deny_if": [{"conditions": [{"path": "code.imports", "op": "contains", "value": "os"}]}],
 		                "approve_if": [{"conditions": [{"path": "args.path", "op": "exists", "value": true}], "by": "operator"}]}}}`), "p.json", Names)
 	if err != nil {
@@ -187,8 +189,12 @@ func TestRuleWarningsAtStart(t *testing.T) {
 	})
 	logs := buf.String()
 	for _, want := range []string{
-		`rule=tools.run_python.require[0].conditions[0].path why="run_python has no argument \"timeout\"; its arguments are code, dependencies, inputs, python_version, session_id, timeout_seconds"`,
-		`rule=tools.upload_file.deny_if[0].conditions[0].path why="upload_file runs no code`,
+		// A require rule that never holds refuses every call: the log
+		// must not say it never takes effect (a new user's typo).
+		`msg="policy rule refuses every call" rule=tools.run_python.require[0].conditions[0].path why="run_python has no argument \"timeout\" (its arguments are code, dependencies, inputs, python_version, session_id, timeout_seconds): the condition never holds, so the rule never does, and every run_python call is refused"`,
+		`msg="policy rule refuses every call" rule=tools.run_python.deny_if[0].conditions[0].path why="run_python has no argument \"timeoutt\"`,
+		`msg="policy condition tests nothing" rule=tools.run_python.deny_if[1].conditions[1].path`,
+		`msg="policy rule never takes effect" rule=tools.upload_file.deny_if[0].conditions[0].path why="upload_file runs no code, so code facts are never there: the condition never holds, so the rule never matches"`,
 		`rule=tools.upload_file.approve_if[0] why="an operator must approve, and this server has no console`,
 	} {
 		if !strings.Contains(logs, want) {
