@@ -532,7 +532,7 @@ def _bounded_json(value, limit):
     iterencode lets us stop early instead of building a huge string first.
     Raises if value is not JSON-able (or is NaN/inf).
     """
-    enc = _JSONEncoder(allow_nan=False, separators=(",", ":"))
+    enc = _JSONEncoder(allow_nan=False, separators=(",", ":"), default=_json_default)
     parts = []
     size = 0
     for chunk in enc.iterencode(value):
@@ -541,6 +541,21 @@ def _bounded_json(value, limit):
             return None
         parts.append(chunk)
     return "".join(parts)
+
+
+def _json_default(obj):
+    """numpy's scalars as the Python values they hold.
+
+    They are what data code returns most (np.int64 from a sum, np.bool_
+    from a comparison), and only np.float64 is a float already: the rest
+    would come back as their repr's text. Anything else is not JSON-able.
+    """
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(obj, np.generic):
+        value = obj.item()
+        if not isinstance(value, np.generic):
+            return value  # the encoder checks it in turn (bytes, complex: not JSON)
+    raise TypeError("not JSON serializable")
 
 
 def _repr_json(value, limit, truncate):

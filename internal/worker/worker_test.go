@@ -284,6 +284,18 @@ func coreCases(t *testing.T, w *testWorker) {
 			t.Errorf("return = %s, want null", res.ReturnValue)
 		}
 	})
+	t.Run("numpy scalars are their values", func(t *testing.T) {
+		code := "try:\n    import numpy as np\nexcept ImportError:\n    np = None\n" +
+			"[np.int64(45), np.float32(1.5), np.bool_(True), np.uint8(7), {'k': np.int32(-3)}, np.int64(2**62)] if np else 'no numpy'"
+		res, _, _ := w.run(t, Request{Code: code})
+		wantSuccess(t, res)
+		if string(res.ReturnValue) == `"no numpy"` {
+			t.Skip("numpy is not installed for this interpreter")
+		}
+		if res.ReturnRepr || string(res.ReturnValue) != `[45,1.5,true,7,{"k":-3},4611686018427387904]` {
+			t.Errorf("return = %s repr=%v, want the values as JSON", res.ReturnValue, res.ReturnRepr)
+		}
+	})
 	t.Run("structured value", func(t *testing.T) {
 		res, _, _ := w.run(t, Request{Code: "{'a': [1, 2.5, 'é', None, True], 'b': (3,)}"})
 		jsonEqual(t, res.ReturnValue, `{"a":[1,2.5,"é",null,true],"b":[3]}`)
