@@ -165,7 +165,7 @@ func TestTenancyWithoutTokens(t *testing.T) {
 	// hers and reaches nothing with an id that is not hers.
 	bob := goClient(t, url, "", "")
 	_, out, txt = tryCall(t, bob, "list_sessions", nil)
-	if strings.Contains(txt, a1) || len(out["sessions"].([]any)) != 0 || !strings.Contains(txt, "1 more session(s) of callers without a token") {
+	if strings.Contains(txt, a1) || len(out["sessions"].([]any)) != 0 || !strings.Contains(txt, "1 session(s) of callers without a token exist") || !strings.Contains(txt, "it came without an MCP session (the sessionless protocol") {
 		t.Errorf("bob's list_sessions: %s", txt)
 	}
 	guess := otherID(a1)

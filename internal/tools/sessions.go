@@ -66,7 +66,7 @@ func (s *server) addSessionTools(srv *mcp.Server) {
 	addTool(s, srv, &mcp.Tool{
 		Name:        "list_sessions",
 		Title:       "List Python sessions",
-		Description: "List your sessions: id, state (running or paused), when created and last used, when each expires, memory in use (running) or snapshot size (paused), and the number of runs. Only your own are listed (on a server without tokens, those this connection made or used).",
+		Description: "List your sessions: id, state (running or paused), when created and last used, when each expires, memory in use (running) or snapshot size (paused), and the number of runs. Only your own are listed: on a server without tokens, those this connection made or used, and none on the sessionless protocol (2026-07-28), where no connection ties calls together; keep the session_id create_session returns.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 	}, s.listAllSessions)
 	addTool(s, srv, &mcp.Tool{
@@ -129,6 +129,9 @@ func (s *server) listSessions(ctx context.Context, req *mcp.CallToolRequest, _ L
 	out := &ListSessionsOutput{Sessions: list}
 	if hidden > 0 {
 		out.Note = fmt.Sprintf("%d more session(s) of callers without a token exist (running or paused). Their ids are not listed: on a server without tokens an id is the only proof of whose a session is, so only the connection that made or last used a session sees it here. Use the session_id create_session returned to you (it works from any connection); a session nobody uses closes after being idle for its time to live (a paused one after the server's paused time to live).", hidden)
+		if me.anonymous() && me.conn == "" {
+			out.Note = fmt.Sprintf("%d session(s) of callers without a token exist (running or paused). None is listed to this call: it came without an MCP session (the sessionless protocol, 2026-07-28), so nothing ties it to the calls that made them, and on a server without tokens an id is the only proof of whose a session is. Use the session_id create_session returned to you; a session nobody uses closes after being idle for its time to live (a paused one after the server's paused time to live).", hidden)
+		}
 		b.WriteString(out.Note + "\n")
 	}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: b.String()}}}, out, nil
