@@ -166,15 +166,26 @@ func (e *notRegularError) Error() string {
 // second name is the same file elsewhere, which the server would then
 // read or write. The descriptor it returns blocks again; st is its
 // stat. A failed open is openat's bare errno, so that callers can tell
-// ENOENT; a refusal is a *notRegularError.
+// ENOENT (a file removed as it was opened is one too); a refusal is a
+// *notRegularError.
 func openRegular(dirfd int, name string, flags int) (fd int, st unix.Stat_t, err error) {
 	fd, err = openat(dirfd, name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
-	if err != nil {
+	switch err {
+	case nil:
+	case unix.ENXIO, unix.ENODEV, unix.EISDIR:
+		// A socket, a device without a driver, a directory opened for
+		// writing: something else is at the name.
+		return -1, st, &notRegularError{}
+	default:
 		return -1, st, err
 	}
 	switch err = unix.Fstat(fd, &st); {
 	case err != nil:
 		err = os.NewSyscallError("fstat", err)
+	case st.Nlink == 0:
+		// Removed between the open and the fstat: gone, as if never
+		// opened (openOwn then makes it again when asked to).
+		err = unix.ENOENT
 	case st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1:
 		err = &notRegularError{regular: st.Mode&unix.S_IFMT == unix.S_IFREG, nlink: uint64(st.Nlink)}
 	default:

@@ -180,6 +180,15 @@ func TestKeyNotRegularRefused(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("LoadKey hangs on a FIFO")
 	}
+	// A directory in the lock's place (EISDIR, opened for writing) is
+	// called what it is, as the key's is.
+	dir = t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, lockFile), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := Lock(dir); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("a directory as the lock: %v", err)
+	}
 }
 
 // The state directory: made 0700 when missing; refused, by LoadKey and

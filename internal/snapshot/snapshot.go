@@ -494,10 +494,17 @@ func openSnapshot(path string) (*os.File, error) {
 		return nil, os.ErrNotExist
 	case errors.As(err, &nr):
 		return nil, fmt.Errorf("%w (not a regular file with one name)", ErrTampered)
+	case err == unix.ELOOP || err == unix.EMLINK || err == unix.ENOTDIR:
+		// A symbolic link at the name, or something other than a
+		// directory on the way to it: planted.
+		return nil, fmt.Errorf("%w (%s: %v)", ErrTampered, filepath.Base(path), os.NewSyscallError("open", err))
 	case errors.As(err, new(*os.SyscallError)):
 		return nil, fmt.Errorf("snapshot: %w", err)
 	case err != nil:
-		return nil, fmt.Errorf("%w (%s: %v)", ErrTampered, filepath.Base(path), os.NewSyscallError("open", err))
+		// Too many open files, a permission, the disk: an error that may
+		// pass, not a planted file, so the snapshot is kept (a resume
+		// deletes one it is told is tampered with).
+		return nil, fmt.Errorf("snapshot: %s: %w", filepath.Base(path), os.NewSyscallError("open", err))
 	}
 	return os.NewFile(uintptr(fd), path), nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -239,4 +240,54 @@ func TestPlantedFilesRefused(t *testing.T) {
 	if _, err := s.Stat(idA); !errors.Is(err, ErrTampered) {
 		t.Errorf("a file with two names: %v", err)
 	}
+	os.Remove(s.path(idC))
+	// A socket at the name (ENXIO on open).
+	sock := s.path(idC)
+	if l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"}); err == nil {
+		l.SetUnlinkOnClose(false)
+		l.Close()
+		if _, err := s.Open(idC); !errors.Is(err, ErrTampered) {
+			t.Errorf("a socket: %v", err)
+		}
+		os.Remove(sock)
+	}
+}
+
+// TestPassingOpenErrorKeepsTheSnapshot: a snapshot that cannot be opened
+// for a reason that may pass, here too many open files, is not called
+// tampered with, which would have a resume delete it (an attacker ran a
+// server out of descriptors and lost a genuine session that way).
+func TestPassingOpenErrorKeepsTheSnapshot(t *testing.T) {
+	s, err := Open(t.TempDir(), key(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, s, idA, "alice", []byte("g"), nil)
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	// The lowest free descriptor becomes the limit: no open can succeed.
+	free, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(free)
+	low := lim
+	low.Cur = uint64(free)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Skipf("cannot lower the descriptor limit: %v", err)
+	}
+	_, openErr := s.Open(idA)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	if openErr == nil || errors.Is(openErr, ErrTampered) || !errors.Is(openErr, unix.EMFILE) {
+		t.Errorf("out of descriptors: %v, want EMFILE and not tampered", openErr)
+	}
+	snap, err := s.Open(idA)
+	if err != nil {
+		t.Fatalf("the snapshot after the limit came back: %v", err)
+	}
+	snap.Close()
 }
