@@ -12,13 +12,18 @@ import (
 
 // check prints the measured posture and reports whether the backend works.
 func check(args []string, stdout, stderr io.Writer) (bool, error) {
-	fs, o := newFlagSet("check", "check [--json] [flags]", stderr)
-	asJSON := fs.Bool("json", false, "print the posture as JSON (the same data as the check_environment tool)")
-	// check builds the engine serve would, so every engine flag changes
-	// what it reports; the usage says why they are all listed.
+	// serve's flag set, so that a server's command line can be passed as
+	// it is; only the engine's flags (the ones listed) change the check.
+	fs, cfg := newServeFlags(stderr)
+	o := cfg.options
+	const about = "print the posture as JSON (the same data as the check_environment tool)"
+	asJSON := fs.Bool("json", false, about)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "Usage: pysandbox check [--json] [flags]\n\nBuilds the sandbox a server with these flags would (its pool, limits, dependencies and Pythons), tries it, and prints what it enforces: pass the flags you serve with.\n\nFlags:\n")
-		fs.PrintDefaults()
+		shown, _ := newFlagSet("check", "", stderr)
+		shown.Bool("json", false, about)
+		fmt.Fprint(stderr, "Usage: pysandbox check [--json] [flags]\n\nBuilds the sandbox a server with these flags would (its pool, limits, dependencies and Pythons), tries it, and prints what it enforces.\n\nFlags:\n")
+		shown.PrintDefaults()
+		fmt.Fprint(stderr, "\nThe other flags of 'pysandbox serve -h' are accepted too, so a server's flags can be passed as they are; they change nothing here (serve checks a --policy as it starts, and logs each rule whose effect is fixed).\n")
 	}
 	if err := parseFlags(fs, args); err != nil {
 		return false, err
