@@ -15,6 +15,7 @@ func check(args []string, stdout, stderr io.Writer) (bool, error) {
 	// serve's flag set, so that a server's command line can be passed as
 	// it is; only the engine's flags (the ones listed) change the check.
 	fs, cfg := newServeFlags(stderr)
+	fs.Init("check", fs.ErrorHandling()) // its errors name check
 	o := cfg.options
 	const about = "print the posture as JSON (the same data as the check_environment tool)"
 	asJSON := fs.Bool("json", false, about)
