@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/pysandbox/pysandbox/internal/sandbox"
 	"github.com/pysandbox/pysandbox/internal/worker"
+	"golang.org/x/sys/unix"
 )
 
 // maxReturnBytes bounds the JSON of a run's return value.
@@ -108,7 +110,7 @@ func (rs *runState) finish(ctx, runCtx context.Context, res *worker.Result, runE
 		r.Status, r.ExitCode = StatusKilled, exitCode(nil, exit)
 		r.Message = "the Python process died before finishing"
 		if exit.Signal != 0 {
-			r.Message += " (killed by signal " + exit.Signal.String() + ")"
+			r.Message += " (killed by " + signalWords(exit.Signal) + ")"
 		}
 		if runErr != nil {
 			e.log.Debug("worker ended without a result", "err", runErr)
@@ -136,4 +138,14 @@ func (rs *runState) finish(ctx, runCtx context.Context, res *worker.Result, runE
 		r.Message = fmt.Sprintf("the output exceeded %d bytes per stream; its head and tail are kept", e.cfg.MaxOutput)
 	}
 	return r
+}
+
+// signalWords names a signal as people look it up, with what it means:
+// "SIGSEGV (signal 11: segmentation fault)". (syscall.Signal's String is
+// the description alone, which read as "killed by signal killed".)
+func signalWords(sig syscall.Signal) string {
+	if name := unix.SignalName(sig); name != "" {
+		return fmt.Sprintf("%s (signal %d: %s)", name, int(sig), sig)
+	}
+	return fmt.Sprintf("signal %d (%s)", int(sig), sig)
 }

@@ -326,7 +326,7 @@ func describeExit(exit sandbox.Exit, memLimit int64) string {
 	case exit.OOMKilled:
 		return fmt.Sprintf("its worker was killed for exceeding the %d MiB memory limit (files in /tmp and /work count towards it: they are held in memory)", memLimit>>20)
 	case exit.Signal != 0:
-		return "its worker was killed by signal " + exit.Signal.String()
+		return "its worker was killed by " + signalWords(exit.Signal)
 	default:
 		return fmt.Sprintf("its worker exited with code %d", exit.Code)
 	}

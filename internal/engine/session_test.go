@@ -155,7 +155,7 @@ func TestSessionSegfaultIsReported(t *testing.T) {
 	if r.Status != StatusKilled || !strings.Contains(r.Message, "segmentation fault") {
 		t.Fatalf("%+v", r)
 	}
-	if _, err := s.Run(context.Background(), id, RunRequest{Code: "x"}); err == nil || !strings.Contains(err.Error(), "segmentation fault") {
+	if _, err := s.Run(context.Background(), id, RunRequest{Code: "x"}); err == nil || !strings.Contains(err.Error(), "killed by SIGSEGV (signal 11: segmentation fault)") {
 		t.Fatalf("next call: %v", err)
 	}
 }
