@@ -119,8 +119,8 @@ func (s *server) addFileTools(srv *mcp.Server) {
 	addTool(s, srv, &mcp.Tool{
 		Name:  "download_file",
 		Title: "Download a file from a session",
-		Description: fmt.Sprintf("Read a file from a session's working directory (/work). Files up to %d KiB come back inline (text as text, anything else as base64); larger ones as a resource link to read with resources/read. "+
-			"Every session file is also a resource: %s.", s.maxInline>>10, FileTemplate),
+		Description: fmt.Sprintf("Read a file from a session's working directory (/work). Files up to %d KiB come back inline (text as text, anything else as base64); larger ones, up to %s, as a resource link to read with resources/read; a larger file cannot be read in one reply, so have the session split or compress it first. "+
+			"Every session file is also a resource: %s.", s.maxInline>>10, byteSize(s.maxDownload, false), FileTemplate),
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 	}, s.downloadFile)
 	s.addFileResource(srv)
