@@ -108,7 +108,7 @@ func TestRunMessage(t *testing.T) {
 		res       engine.Result
 		want, not string
 	}{
-		{engine.Result{Status: engine.StatusTimeout, Message: "the run exceeded its 1s timeout ...; pass a larger timeout_seconds (max 5s)"},
+		{engine.Result{Status: engine.StatusTimeout, Message: "the run exceeded its 1s timeout ...; pass a larger timeout_seconds (at most 5 seconds on this server)"},
 			"exceeded its 1s timeout (--timeout) and every process it started was killed; make the code faster or pass a larger --timeout (at most --max-timeout, 5s)", "timeout_seconds"},
 		{engine.Result{Status: engine.StatusMemoryLimit, Message: "the run exceeded the 512 MiB memory limit"}, "512MiB memory limit (--memory)", ""},
 		{engine.Result{Status: engine.StatusKilled, Message: "pass a larger timeout_seconds"}, "pass a larger --timeout", "timeout_seconds"},

@@ -90,7 +90,9 @@ func (rs *runState) finish(ctx, runCtx context.Context, res *worker.Result, runE
 		r.Message = "the run was cancelled and every process it started was killed"
 	case res == nil && runCtx.Err() != nil:
 		r.Status, r.ExitCode = StatusTimeout, -1
-		r.Message = fmt.Sprintf("the run exceeded its %s timeout and every process it started was killed; make the code faster or pass a larger timeout_seconds (max %s)", rs.timeout, e.cfg.MaxTimeout)
+		// In seconds, as timeout_seconds takes it (and as a refusal of too
+		// large a value says the maximum).
+		r.Message = fmt.Sprintf("the run exceeded its %s timeout and every process it started was killed; make the code faster or pass a larger timeout_seconds (at most %g seconds on this server)", rs.timeout, e.cfg.MaxTimeout.Seconds())
 	case exit.OOMKilled || (res != nil && res.Error != nil && res.Error.Type == "MemoryError" && e.nearMemoryLimit(exit)):
 		r.Status, r.ExitCode = StatusMemoryLimit, exitCode(res, exit)
 		r.Message = fmt.Sprintf("the run exceeded the %d MiB memory limit (files in /tmp and /work count towards it: they are held in memory); use less memory (process data in chunks, delete files you no longer need)", e.cfg.Limits.MemoryBytes>>20)
