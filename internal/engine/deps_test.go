@@ -97,6 +97,10 @@ func TestPythonVersionSelection(t *testing.T) {
 	if _, err = e.Run(ctx, RunRequest{Code: "1", PythonVersion: "3.99"}); err == nil || !strings.Contains(err.Error(), "available:") {
 		t.Fatalf("unknown version: %v", err)
 	}
+	// Too old for the worker: said so, whether or not the host has it.
+	if _, err = e.Run(ctx, RunRequest{Code: "1", PythonVersion: "3.7"}); err == nil || !strings.Contains(err.Error(), "python_version 3.7 is older than pysandbox runs: its worker needs Python 3.8 or later") {
+		t.Fatalf("too old a version: %v", err)
+	}
 }
 
 func TestSessionInstallPackage(t *testing.T) {

@@ -140,6 +140,14 @@ func (e *Engine) interpreter(ctx context.Context, version, requiresPython, calle
 	if version != "" && !pythonVersionRE.MatchString(version) {
 		return nil, &RequestError{Msg: fmt.Sprintf("python_version %.40q is not one pysandbox runs: give a Python 3 version (3.8 or later), such as 3.12 or 3.12.4", version)}
 	}
+	if version != "" {
+		// 3.x older than the worker runs on: say so, rather than that no
+		// such Python is here (the host may well have it).
+		var minor int
+		if _, err := fmt.Sscanf(version, "3.%d", &minor); err == nil && minor < interp.MinVersion[1] {
+			return nil, &RequestError{Msg: fmt.Sprintf("python_version %s is older than pysandbox runs: its worker needs Python %d.%d or later; give a later version, such as 3.12", version, interp.MinVersion[0], interp.MinVersion[1])}
+		}
+	}
 	asked := version != "" || (set != nil && !set.Contains(e.cfg.Python.Version))
 	switch {
 	case pref == pydist.OnlyManaged && (version != "" || set != nil):
