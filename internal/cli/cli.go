@@ -347,8 +347,34 @@ func (o *options) validate() error {
 	if o.timeout > o.maxTimeout {
 		return usageError{fmt.Errorf("--timeout %s is above --max-timeout %s", o.timeout.String(), o.maxTimeout.String())}
 	}
-	if o.memory < 16<<20 || o.tmpSize < 1<<20 || o.maxOutput < 1024 || o.maxProcs < 1 || o.maxConcurrent < 1 || o.maxQueue < 0 || o.poolSize < 0 || o.learnPreload < 0 || o.zygoteRuns < 0 || o.zygoteAge < 0 || !(o.cpus >= 0 && o.cpus <= 1024) || (o.cpus > 0 && o.cpus < 0.01) {
-		return usageError{errors.New("limits too small: --memory needs at least 16MiB, --tmp-size 1MiB, --max-output 1KiB, --max-procs and --max-concurrent 1, --pool-size, --adaptive-preload, --zygote-max-runs and --zygote-max-age 0, --cpus 0.01 (or 0 for no quota)")}
+	// Each limit out of bounds is named with what it got and needs; a
+	// size's bare number is bytes, which is the usual surprise.
+	var bad []string
+	sizeAtLeast := func(flag string, v size, least int64, unit string) {
+		if int64(v) < least {
+			bad = append(bad, fmt.Sprintf("--%s %s is below %s (a bare number is bytes: write 512MiB, 1GiB)", flag, v.String(), unit))
+		}
+	}
+	sizeAtLeast("memory", o.memory, 16<<20, "16MiB")
+	sizeAtLeast("tmp-size", o.tmpSize, 1<<20, "1MiB")
+	sizeAtLeast("max-output", o.maxOutput, 1<<10, "1KiB")
+	for _, c := range []struct {
+		flag  string
+		v     int64
+		least int64
+	}{{"max-procs", o.maxProcs, 1}, {"max-concurrent", int64(o.maxConcurrent), 1}, {"max-queue", int64(o.maxQueue), 0}, {"pool-size", int64(o.poolSize), 0}, {"adaptive-preload", int64(o.learnPreload), 0}, {"zygote-max-runs", o.zygoteRuns, 0}} {
+		if c.v < c.least {
+			bad = append(bad, fmt.Sprintf("--%s %d is below %d", c.flag, c.v, c.least))
+		}
+	}
+	if o.zygoteAge < 0 {
+		bad = append(bad, "--zygote-max-age must not be negative")
+	}
+	if !(o.cpus >= 0 && o.cpus <= 1024) || (o.cpus > 0 && o.cpus < 0.01) {
+		bad = append(bad, fmt.Sprintf("--cpus %g is out of range: 0.01 to 1024, or 0 for no quota", o.cpus))
+	}
+	if len(bad) > 0 {
+		return usageError{fmt.Errorf("limits out of range: %s", strings.Join(bad, "; "))}
 	}
 	if _, err := parsePreload(o.preload); err != nil {
 		return usageError{err}
