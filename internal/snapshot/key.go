@@ -244,20 +244,39 @@ func makeKey(d *os.File, dir string) ([]byte, error) {
 		return nil, err
 	}
 	path := filepath.Join(dir, KeyFile)
-	fd, err := openat(int(d.Fd()), KeyFile, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err == unix.EEXIST {
-		return nil, os.ErrExist
-	}
+	dirfd := int(d.Fd())
+	// Written whole under a name of its own, then renamed into place
+	// unless a key is there already: a server starting beside this one
+	// never reads a key half-written (it read an empty one and stopped).
+	tmp := fmt.Sprintf(".%s.tmp-%x", KeyFile, k[:4])
+	fd, err := openat(dirfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: make the key %s: %w", path, os.NewSyscallError("openat", err))
 	}
-	f := os.NewFile(uintptr(fd), path)
+	f := os.NewFile(uintptr(fd), filepath.Join(dir, tmp))
 	_, werr := f.Write([]byte(hex.EncodeToString(k[:]) + "\n"))
 	serr := f.Sync()
 	cerr := f.Close()
 	if err := errors.Join(werr, serr, cerr); err != nil {
-		unix.Unlinkat(int(d.Fd()), KeyFile, 0)
+		unix.Unlinkat(dirfd, tmp, 0)
 		return nil, fmt.Errorf("snapshot: write the key %s: %w", path, err)
+	}
+	err = unix.Renameat2(dirfd, tmp, dirfd, KeyFile, unix.RENAME_NOREPLACE)
+	if err == unix.EINVAL || err == unix.ENOSYS {
+		// A file system without RENAME_NOREPLACE: a hard link fails as
+		// the rename would when the key exists, and the temporary name
+		// goes right after (a server that opens the key in between sees
+		// two names and refuses to start; its next start works).
+		if err = unix.Linkat(dirfd, tmp, dirfd, KeyFile, 0); err == nil {
+			unix.Unlinkat(dirfd, tmp, 0)
+		}
+	}
+	if err != nil {
+		unix.Unlinkat(dirfd, tmp, 0)
+		if err == unix.EEXIST {
+			return nil, os.ErrExist
+		}
+		return nil, fmt.Errorf("snapshot: make the key %s: %w", path, os.NewSyscallError("renameat2", err))
 	}
 	d.Sync() // the key's name too
 	return k[:], nil

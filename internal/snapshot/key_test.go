@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -238,5 +239,37 @@ func TestStateDirChecked(t *testing.T) {
 	}
 	if _, err := LoadKey(link); err == nil {
 		t.Error("another uid's directory through a symlink: accepted")
+	}
+}
+
+// TestKeyMadeOnceUnderRace: servers starting at once on a fresh state
+// directory all get the one key, none an empty or half-written one (a
+// reader could open the key between its creation and its write, and
+// refused to start: found by an attacker).
+func TestKeyMadeOnceUnderRace(t *testing.T) {
+	for round := 0; round < 20; round++ {
+		dir := t.TempDir()
+		keys := make([][]byte, 16)
+		errs := make([]error, 16)
+		var wg sync.WaitGroup
+		for i := range keys {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				keys[i], errs[i] = LoadKey(dir)
+			}()
+		}
+		wg.Wait()
+		for i := range keys {
+			if errs[i] != nil {
+				t.Fatalf("round %d, server %d: %v", round, i, errs[i])
+			}
+			if !bytes.Equal(keys[i], keys[0]) {
+				t.Fatalf("round %d: two keys made", round)
+			}
+		}
+		if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+			t.Fatalf("round %d: %d entries left in the directory, want the key alone", round, len(ents))
+		}
 	}
 }
