@@ -331,14 +331,26 @@ func allowedList(r *policy.NetworkRules) string {
 	if r == nil || len(r.Allow)+len(r.Approve) == 0 {
 		return "none: the server gives runs no network"
 	}
-	var names []string
-	for _, h := range append(append([]policy.HostRule(nil), r.Allow...), r.Approve...) {
-		names = append(names, h.String())
+	// Hosts that need an approval are named apart: "allowed" would
+	// promise a connection that a human may refuse.
+	list := func(rules []policy.HostRule) string {
+		var names []string
+		for _, h := range rules {
+			names = append(names, h.String())
+		}
+		if len(names) > 10 {
+			names = append(names[:10], fmt.Sprintf("and %d more", len(names)-10))
+		}
+		return strings.Join(names, ", ")
 	}
-	if len(names) > 10 {
-		names = append(names[:10], fmt.Sprintf("and %d more", len(names)-10))
+	var parts []string
+	if len(r.Allow) > 0 {
+		parts = append(parts, "allowed: "+list(r.Allow))
 	}
-	return "allowed: " + strings.Join(names, ", ")
+	if len(r.Approve) > 0 {
+		parts = append(parts, "with an approval: "+list(r.Approve))
+	}
+	return strings.Join(parts, "; ")
 }
 
 func shortErr(err error) string {

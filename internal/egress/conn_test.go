@@ -185,3 +185,29 @@ func TestClientEndsBeforeTheRecord(t *testing.T) {
 		t.Errorf("record %+v", r)
 	}
 }
+
+// TestAllowedList: a refusal names the hosts a run may reach, and names
+// apart those that need an approval (a new user read "allowed" for a host
+// that a human could still refuse).
+func TestAllowedList(t *testing.T) {
+	rule := func(s string) policy.HostRule {
+		h, err := policy.ParseHostRule(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	for _, c := range []struct {
+		rules *policy.NetworkRules
+		want  string
+	}{
+		{nil, "none: the server gives runs no network"},
+		{&policy.NetworkRules{Allow: []policy.HostRule{rule("api.github.com")}, Approve: []policy.HostRule{rule("*.internal.example")}},
+			"allowed: api.github.com; with an approval: *.internal.example"},
+		{&policy.NetworkRules{Approve: []policy.HostRule{rule("files.test")}}, "with an approval: files.test"},
+	} {
+		if got := allowedList(c.rules); got != c.want {
+			t.Errorf("allowedList = %q, want %q", got, c.want)
+		}
+	}
+}
