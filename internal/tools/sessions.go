@@ -282,7 +282,7 @@ func sessionError(ctx context.Context, err error) *govern.Refusal {
 	case errors.As(err, &paused):
 		return errorResult(paused.Error() + ".")
 	case errors.Is(err, engine.ErrNoSession):
-		return errorResult(fmt.Sprintf("Unknown session (%v). Create a session with create_session and use the session_id it returns.", err))
+		return errorResult(fmt.Sprintf("Unknown session: %v. Create a session with create_session and use the session_id it returns.", err))
 	case errors.Is(err, engine.ErrBusy):
 		return busyResult(err)
 	case errors.Is(err, engine.ErrSessionQuota):
