@@ -75,10 +75,19 @@ func (e *InstallError) Summary() string {
 		return head
 	}
 	more := strings.Join(rest, "; ")
-	if len(more) > 400 {
-		more = more[:400] + "..."
+	if len(more) > maxSummaryLines {
+		more = more[:maxSummaryLines] + "..."
 	}
 	return head + "\n" + more
+}
+
+// maxSummaryLines bounds the installer's lines in Summary.
+const maxSummaryLines = 400
+
+// Cut tells whether Summary left out some of the installer's lines, which
+// a caller may then show whole.
+func (e *InstallError) Cut() bool {
+	return e.Unreachable == "" && len(strings.Join(e.Lines, "; ")) > maxSummaryLines
 }
 
 var (

@@ -29,3 +29,22 @@ func TestInstallErrorMessage(t *testing.T) {
 		t.Errorf("%q %q", e.Error(), e.Output)
 	}
 }
+
+// TestInstallErrorCut: the summary holds the installer's lines when they
+// fit, so a caller adds them whole only when it cut them (a new user saw
+// pip's lines twice in install_package's answer).
+func TestInstallErrorCut(t *testing.T) {
+	t.Parallel()
+	short := &InstallError{Lines: []string{"ERROR: Could not find a version", "ERROR: No matching distribution found for x"}}
+	if short.Cut() || !strings.Contains(short.Summary(), "Could not find a version") {
+		t.Errorf("short lines: Cut %v, Summary %q", short.Cut(), short.Summary())
+	}
+	long := &InstallError{Lines: []string{"ERROR: No matching distribution found for x", strings.Repeat("a", 500)}}
+	if !long.Cut() || !strings.HasSuffix(long.Summary(), "...") {
+		t.Errorf("long lines: Cut %v, Summary %q", long.Cut(), long.Summary())
+	}
+	// Nothing the installer said is shown when no index answered.
+	if (&InstallError{Lines: long.Lines, Unreachable: "127.0.0.1:1"}).Cut() {
+		t.Error("an unreachable index: Cut")
+	}
+}

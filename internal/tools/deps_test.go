@@ -91,4 +91,8 @@ func TestDependenciesOverMCP(t *testing.T) {
 		!strings.Contains(text(res), "Check the requirement's name") || out["status"] != "install_error" || strings.HasPrefix(fmt.Sprint(out["message"]), "deps:") {
 		t.Fatalf("install_package of an unknown package: %s %v", text(res), out)
 	}
+	// pip's lines once, not again below the summary that holds them.
+	if n := strings.Count(text(res), "No matching distribution found"); n != 1 {
+		t.Errorf("pip's line %d times in the answer:\n%s", n, text(res))
+	}
 }

@@ -208,9 +208,10 @@ func (s *server) installPackage(ctx context.Context, req *mcp.CallToolRequest, i
 		msg := ie.Summary() + ". " + ie.Advice()
 		out := &InstallPackageOutput{SessionID: in.SessionID, Status: "install_error", Requirements: in.Packages, Message: msg}
 		text := "install_error: " + msg
-		if ie.Unreachable == "" && len(ie.Lines) > 0 {
-			// The installer's own words; with no index reached they only
-			// say that no package was found, which is not the cause.
+		if ie.Cut() {
+			// The installer's own words, whole when the summary had to cut
+			// them (with no index reached they only say that no package
+			// was found, which is not the cause: Cut is false then).
 			text += "\n" + strings.Join(ie.Lines, "\n")
 		}
 		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: text}}}, out, nil
