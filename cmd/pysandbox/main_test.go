@@ -103,6 +103,12 @@ func TestRunCommand(t *testing.T) {
 	if code != 0 || len(out) != 100_001 || errOut != "" {
 		t.Fatalf("more output than --max-output: code %d, %d bytes, stderr %q", code, len(out), errOut)
 	}
+	// What follows FILE is the script's, in sys.argv, as with python; a
+	// flag of run's among it is pointed out.
+	out, errOut, code = runBin(t, "import sys\nprint(sys.argv)\n", "run", "-", "--timeout", "2s", "x y")
+	if code != 0 || out != "['<stdin>', '--timeout', '2s', 'x y']\n" || !strings.Contains(errOut, "run's flags go before FILE: pysandbox run --timeout -") {
+		t.Fatalf("arguments: code %d stdout %q stderr %q", code, out, errOut)
+	}
 	_, errOut, code = runBin(t, "", "run", filepath.Join(dir, "missing.py"))
 	if code != 1 || !strings.Contains(errOut, "no such file") {
 		t.Fatalf("missing file: code %d stderr %q", code, errOut)

@@ -30,7 +30,7 @@ Usage:
   pysandbox serve --policy policy.json --audit-log audit.log
                                           govern the tools (allow, deny, approve, rate limits, packages)
                                           and record every call
-  pysandbox run [flags] FILE|-            run a script in the sandbox, streaming its output
+  pysandbox run [flags] FILE|- [ARG...]   run a script in the sandbox (ARGs in its sys.argv), streaming its output
   pysandbox check [flags]                 print the sandbox posture; exit 1 if the backend cannot work here
   pysandbox bench [flags]                 measure latency against spawning python3 directly
   pysandbox cache ls|prune [flags]        list or prune the cached dependency environments and Pythons
@@ -122,7 +122,7 @@ type flagError struct{ error }
 // through.
 var commands = []struct{ name, synopsis string }{
 	{"serve", "serve [flags]"},
-	{"run", "run [flags] FILE|-"},
+	{"run", "run [flags] FILE|- [ARG...]"},
 	{"check", "check [--json] [flags]"},
 	{"bench", "bench [-n N] [--concurrency C] [--phases] [--network] [--tools] [--cache] [--python] [--sessions] [--replicas] [--cpuprofile FILE] [flags]"},
 	{"cache", "cache ls|prune [flags]"},

@@ -18,7 +18,7 @@ import (
 )
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
-	fs, o := newFlagSet("run", "run [flags] FILE|-", stderr)
+	fs, o := newFlagSet("run", "run [flags] FILE|- [ARG...]", stderr)
 	// The run's own stderr comes through ours: the server's notes stay
 	// out of it unless asked for.
 	fs.Lookup("log-level").DefValue = "warn"
@@ -31,16 +31,19 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) 
 	if err := parseFlags(fs, args); err != nil {
 		return 0, err
 	}
-	if fs.NArg() != 1 {
-		msg := "run takes one FILE (or - for stdin)"
-		if fs.NArg() > 1 && strings.HasPrefix(fs.Arg(1), "-") {
-			// Go's flag package stops at the first argument that is not
-			// a flag: what follows FILE is taken for more files.
-			msg += fmt.Sprintf("; flags go before it: pysandbox run %s %s", strings.Join(fs.Args()[1:], " "), fs.Arg(0))
-		}
-		return 0, usageError{fmt.Errorf("%s\n%s", msg, shortUsage("run"))}
+	if fs.NArg() < 1 {
+		return 0, usageError{fmt.Errorf("run takes a FILE (or - for stdin)\n%s", shortUsage("run"))}
 	}
 	name := fs.Arg(0)
+	for _, a := range fs.Args()[1:] {
+		// Go's flag package stops at FILE, so a flag of run's written
+		// after it goes to the script: say so, in case it was meant for
+		// run.
+		if f := strings.TrimLeft(a, "-"); a != f && fs.Lookup(strings.SplitN(f, "=", 2)[0]) != nil {
+			fmt.Fprintf(stderr, "pysandbox: %s follows FILE, so it is the script's (in sys.argv), not run's; run's flags go before FILE: pysandbox run %s %s\n", a, a, name)
+			break
+		}
+	}
 	var src io.Reader = stdin
 	filename := "<stdin>"
 	if name != "-" {
@@ -79,7 +82,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) 
 	if o.sandbox == "none" {
 		fmt.Fprintln(stderr, "pysandbox: WARNING: --sandbox none: running UNSANDBOXED on this machine")
 	}
-	req := engine.RunRequest{Code: string(code), Filename: filename, Stdout: stdout, Stderr: stderr}
+	// What follows FILE is the script's, in its sys.argv, as with python
+	// itself: flags for run go before FILE.
+	req := engine.RunRequest{Code: string(code), Filename: filename, Args: fs.Args()[1:], Stdout: stdout, Stderr: stderr}
 	if eng.Config().Network {
 		req.Network = func(l net.Listener) func() {
 			g := o.proxy.NewGrant(egress.GrantConfig{Info: egress.Info{Identity: "cli", Tool: "run"}})

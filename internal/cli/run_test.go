@@ -6,12 +6,10 @@ import (
 	"testing"
 )
 
-// TestRunFlagsAfterFile: flags written after FILE are not taken for more
-// files in silence: the error shows the command line that works.
-func TestRunFlagsAfterFile(t *testing.T) {
+// TestRunNeedsFile: run without a FILE says what it takes.
+func TestRunNeedsFile(t *testing.T) {
 	var out, errb bytes.Buffer
-	code := Main([]string{"run", "-", "--timeout", "2s"}, strings.NewReader(""), &out, &errb)
-	if code != 2 || !strings.Contains(errb.String(), "flags go before it: pysandbox run --timeout 2s -") {
+	if code := Main([]string{"run", "--timeout", "2s"}, strings.NewReader(""), &out, &errb); code != 2 || !strings.Contains(errb.String(), "run takes a FILE (or - for stdin)") {
 		t.Errorf("exit %d: %s", code, errb.String())
 	}
 }

@@ -19,6 +19,9 @@ type RunRequest struct {
 	Inputs   map[string]json.RawMessage
 	Timeout  time.Duration // 0: the default
 	Filename string        // shown in tracebacks; "<code>" when empty
+	// Args follow Filename in the code's sys.argv, as a script's
+	// arguments do (pysandbox run FILE ARG...).
+	Args []string
 	// Stdout and Stderr, when set, also receive the output live, uncapped.
 	Stdout, Stderr io.Writer
 	// Dependencies are PEP 508 requirements, merged with the code's PEP 723
@@ -79,6 +82,27 @@ func (r *RunRequest) Validate() error {
 	}
 	if total > MaxInputBytes {
 		return &RequestError{Msg: fmt.Sprintf("inputs are too large (%d bytes; the limit is %d). Pass less data", total, MaxInputBytes)}
+	}
+	return checkArgs(r.Args)
+}
+
+// The bounds of a run's arguments, as the kernel's for a command line.
+const (
+	maxArgs     = 1024
+	maxArgBytes = 128 << 10
+)
+
+// checkArgs refuses arguments no command line could carry.
+func checkArgs(args []string) error {
+	total := 0
+	for i, a := range args {
+		if strings.ContainsRune(a, 0) {
+			return &RequestError{Msg: fmt.Sprintf("argument %d contains a NUL byte, which no command-line argument can", i+1)}
+		}
+		total += len(a)
+	}
+	if len(args) > maxArgs || total > maxArgBytes {
+		return &RequestError{Msg: fmt.Sprintf("too many arguments (%d, %d bytes; the limit is %d, %d bytes in all): pass data through a file or stdin instead", len(args), total, maxArgs, maxArgBytes)}
 	}
 	return nil
 }

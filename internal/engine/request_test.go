@@ -24,6 +24,10 @@ func TestRunRequestValidate(t *testing.T) {
 		{"input name", RunRequest{Code: "1", Inputs: map[string]json.RawMessage{"not valid": json.RawMessage("1")}}, "not a valid Python variable name"},
 		{"keyword", RunRequest{Code: "1", Inputs: map[string]json.RawMessage{"class": json.RawMessage("1")}}, "not a valid Python variable name"},
 		{"deep input", RunRequest{Code: "1", Inputs: map[string]json.RawMessage{"x": json.RawMessage(deep)}}, "nested more than"},
+		{"args", RunRequest{Code: "1", Args: []string{"-v", "a b", ""}}, ""},
+		{"NUL arg", RunRequest{Code: "1", Args: []string{"a\x00b"}}, "argument 1 contains a NUL byte"},
+		{"many args", RunRequest{Code: "1", Args: make([]string, maxArgs+1)}, "too many arguments"},
+		{"long args", RunRequest{Code: "1", Args: []string{strings.Repeat("a", maxArgBytes+1)}}, "too many arguments"},
 		{"large inputs", RunRequest{Code: "1", Inputs: map[string]json.RawMessage{"x": json.RawMessage(`"` + strings.Repeat("a", MaxInputBytes) + `"`)}}, "inputs are too large"},
 	} {
 		err := tc.req.Validate()

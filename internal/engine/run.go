@@ -63,6 +63,7 @@ func (rs *runState) workerRequest(filename string) worker.Request {
 		Code:           rs.req.Code,
 		Inputs:         rs.req.Inputs,
 		Filename:       filename,
+		Args:           rs.req.Args,
 		MaxReturnBytes: maxReturnBytes,
 		MaxFigureBytes: rs.e.cfg.MaxFigureBytes,
 		Tools:          rs.req.Tools,

@@ -245,6 +245,8 @@ type Request struct {
 	Inputs map[string]json.RawMessage `json:"inputs,omitempty"`
 	// Filename names the code in tracebacks; "<code>" when empty.
 	Filename string `json:"filename,omitempty"`
+	// Args follow Filename in the code's sys.argv (OpRun).
+	Args []string `json:"args,omitempty"`
 	// MaxReturnBytes caps the JSON size of the return value; larger values
 	// are replaced by a truncated repr.
 	MaxReturnBytes int `json:"max_return_bytes,omitempty"`

@@ -380,7 +380,7 @@ async def _drive(codes, g):
     return value
 
 
-def _execute(source, filename, inputs, codes, main):
+def _execute(source, filename, inputs, codes, main, args=()):
     """Run user code in main (a fresh module if None) and return the value
     of its last expression; user exceptions propagate. Appends to codes.
     Called through _guarded."""
@@ -396,7 +396,7 @@ def _execute(source, filename, inputs, codes, main):
         builtins.display = _display  # as in a notebook
     g.update(inputs)
     sys.modules["__main__"] = main
-    sys.argv = [filename]
+    sys.argv = [filename] + list(args)
     # A session may still hold the memory that made its last run fail: the
     # reserve gives room to compile code that frees it (`del big`), and is
     # taken back, if possible, before that code runs. A one-shot run starts
@@ -625,8 +625,10 @@ def _run(sock, req, rid, session=None):
     limit = _positive_int(req.get("max_return_bytes"), DEFAULT_MAX_RETURN_BYTES)
     max_figure = min(_positive_int(req.get("max_figure_bytes"), DEFAULT_MAX_FIGURE_BYTES),
                      MAX_FIGURE_PNG_BYTES)
-    if not isinstance(source, str) or not isinstance(filename, str):
-        _send_error(sock, rid, "code and filename must be strings")
+    args = req.get("args") or []
+    if not isinstance(source, str) or not isinstance(filename, str) or \
+            not (isinstance(args, list) and all(isinstance(a, str) for a in args)):
+        _send_error(sock, rid, "code and filename must be strings, args a list of them")
         return 1
 
     problem = _check_inputs(inputs)
@@ -654,7 +656,7 @@ def _run(sock, req, rid, session=None):
     _refresh_cwd_imports()
     codes = []
     _tools_begin(sock, req.get("tools") is True)
-    ok, value = _guarded(_execute, source, filename, inputs, codes, session)
+    ok, value = _guarded(_execute, source, filename, inputs, codes, session, args)
     _restore_sigint_handler()
     exc = None
     if not ok:
