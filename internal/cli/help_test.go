@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pysandbox/pysandbox/internal/deps"
 	"github.com/pysandbox/pysandbox/internal/engine"
 )
 
@@ -112,6 +113,9 @@ func TestRunMessage(t *testing.T) {
 			"exceeded its 1s timeout (--timeout) and every process it started was killed; make the code faster or pass a larger --timeout (at most --max-timeout, 5s)", "timeout_seconds"},
 		{engine.Result{Status: engine.StatusMemoryLimit, Message: "the run exceeded the 512 MiB memory limit"}, "512MiB memory limit (--memory)", ""},
 		{engine.Result{Status: engine.StatusKilled, Message: "pass a larger timeout_seconds"}, "pass a larger --timeout", "timeout_seconds"},
+		// run's user is the operator an agent is sent to.
+		{engine.Result{Status: engine.StatusInstallError, Message: "cannot install x: the package index could not be reached (a). " + deps.UnreachableAdvice},
+			"cannot install x: the package index could not be reached (a). This machine cannot reach the package index. Give run one it can reach: --index-url", "operator"},
 	} {
 		got := o.runMessage(&tc.res)
 		if !strings.Contains(got, tc.want) || tc.not != "" && strings.Contains(got, tc.not) {

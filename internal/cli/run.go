@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/pysandbox/pysandbox/internal/deps"
 	"github.com/pysandbox/pysandbox/internal/egress"
 	"github.com/pysandbox/pysandbox/internal/engine"
 	"github.com/pysandbox/pysandbox/internal/tools"
@@ -127,6 +128,9 @@ func (o *options) runMessage(res *engine.Result) string {
 		return fmt.Sprintf("the run exceeded its %s timeout (--timeout) and every process it started was killed; make the code faster or %s", o.timeout.String(), hint)
 	case engine.StatusMemoryLimit:
 		return fmt.Sprintf("the run exceeded the %s memory limit (--memory); use less memory (process data in chunks), or pass a larger --memory", o.memory.String())
+	case engine.StatusInstallError:
+		// The user of run is the operator the agent's advice sends to.
+		return strings.ReplaceAll(res.Message, deps.UnreachableAdvice, "This machine cannot reach the package index. Give run one it can reach: --index-url, or --find-links with a wheel directory (--no-index to work offline); or use packages the host's Python already has, which need no install.")
 	}
 	return strings.ReplaceAll(res.Message, "timeout_seconds", "--timeout")
 }

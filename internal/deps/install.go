@@ -73,7 +73,10 @@ func (c *Cache) build(st *buildState, key string, py *interp.Interpreter, canon 
 		// The operator's log has the failure too, not only the agent.
 		switch {
 		case ie != nil:
-			c.log.Warn("deps: install failed", "key", key, "requirements", canon, "python", py.Version, "why", ie.Summary(), "took", time.Since(start).Round(time.Millisecond))
+			// The caller's requirement or the index, not the server: the
+			// operator's record, not a warning (run, whose level is warn,
+			// prints the error itself).
+			c.log.Info("deps: install failed", "key", key, "requirements", canon, "python", py.Version, "why", ie.Summary(), "took", time.Since(start).Round(time.Millisecond))
 		case err != nil && !errors.Is(err, errAbandoned):
 			c.log.Warn("deps: install failed", "key", key, "requirements", canon, "python", py.Version, "err", err)
 		}

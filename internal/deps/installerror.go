@@ -33,12 +33,16 @@ type InstallError struct {
 
 func (e *InstallError) Error() string { return "deps: " + e.Summary() }
 
+// UnreachableAdvice is Advice when no index answered, in an agent's
+// terms (pysandbox run says it in its own).
+const UnreachableAdvice = "The server cannot reach its package index. Use packages the server's Python already has (importlib.metadata.distributions() in run_python lists them), or ask the server's operator for one it can reach: --index-url, or --find-links with a wheel directory (--no-index to work offline)."
+
 // Advice is the next step for whoever asked for the install, to follow
 // Summary in a tool's answer: an unreachable index is the operator's to
 // fix, and nothing about the requirement is wrong.
 func (e *InstallError) Advice() string {
 	if e.Unreachable != "" {
-		return "The server cannot reach its package index. Use packages the server's Python already has (importlib.metadata.distributions() in run_python lists them), or ask the server's operator for one it can reach: --index-url, or --find-links with a wheel directory (--no-index to work offline)."
+		return UnreachableAdvice
 	}
 	return "Check the requirement's name and version, or that the package index has it."
 }
