@@ -134,6 +134,19 @@ func TestCheckCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "posture: UNSANDBOXED") {
 		t.Fatalf("--sandbox none: code %d\n%s", code, out)
 	}
+	// A server's --policy is read as serve reads it: its network rules
+	// are the posture's, and a policy serve would refuse fails the check.
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "net.json")
+	os.WriteFile(pol, []byte(`{"version": "1", "default": "allow", "network": {"allow": ["example.com"]}}`), 0o644)
+	out, errOut, code = runBin(t, "", "check", "--pool-size", "0", "--policy", pol)
+	if code != 0 || !strings.Contains(out, "the one way out is the server's proxy") {
+		t.Fatalf("--policy with a network section: code %d\n%s\n%s", code, out, errOut)
+	}
+	os.WriteFile(pol, []byte(`{bad`), 0o644)
+	if _, errOut, code = runBin(t, "", "check", "--pool-size", "0", "--policy", pol); code == 0 || !strings.Contains(errOut, "invalid JSON") {
+		t.Fatalf("a broken policy: code %d\n%s", code, errOut)
+	}
 }
 
 func TestFlagErrors(t *testing.T) {

@@ -24,7 +24,7 @@ func check(args []string, stdout, stderr io.Writer) (bool, error) {
 		shown.Bool("json", false, about)
 		fmt.Fprint(stderr, "Usage: pysandbox check [--json] [flags]\n\nBuilds the sandbox a server with these flags would (its pool, limits, dependencies and Pythons), tries it, and prints what it enforces.\n\nFlags:\n")
 		shown.PrintDefaults()
-		fmt.Fprint(stderr, "\nThe other flags of 'pysandbox serve -h' are accepted too, so a server's flags can be passed as they are; they change nothing here (serve checks a --policy as it starts, and logs each rule whose effect is fixed).\n")
+		fmt.Fprint(stderr, "\nThe other flags of 'pysandbox serve -h' are accepted too, so a server's flags can be passed as they are; only --policy changes the check: it is read as serve reads it, and its network, package and Python rules are what the sandbox is built with.\n")
 	}
 	if err := parseFlags(fs, args); err != nil {
 		return false, err
@@ -32,6 +32,19 @@ func check(args []string, stdout, stderr io.Writer) (bool, error) {
 	log, err := o.logger(stderr)
 	if err != nil {
 		return false, err
+	}
+	// A policy's network, package and Python rules change what the
+	// sandbox enforces: read it as serve does (a policy serve would
+	// refuse fails the check), and build the engine with its rules.
+	if cfg.Policy != "" {
+		s := &server{cfg: cfg, o: *o, stderr: stderr, log: log}
+		for _, load := range []func() error{s.loadProfiles, s.loadUpstreams, s.loadPolicy} {
+			if err := load(); err != nil {
+				return false, err
+			}
+		}
+		logPolicy(log, s.pol, s.toolNames)
+		o = &s.o
 	}
 	ctx := context.Background()
 	eng, release, err := o.engine(ctx, log)
