@@ -127,6 +127,17 @@ func TestSessionTimeoutKeepsState(t *testing.T) {
 	if r := srun(t, s, id, "x + 1"); fmt.Sprint(r.ReturnValue) != "42" {
 		t.Errorf("state lost after a timeout: %+v", r)
 	}
+	// A return value whose own code hangs as it is encoded (a list
+	// subclass's iteration) is interrupted at the timeout like the code
+	// itself, and the session lives on (it was killed, found by an
+	// attacker with a numpy scalar's item()).
+	r, err = s.Run(context.Background(), id, RunRequest{Code: "class L(list):\n    def __iter__(self):\n        while True:\n            pass\nL([1])", Timeout: time.Second})
+	if err != nil || r.Status != StatusTimeout {
+		t.Fatalf("a hanging return value: %v %+v", err, r)
+	}
+	if r := srun(t, s, id, "x + 1"); fmt.Sprint(r.ReturnValue) != "42" {
+		t.Errorf("state lost after a hanging return value: %+v", r)
+	}
 }
 
 func TestSessionCrashIsReported(t *testing.T) {

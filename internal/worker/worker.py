@@ -551,10 +551,14 @@ def _json_default(obj):
     would come back as their repr's text. Anything else is not JSON-able.
     """
     np = sys.modules.get("numpy")
-    if np is not None and isinstance(obj, np.generic):
+    # Numbers and booleans only: a datetime64's item() is an integer of
+    # its unit (epoch nanoseconds for pandas' dates) or None for NaT,
+    # which would read as a plain number or as no value; its repr says
+    # what it is.
+    if np is not None and isinstance(obj, (np.number, np.bool_)):
         value = obj.item()
         if not isinstance(value, np.generic):
-            return value  # the encoder checks it in turn (bytes, complex: not JSON)
+            return value  # the encoder checks it in turn (complex: not JSON)
     raise TypeError("not JSON serializable")
 
 
@@ -578,17 +582,19 @@ def _repr_json(value, limit, truncate):
 
 
 def _encode_return(value, limit):
-    """Return (json text, is_repr)."""
+    """Return (json text, is_repr); None when an interrupt (the run's
+    timeout, a cancel) stopped the value's own code as it was encoded."""
     if value is None:
         return "null", False
-    try:
-        s = _bounded_json(value, limit)
-        if s is not None:
-            return s, False
-        truncate = True
-    except BaseException:  # dict/list subclasses can run arbitrary code
-        truncate = False
-    return _repr_json(value, limit, truncate), True
+    # Guarded: dict and list subclasses and numpy scalars run the code's
+    # own methods here, which the run's timeout must be able to interrupt
+    # (a hang here ended a session).
+    ok, s = _guarded(_bounded_json, value, limit)
+    if ok and s is not None:
+        return s, False
+    if not ok and isinstance(s, KeyboardInterrupt):
+        return None  # run none of the value's code again (its repr)
+    return _repr_json(value, limit, ok), True
 
 
 def _memory_fallback(rid):
@@ -676,7 +682,15 @@ def _run(sock, req, rid, session=None):
                 reply["error"] = error
             ret, is_repr = "null", False
         else:
-            ret, is_repr = _encode_return(value, limit)
+            encoded = _encode_return(value, limit)
+            if encoded is None:
+                # The interrupt is the run's, as if its code had been
+                # stopped: the server tells a timeout from a cancel.
+                reply["status"], reply["exit_code"] = "error", 1
+                reply["error"] = {"type": "KeyboardInterrupt", "traceback": "",
+                                  "message": "interrupted while its return value was encoded (its own code ran then)"}
+                encoded, value = ("null", False), None
+            ret, is_repr = encoded
             ok, text = _guarded(_return_text, value)
             if ok and text is not None:
                 reply["return_text"] = text

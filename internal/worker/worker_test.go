@@ -287,6 +287,9 @@ func coreCases(t *testing.T, w *testWorker) {
 	t.Run("numpy scalars are their values", func(t *testing.T) {
 		code := "try:\n    import numpy as np\nexcept ImportError:\n    np = None\n" +
 			"[np.int64(45), np.float32(1.5), np.bool_(True), np.uint8(7), {'k': np.int32(-3)}, np.int64(2**62)] if np else 'no numpy'"
+		// A date is not a number: its repr says what it is (its item()
+		// would be epoch nanoseconds).
+		dateCode := "try:\n    import numpy as np\nexcept ImportError:\n    np = None\nnp.datetime64('2024-01-01T00:00:00', 'ns') if np else 'no numpy'"
 		res, _, _ := w.run(t, Request{Code: code})
 		wantSuccess(t, res)
 		if string(res.ReturnValue) == `"no numpy"` {
@@ -294,6 +297,10 @@ func coreCases(t *testing.T, w *testWorker) {
 		}
 		if res.ReturnRepr || string(res.ReturnValue) != `[45,1.5,true,7,{"k":-3},4611686018427387904]` {
 			t.Errorf("return = %s repr=%v, want the values as JSON", res.ReturnValue, res.ReturnRepr)
+		}
+		res, _, _ = w.run(t, Request{Code: dateCode})
+		if !res.ReturnRepr || !strings.Contains(string(res.ReturnValue), "2024-01-01T00:00:00") {
+			t.Errorf("a datetime64: %s repr=%v, want its repr", res.ReturnValue, res.ReturnRepr)
 		}
 	})
 	t.Run("structured value", func(t *testing.T) {
