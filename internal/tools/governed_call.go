@@ -195,11 +195,18 @@ func (s *server) warnRules() {
 			}
 		}
 		for _, rule := range pol.Rules(tool) {
-			if rule.By == policy.ApproveByOperator && s.gov.Activity() == nil {
+			refused := rule.By == policy.ApproveByOperator && s.gov.Activity() == nil
+			if refused {
 				s.log.Warn("policy rule never takes effect", "rule", rule.Field(), "why", "an operator must approve, and this server has no console (--console): every matching call is refused")
 			}
+			// The conditions fixed here, with why; the rule's effect is
+			// worked out from all of them together.
+			type fixed struct {
+				field, why string
+				holds      bool
+			}
+			var fx []fixed
 			for i, c := range rule.Conditions {
-				field := fmt.Sprintf("%s.conditions[%d].path", rule.Field(), i)
 				var why string
 				switch {
 				case c.Root() == policy.RootCode && slices.Contains(Names, tool) && tool != "run_python" && tool != "validate_script":
@@ -214,16 +221,32 @@ func (s *server) warnRules() {
 				default:
 					continue
 				}
-				msg, effect := fixedRule(kinds[rule], tool, c.Missing(), len(rule.Conditions) == 1)
-				s.log.Warn(msg, "rule", field, "why", why+": "+effect)
+				fx = append(fx, fixed{fmt.Sprintf("%s.conditions[%d].path", rule.Field(), i), why, c.Missing()})
+			}
+			never := slices.IndexFunc(fx, func(f fixed) bool { return !f.holds })
+			switch {
+			case never >= 0:
+				// One condition that never holds decides the rule.
+				msg, effect := fixedRule(kinds[rule], tool, false, true, refused)
+				s.log.Warn(msg, "rule", fx[never].field, "why", fx[never].why+": "+effect)
+			case len(fx) > 0 && len(fx) == len(rule.Conditions):
+				msg, effect := fixedRule(kinds[rule], tool, true, true, refused)
+				s.log.Warn(msg, "rule", fx[0].field, "why", fx[0].why+": "+effect)
+			default:
+				for _, f := range fx {
+					msg, effect := fixedRule(kinds[rule], tool, true, false, refused)
+					s.log.Warn(msg, "rule", f.field, "why", f.why+": "+effect)
+				}
 			}
 		}
 	}
 }
 
 // fixedRule says what a rule of kind does when one of its conditions is
-// the same for every call (holds): the log message and the effect.
-func fixedRule(kind, tool string, holds, alone bool) (msg, effect string) {
+// the same for every call (holds), alone deciding it or with every other
+// condition fixed as well; refused is an operator's approval that no
+// console can give: the log message and the effect.
+func fixedRule(kind, tool string, holds, alone, refused bool) (msg, effect string) {
 	switch {
 	case !holds && kind == "require":
 		return "policy rule refuses every call", "the condition never holds, so the rule never does, and every " + tool + " call is refused"
@@ -235,6 +258,8 @@ func fixedRule(kind, tool string, holds, alone bool) (msg, effect string) {
 		return "policy rule never takes effect", "the condition holds for every call, so the rule always does"
 	case kind == "deny_if":
 		return "policy rule refuses every call", "the condition holds for every call, so every " + tool + " call is refused"
+	case refused:
+		return "policy rule refuses every call", "the condition holds for every call, so every " + tool + " call needs an operator's approval, which this server without a console cannot give"
 	}
 	return "policy rule asks for every call", "the condition holds for every call, so every " + tool + " call waits for an approval"
 }

@@ -176,7 +176,9 @@ func TestRuleWarningsAtStart(t *testing.T) {
 	pol, err := policy.Parse([]byte(`{"version": "1", "default": "allow", "tools": {
 		"run_python": {"require": [{"conditions": [{"path": "args.timeout", "op": "lte", "value": 60}]}],
 		               "deny_if": [{"conditions": [{"path": "args.timeoutt", "op": "exists", "value": false}]},
-		                           {"conditions": [{"path": "args.timeout_seconds", "op": "gt", "value": 60}, {"path": "args.sesion_id", "op": "exists", "value": false}]}]},
+		                           {"conditions": [{"path": "args.timeout_seconds", "op": "gt", "value": 60}, {"path": "args.sesion_id", "op": "exists", "value": false}]},
+		                           {"conditions": [{"path": "args.a", "op": "exists", "value": false}, {"path": "args.b", "op": "exists", "value": false}]}],
+		               "approve_if": [{"conditions": [{"path": "args.c", "op": "exists", "value": false}], "by": "operator"}]},
 		"upload_file": {"deny_if": [{"conditions": [{"path": "code.imports", "op": "contains", "value": "os"}]}],
 		                "approve_if": [{"conditions": [{"path": "args.path", "op": "exists", "value": true}], "by": "operator"}]}}}`), "p.json", Names)
 	if err != nil {
@@ -194,6 +196,10 @@ func TestRuleWarningsAtStart(t *testing.T) {
 		`msg="policy rule refuses every call" rule=tools.run_python.require[0].conditions[0].path why="run_python has no argument \"timeout\" (its arguments are code, dependencies, inputs, python_version, session_id, timeout_seconds): the condition never holds, so the rule never does, and every run_python call is refused"`,
 		`msg="policy rule refuses every call" rule=tools.run_python.deny_if[0].conditions[0].path why="run_python has no argument \"timeoutt\"`,
 		`msg="policy condition tests nothing" rule=tools.run_python.deny_if[1].conditions[1].path`,
+		// Every condition fixed: the rule as a whole.
+		`msg="policy rule refuses every call" rule=tools.run_python.deny_if[2].conditions[0].path`,
+		// An operator's approval without a console refuses.
+		`msg="policy rule refuses every call" rule=tools.run_python.approve_if[0].conditions[0].path why="run_python has no argument \"c\" (its arguments are code, dependencies, inputs, python_version, session_id, timeout_seconds): the condition holds for every call, so every run_python call needs an operator's approval`,
 		`msg="policy rule never takes effect" rule=tools.upload_file.deny_if[0].conditions[0].path why="upload_file runs no code, so code facts are never there: the condition never holds, so the rule never matches"`,
 		`rule=tools.upload_file.approve_if[0] why="an operator must approve, and this server has no console`,
 	} {
