@@ -106,7 +106,7 @@ func TestRunCommand(t *testing.T) {
 	// What follows FILE is the script's, in sys.argv, as with python; a
 	// flag of run's among it is pointed out.
 	out, errOut, code = runBin(t, "import sys\nprint(sys.argv)\n", "run", "-", "--timeout", "2s", "x y")
-	if code != 0 || out != "['<stdin>', '--timeout', '2s', 'x y']\n" || !strings.Contains(errOut, "run's flags go before FILE: pysandbox run --timeout -") {
+	if code != 0 || out != "['<stdin>', '--timeout', '2s', 'x y']\n" || !strings.Contains(errOut, "run's flags go before FILE: pysandbox run --timeout 2s -") {
 		t.Fatalf("arguments: code %d stdout %q stderr %q", code, out, errOut)
 	}
 	_, errOut, code = runBin(t, "", "run", filepath.Join(dir, "missing.py"))

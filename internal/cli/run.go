@@ -36,14 +36,21 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) 
 		return 0, usageError{fmt.Errorf("run takes a FILE (or - for stdin)\n%s", shortUsage("run"))}
 	}
 	name := fs.Arg(0)
-	for _, a := range fs.Args()[1:] {
+	for i, a := range fs.Args()[1:] {
 		// Go's flag package stops at FILE, so a flag of run's written
 		// after it goes to the script: say so, in case it was meant for
 		// run.
-		if f := strings.TrimLeft(a, "-"); a != f && fs.Lookup(strings.SplitN(f, "=", 2)[0]) != nil {
-			fmt.Fprintf(stderr, "pysandbox: %s follows FILE, so it is the script's (in sys.argv), not run's; run's flags go before FILE: pysandbox run %s %s\n", a, a, name)
-			break
+		f := strings.TrimLeft(a, "-")
+		fl := fs.Lookup(strings.SplitN(f, "=", 2)[0])
+		if a == f || fl == nil {
+			continue
 		}
+		given := a
+		if b, ok := fl.Value.(interface{ IsBoolFlag() bool }); !strings.Contains(f, "=") && !(ok && b.IsBoolFlag()) && i+2 < fs.NArg() {
+			given += " " + fs.Arg(i+2) // its value
+		}
+		fmt.Fprintf(stderr, "pysandbox: %s follows FILE, so it is the script's (in sys.argv), not run's; run's flags go before FILE: pysandbox run %s %s\n", given, given, name)
+		break
 	}
 	var src io.Reader = stdin
 	filename := "<stdin>"

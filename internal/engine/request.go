@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pysandbox/pysandbox/internal/pep"
 	"github.com/pysandbox/pysandbox/internal/worker"
@@ -86,23 +87,32 @@ func (r *RunRequest) Validate() error {
 	return checkArgs(r.Args)
 }
 
-// The bounds of a run's arguments, as the kernel's for a command line.
+// The bounds of a run's arguments: one as long as the kernel allows
+// (MAX_ARG_STRLEN), all together as much as a run's code.
 const (
 	maxArgs     = 1024
-	maxArgBytes = 128 << 10
+	maxArg      = 128 << 10
+	maxArgBytes = MaxCodeBytes
 )
 
-// checkArgs refuses arguments no command line could carry.
+// checkArgs refuses arguments no command line could carry, and bytes that
+// are not text (the request carries them as JSON strings, which would
+// replace them).
 func checkArgs(args []string) error {
 	total := 0
 	for i, a := range args {
-		if strings.ContainsRune(a, 0) {
+		switch {
+		case strings.ContainsRune(a, 0):
 			return &RequestError{Msg: fmt.Sprintf("argument %d contains a NUL byte, which no command-line argument can", i+1)}
+		case !utf8.ValidString(a):
+			return &RequestError{Msg: fmt.Sprintf("argument %d is not valid UTF-8; pass such bytes through a file or stdin", i+1)}
+		case len(a) > maxArg:
+			return &RequestError{Msg: fmt.Sprintf("argument %d is %d bytes, over the %d an argument may be; pass data through a file or stdin instead", i+1, len(a), maxArg)}
 		}
 		total += len(a)
 	}
 	if len(args) > maxArgs || total > maxArgBytes {
-		return &RequestError{Msg: fmt.Sprintf("too many arguments (%d, %d bytes; the limit is %d, %d bytes in all): pass data through a file or stdin instead", len(args), total, maxArgs, maxArgBytes)}
+		return &RequestError{Msg: fmt.Sprintf("too many arguments (%d, %d bytes; the limit is %d arguments, %d bytes in all): pass data through a file or stdin instead", len(args), total, maxArgs, maxArgBytes)}
 	}
 	return nil
 }

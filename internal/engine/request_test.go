@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -27,7 +28,9 @@ func TestRunRequestValidate(t *testing.T) {
 		{"args", RunRequest{Code: "1", Args: []string{"-v", "a b", ""}}, ""},
 		{"NUL arg", RunRequest{Code: "1", Args: []string{"a\x00b"}}, "argument 1 contains a NUL byte"},
 		{"many args", RunRequest{Code: "1", Args: make([]string, maxArgs+1)}, "too many arguments"},
-		{"long args", RunRequest{Code: "1", Args: []string{strings.Repeat("a", maxArgBytes+1)}}, "too many arguments"},
+		{"long arg", RunRequest{Code: "1", Args: []string{strings.Repeat("a", maxArg+1)}}, "argument 1 is 131073 bytes"},
+		{"long args", RunRequest{Code: "1", Args: slices.Repeat([]string{strings.Repeat("a", maxArg)}, maxArgBytes/maxArg+1)}, "too many arguments"},
+		{"not UTF-8", RunRequest{Code: "1", Args: []string{"ok", "caf\xe9"}}, "argument 2 is not valid UTF-8"},
 		{"large inputs", RunRequest{Code: "1", Inputs: map[string]json.RawMessage{"x": json.RawMessage(`"` + strings.Repeat("a", MaxInputBytes) + `"`)}}, "inputs are too large"},
 	} {
 		err := tc.req.Validate()
