@@ -358,6 +358,14 @@ func (o *options) validate() error {
 	sizeAtLeast("memory", o.memory, 16<<20, "16MiB")
 	sizeAtLeast("tmp-size", o.tmpSize, 1<<20, "1MiB")
 	sizeAtLeast("max-output", o.maxOutput, 1<<10, "1KiB")
+	if o.poolSize > 0 {
+		// A zygote does not start in less (its cgroup's limit).
+		sizeAtLeast("pool-memory", o.poolMemory, 16<<20, "16MiB, what a zygote needs to start")
+	}
+	if o.maxProcs > 1<<22 {
+		// The kernel's PID_MAX_LIMIT: pids.max takes no more.
+		bad = append(bad, fmt.Sprintf("--max-procs %d is above %d, the most processes the kernel can have", o.maxProcs, 1<<22))
+	}
 	for _, c := range []struct {
 		flag  string
 		v     int64
