@@ -248,7 +248,11 @@ func makeKey(d *os.File, dir string) ([]byte, error) {
 	// Written whole under a name of its own, then renamed into place
 	// unless a key is there already: a server starting beside this one
 	// never reads a key half-written (it read an empty one and stopped).
-	tmp := fmt.Sprintf(".%s.tmp-%x", KeyFile, k[:4])
+	var n [4]byte
+	if _, err := rand.Read(n[:]); err != nil {
+		return nil, err
+	}
+	tmp := fmt.Sprintf(".%s.tmp-%x", KeyFile, n) // nothing of the key in a name
 	fd, err := openat(dirfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: make the key %s: %w", path, os.NewSyscallError("openat", err))
