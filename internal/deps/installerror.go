@@ -51,6 +51,22 @@ func (e *InstallError) Advice() string {
 // failed and why, and below it the installer's other lines, at most 400
 // bytes of them.
 func (e *InstallError) Summary() string {
+	text, _ := e.summary()
+	return text
+}
+
+// Cut tells whether Summary left out some of the installer's lines, which
+// a caller may then show whole.
+func (e *InstallError) Cut() bool {
+	_, cut := e.summary()
+	return cut
+}
+
+// maxSummaryLines bounds the installer's lines in Summary.
+const maxSummaryLines = 400
+
+// summary is Summary, and whether it cut the installer's lines.
+func (e *InstallError) summary() (text string, cut bool) {
 	reason := "the installer failed"
 	rest := e.Lines
 	// The most specific line leads; pip puts it last.
@@ -76,22 +92,13 @@ func (e *InstallError) Summary() string {
 		head = "install failed: " + reason
 	}
 	if len(rest) == 0 {
-		return head
+		return head, false
 	}
 	more := strings.Join(rest, "; ")
 	if len(more) > maxSummaryLines {
-		more = more[:maxSummaryLines] + "..."
+		more, cut = more[:maxSummaryLines]+"...", true
 	}
-	return head + "\n" + more
-}
-
-// maxSummaryLines bounds the installer's lines in Summary.
-const maxSummaryLines = 400
-
-// Cut tells whether Summary left out some of the installer's lines, which
-// a caller may then show whole.
-func (e *InstallError) Cut() bool {
-	return e.Unreachable == "" && len(strings.Join(e.Lines, "; ")) > maxSummaryLines
+	return head + "\n" + more, cut
 }
 
 var (
