@@ -259,18 +259,3 @@ func (c *Condition) Keys() []string { return c.keys }
 // nowhere: false for every operator but exists, which is its value's
 // opposite (exists: false holds).
 func (c *Condition) Missing() bool { return c.test(nil, false) }
-
-// Rules are a tool's own argument rules, all three kinds, in order.
-func (p *Policy) Rules(tool string) []*Rule {
-	r := p.Tools[tool]
-	if r == nil {
-		return nil
-	}
-	var out []*Rule
-	for _, list := range [][]Rule{r.Require, r.DenyIf, r.ApproveIf} {
-		for i := range list {
-			out = append(out, &list[i])
-		}
-	}
-	return out
-}

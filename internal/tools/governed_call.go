@@ -188,56 +188,62 @@ func (s *server) warnRules() {
 		}
 		v, ok := s.argNames.Load(tool)
 		props, _ := v.(map[string]bool)
-		kinds := map[*policy.Rule]string{}
-		for kind, list := range map[string][]policy.Rule{"require": r.Require, "deny_if": r.DenyIf, "approve_if": r.ApproveIf} {
-			for i := range list {
-				kinds[&list[i]] = kind
+		// Each rule with its kind, in the file's order of kinds.
+		for _, kl := range []struct {
+			kind  string
+			rules []policy.Rule
+		}{{"require", r.Require}, {"deny_if", r.DenyIf}, {"approve_if", r.ApproveIf}} {
+			for i := range kl.rules {
+				s.warnRule(tool, kl.kind, &kl.rules[i], props, ok)
 			}
 		}
-		for _, rule := range pol.Rules(tool) {
-			refused := rule.By == policy.ApproveByOperator && s.gov.Activity() == nil
-			if refused {
-				s.log.Warn("policy rule never takes effect", "rule", rule.Field(), "why", "an operator must approve, and this server has no console (--console): every matching call is refused")
+	}
+}
+
+// warnRule logs what one rule of kind does when its effect is fixed (see
+// warnRules); props are the tool's arguments, when known.
+func (s *server) warnRule(tool, kind string, rule *policy.Rule, props map[string]bool, ok bool) {
+	refused := rule.By == policy.ApproveByOperator && s.gov.Activity() == nil
+	if refused {
+		s.log.Warn("policy rule never takes effect", "rule", rule.Field(), "why", "an operator must approve, and this server has no console (--console): every matching call is refused")
+	}
+	// The conditions fixed here, with why; the rule's effect is
+	// worked out from all of them together.
+	type fixed struct {
+		field, why string
+		holds      bool
+	}
+	var fx []fixed
+	for i, c := range rule.Conditions {
+		var why string
+		switch {
+		case c.Root() == policy.RootCode && slices.Contains(Names, tool) && tool != "run_python" && tool != "validate_script":
+			why = tool + " runs no code, so code facts are never there"
+		case c.Root() == policy.RootArgs && ok && len(c.Keys()) > 0 && !props[c.Keys()[0]]:
+			names := make([]string, 0, len(props))
+			for k := range props {
+				names = append(names, k)
 			}
-			// The conditions fixed here, with why; the rule's effect is
-			// worked out from all of them together.
-			type fixed struct {
-				field, why string
-				holds      bool
-			}
-			var fx []fixed
-			for i, c := range rule.Conditions {
-				var why string
-				switch {
-				case c.Root() == policy.RootCode && slices.Contains(Names, tool) && tool != "run_python" && tool != "validate_script":
-					why = tool + " runs no code, so code facts are never there"
-				case c.Root() == policy.RootArgs && ok && len(c.Keys()) > 0 && !props[c.Keys()[0]]:
-					names := make([]string, 0, len(props))
-					for k := range props {
-						names = append(names, k)
-					}
-					slices.Sort(names)
-					why = fmt.Sprintf("%s has no argument %q (its arguments are %s)", tool, c.Keys()[0], strings.Join(names, ", "))
-				default:
-					continue
-				}
-				fx = append(fx, fixed{fmt.Sprintf("%s.conditions[%d].path", rule.Field(), i), why, c.Missing()})
-			}
-			never := slices.IndexFunc(fx, func(f fixed) bool { return !f.holds })
-			switch {
-			case never >= 0:
-				// One condition that never holds decides the rule.
-				msg, effect := fixedRule(kinds[rule], tool, false, true, refused)
-				s.log.Warn(msg, "rule", fx[never].field, "why", fx[never].why+": "+effect)
-			case len(fx) > 0 && len(fx) == len(rule.Conditions):
-				msg, effect := fixedRule(kinds[rule], tool, true, true, refused)
-				s.log.Warn(msg, "rule", fx[0].field, "why", fx[0].why+": "+effect)
-			default:
-				for _, f := range fx {
-					msg, effect := fixedRule(kinds[rule], tool, true, false, refused)
-					s.log.Warn(msg, "rule", f.field, "why", f.why+": "+effect)
-				}
-			}
+			slices.Sort(names)
+			why = fmt.Sprintf("%s has no argument %q (its arguments are %s)", tool, c.Keys()[0], strings.Join(names, ", "))
+		default:
+			continue
+		}
+		fx = append(fx, fixed{fmt.Sprintf("%s.conditions[%d].path", rule.Field(), i), why, c.Missing()})
+	}
+	never := slices.IndexFunc(fx, func(f fixed) bool { return !f.holds })
+	switch {
+	case never >= 0:
+		// One condition that never holds decides the rule.
+		msg, effect := fixedRule(kind, tool, false, true, refused)
+		s.log.Warn(msg, "rule", fx[never].field, "why", fx[never].why+": "+effect)
+	case len(fx) > 0 && len(fx) == len(rule.Conditions):
+		msg, effect := fixedRule(kind, tool, true, true, refused)
+		s.log.Warn(msg, "rule", fx[0].field, "why", fx[0].why+": "+effect)
+	default:
+		for _, f := range fx {
+			msg, effect := fixedRule(kind, tool, true, false, refused)
+			s.log.Warn(msg, "rule", f.field, "why", f.why+": "+effect)
 		}
 	}
 }
