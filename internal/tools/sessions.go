@@ -127,11 +127,14 @@ func (s *server) listSessions(ctx context.Context, req *mcp.CallToolRequest, _ L
 			i.LastUsed.Format(time.RFC3339), i.ExpiresAt.Format(time.RFC3339))
 	}
 	out := &ListSessionsOutput{Sessions: list}
-	if hidden > 0 {
+	switch {
+	case hidden > 0 && me.conn == "":
+		// (hidden counts only callers without a token.)
+		out.Note = fmt.Sprintf("%d session(s) of callers without a token exist (running or paused). None is listed to this call: it came without an MCP session (the sessionless protocol, 2026-07-28), so nothing ties it to the calls that made them, and on a server without tokens an id is the only proof of whose a session is. Use the session_id create_session returned to you; a session nobody uses closes after being idle for its time to live (a paused one after the server's paused time to live).", hidden)
+	case hidden > 0:
 		out.Note = fmt.Sprintf("%d more session(s) of callers without a token exist (running or paused). Their ids are not listed: on a server without tokens an id is the only proof of whose a session is, so only the connection that made or last used a session sees it here. Use the session_id create_session returned to you (it works from any connection); a session nobody uses closes after being idle for its time to live (a paused one after the server's paused time to live).", hidden)
-		if me.anonymous() && me.conn == "" {
-			out.Note = fmt.Sprintf("%d session(s) of callers without a token exist (running or paused). None is listed to this call: it came without an MCP session (the sessionless protocol, 2026-07-28), so nothing ties it to the calls that made them, and on a server without tokens an id is the only proof of whose a session is. Use the session_id create_session returned to you; a session nobody uses closes after being idle for its time to live (a paused one after the server's paused time to live).", hidden)
-		}
+	}
+	if out.Note != "" {
 		b.WriteString(out.Note + "\n")
 	}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: b.String()}}}, out, nil
