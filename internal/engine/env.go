@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/pysandbox/pysandbox/internal/deps"
@@ -137,14 +138,14 @@ func (e *Engine) interpreter(ctx context.Context, version, requiresPython, calle
 		return e.cfg.Pythons.Find(ctx, pydist.Request{Version: version, Spec: set, Check: e.checkPython, NoDownload: !download,
 			Who: pydist.Who{Identity: caller, Tool: "run"}, Progress: progress})
 	}
-	if version != "" && !pythonVersionRE.MatchString(version) {
-		return nil, &RequestError{Msg: fmt.Sprintf("python_version %.40q is not one pysandbox runs: give a Python 3 version (3.8 or later), such as 3.12 or 3.12.4", version)}
-	}
 	if version != "" {
+		m := pythonVersionRE.FindStringSubmatch(version)
+		if m == nil {
+			return nil, &RequestError{Msg: fmt.Sprintf("python_version %.40q is not one pysandbox runs: give a Python 3 version (3.8 or later), such as 3.12 or 3.12.4", version)}
+		}
 		// 3.x older than the worker runs on: say so, rather than that no
 		// such Python is here (the host may well have it).
-		var minor int
-		if _, err := fmt.Sscanf(version, "3.%d", &minor); err == nil && minor < interp.MinVersion[1] {
+		if minor, _ := strconv.Atoi(m[1]); minor < interp.MinVersion[1] {
 			return nil, &RequestError{Msg: fmt.Sprintf("python_version %s is older than pysandbox runs: its worker needs Python %d.%d or later; give a later version, such as 3.12", version, interp.MinVersion[0], interp.MinVersion[1])}
 		}
 	}
@@ -198,8 +199,9 @@ func isNotAvailable(err error) bool {
 	return errors.As(err, &na)
 }
 
-// pythonVersionRE is what python_version may be: "3.12" or "3.12.4".
-var pythonVersionRE = regexp.MustCompile(`^3\.[0-9]{1,2}(\.[0-9]{1,3})?$`)
+// pythonVersionRE is what python_version may be: "3.12" or "3.12.4",
+// its minor version the first group.
+var pythonVersionRE = regexp.MustCompile(`^3\.([0-9]{1,2})(\.[0-9]{1,3})?$`)
 
 // checkPython asks the server's Python policy about a version.
 func (e *Engine) checkPython(version string) error {
