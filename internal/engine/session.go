@@ -335,6 +335,13 @@ func describeExit(exit sandbox.Exit, memLimit int64) string {
 // remove forgets a session (keeping why it ended) and releases everything
 // it held on the host.
 func (s *Sessions) remove(sess *Session, why string) {
+	s.unlist(sess, why)
+	s.release(sess)
+}
+
+// unlist takes sess out of the live sessions, so that every later call
+// finds it ended, for why; its sandbox is released apart (release).
+func (s *Sessions) unlist(sess *Session, why string) {
 	s.mu.Lock()
 	if s.live[sess.ID] == sess {
 		delete(s.live, sess.ID)
@@ -346,7 +353,6 @@ func (s *Sessions) remove(sess *Session, why string) {
 		sess.dead = why
 	}
 	sess.mu.Unlock()
-	s.release(sess)
 }
 
 // forget remembers why a session ended (bounded). s.mu is held.

@@ -250,7 +250,12 @@ func (s *Sessions) Run(ctx context.Context, id string, req RunRequest) (*Result,
 		sess.mu.Lock()
 		sess.dead = whyDead
 		sess.mu.Unlock()
-		go s.remove(sess, whyDead)
+		// Ended before the caller has the answer: a call that follows it
+		// (close_session) must find the session ended, not close it as a
+		// live one (CI saw that on a busy machine). The teardown stays
+		// off the caller's path.
+		s.unlist(sess, whyDead)
+		go s.release(sess)
 	}
 	// Flooded after another stop came first (a timeout whose interrupt
 	// the code caught): stopped all the same, whatever else it says.
